@@ -1,0 +1,43 @@
+"""fiberflow's user-facing API: write flows with these names.
+
+See docs/writing-flows.md. The export list is pinned by ``tests/test_exports.py``.
+"""
+
+from flows.decorators import initiated_by, initiating_flow, serializable, startable_by_rpc
+from flows.errors import (
+    FiberflowError,
+    FlowArgumentError,
+    FlowDefinitionError,
+    FlowException,
+    FlowFailedError,
+    FlowNonDeterminismError,
+    FlowStillRunningError,
+    UnexpectedFlowEndException,
+)
+from flows.flow_logic import FlowLogic, FlowSession
+from flows.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
+from flows.party import Party
+from flows.untrustworthy import UntrustworthyData
+
+__all__ = [
+    "FiberflowError",
+    "FlowArgumentError",
+    "FlowDefinitionError",
+    "FlowException",
+    "FlowFailedError",
+    "FlowHandle",
+    "FlowHospitalizedError",
+    "FlowLogic",
+    "FlowNonDeterminismError",
+    "FlowSession",
+    "FlowStillRunningError",
+    "Node",
+    "NodeConfig",
+    "Party",
+    "UnexpectedFlowEndException",
+    "UntrustworthyData",
+    "initiated_by",
+    "initiating_flow",
+    "serializable",
+    "startable_by_rpc",
+]

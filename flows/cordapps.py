@@ -1,0 +1,81 @@
+"""CorDapps: the modules holding a node's flows, and the responder table built from them."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+from flows.decorators import app_name_of, initiating_info, responder_initiator
+from flows.flow_logic import FlowLogic
+from persistence.serialization import qualified_name
+from statemachine.ports import Responder
+
+
+class CordappError(ValueError):
+    """A CorDapp module cannot be loaded, or two of them clash."""
+
+
+def _modules(name: str) -> Iterable[ModuleType]:
+    try:
+        module = importlib.import_module(name)
+    except ImportError as error:
+        raise CordappError(f"cordapp module {name!r} cannot be imported: {error}") from error
+    yield module
+    path = getattr(module, "__path__", None)
+    if path is not None:
+        for info in pkgutil.walk_packages(path, prefix=f"{name}."):
+            yield importlib.import_module(info.name)
+
+
+class Cordapps:
+    """The flows of a node's CorDapps and which responder answers which initiating flow."""
+
+    def __init__(self, module_names: Sequence[str]) -> None:
+        self.module_names = tuple(module_names)
+        self._flows: dict[str, type[FlowLogic[Any]]] = {}
+        self._responders: dict[str, type[FlowLogic[Any]]] = {}
+        for name in self.module_names:
+            for module in _modules(name):
+                for value in vars(module).values():
+                    if isinstance(value, type) and issubclass(value, FlowLogic):
+                        self._add(value)
+
+    def _add(self, cls: type[FlowLogic[Any]]) -> None:
+        if cls is FlowLogic:
+            return
+        self._flows[qualified_name(cls)] = cls
+        initiator = responder_initiator(cls)
+        if initiator is None:
+            return
+        key = qualified_name(initiator)
+        existing = self._responders.get(key)
+        if existing is not None and existing is not cls:
+            raise CordappError(
+                f"two responders for {key} in one node: {qualified_name(existing)} and "
+                f"{qualified_name(cls)}; a node may install only one of them"
+            )
+        self._responders[key] = cls
+
+    def responder_for(self, initiator_class: str) -> Responder | None:
+        """The responder this node starts for ``initiator_class``, or None."""
+        cls = self._responders.get(initiator_class)
+        if cls is None:
+            return None
+        info = initiating_info(cls)
+        version = info.version if info is not None else 1
+        return Responder(qualified_name(cls), version, app_name_of(cls))
+
+    def flow_class(self, name: str) -> type[FlowLogic[Any]] | None:
+        """The flow class of this qualified name in the CorDapps, or None."""
+        return self._flows.get(name)
+
+    def flow_classes(self) -> list[str]:
+        """Qualified names of every flow in the CorDapps, sorted."""
+        return sorted(self._flows)
+
+    def initiating_flows(self) -> list[str]:
+        """Qualified names of the ``@initiating_flow`` classes, sorted."""
+        return sorted(n for n, c in self._flows.items() if initiating_info(c) is not None)

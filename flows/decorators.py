@@ -1,0 +1,145 @@
+"""``@initiating_flow``, ``@initiated_by``, ``@startable_by_rpc`` and ``@serializable``.
+
+Each decorator checks the class when it is applied and fails with a
+:class:`~flows.errors.FlowDefinitionError` whose message says how to fix it, so a mistake
+shows at import time rather than as a stuck flow on a peer node.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+import attrs
+
+from flows.errors import FlowDefinitionError
+from persistence.serialization import PAYLOAD_TYPES, qualified_name
+
+C = TypeVar("C", bound=type)
+
+
+@attrs.frozen
+class InitiatingInfo:
+    """What an ``@initiating_flow`` tells the peer: its class name, version and app."""
+
+    flow_class: str
+    version: int
+    app_name: str
+
+
+def app_name_of(cls: type) -> str:
+    """The CorDapp (top-level package) a class belongs to."""
+    return cls.__module__.split(".")[0]
+
+
+def _check_module_level(cls: type, decorator: str) -> None:
+    if "<locals>" in cls.__qualname__:
+        raise FlowDefinitionError(
+            f"@{decorator} on {cls.__qualname__}: the class is defined inside a function, so a "
+            "restarted node could not find it by name; move it to module level"
+        )
+
+
+def _check_flow_class(cls: Any, decorator: str) -> None:
+    from flows.flow_logic import FlowLogic
+
+    if not isinstance(cls, type) or not issubclass(cls, FlowLogic):
+        raise FlowDefinitionError(
+            f"@{decorator} applies to FlowLogic subclasses, not {cls!r}; "
+            f"declare it as `class {getattr(cls, '__name__', 'MyFlow')}(FlowLogic[...])`"
+        )
+    if cls.call is FlowLogic.call:
+        raise FlowDefinitionError(
+            f"@{decorator} on {cls.__qualname__}: the class does not define call(); "
+            "add `def call(self) -> ...:` with the flow's logic"
+        )
+    _check_module_level(cls, decorator)
+
+
+@overload
+def initiating_flow(cls: C, /) -> C: ...
+
+
+@overload
+def initiating_flow(*, version: int = 1) -> Callable[[C], C]: ...
+
+
+def initiating_flow(cls: Any = None, /, *, version: int = 1) -> Any:
+    """Mark a flow that opens sessions; peers start their ``@initiated_by`` responder for it.
+
+    Use as ``@initiating_flow`` or ``@initiating_flow(version=2)``.
+    """
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise FlowDefinitionError(f"@initiating_flow(version=...) needs an int >= 1, not {version!r}")
+
+    def decorate(target: C) -> C:
+        _check_flow_class(target, "initiating_flow")
+        info = InitiatingInfo(qualified_name(target), version, app_name_of(target))
+        target._ff_initiating = info  # type: ignore[attr-defined]
+        return target
+
+    return decorate if cls is None else decorate(cls)
+
+
+def initiating_info(cls: type) -> InitiatingInfo | None:
+    """The ``@initiating_flow`` marking of exactly this class (not inherited), or None."""
+    info = cls.__dict__.get("_ff_initiating")
+    return info if isinstance(info, InitiatingInfo) else None
+
+
+def initiated_by(initiator: type) -> Callable[[C], C]:
+    """Mark a responder: the flow a node starts when a peer's ``initiator`` opens a session.
+
+    The responder's constructor takes the session: ``def __init__(self, session: FlowSession)``.
+    """
+    if not isinstance(initiator, type) or initiating_info(initiator) is None:
+        name = getattr(initiator, "__qualname__", repr(initiator))
+        raise FlowDefinitionError(
+            f"@initiated_by({name}): {name} is not an @initiating_flow; "
+            f"put @initiating_flow above `class {name}`"
+        )
+
+    def decorate(cls: C) -> C:
+        _check_flow_class(cls, "initiated_by")
+        try:
+            inspect.signature(cls).bind(object())
+        except TypeError:
+            raise FlowDefinitionError(
+                f"@initiated_by on {cls.__qualname__}: its constructor must take the session as "
+                f"its one argument: `def __init__(self, session: FlowSession) -> None`"
+            ) from None
+        cls._ff_initiated_by = initiator  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def responder_initiator(cls: type) -> type | None:
+    """The initiating flow class this responder answers (not inherited), or None."""
+    initiator = cls.__dict__.get("_ff_initiated_by")
+    return initiator if isinstance(initiator, type) else None
+
+
+def startable_by_rpc(cls: C) -> C:
+    """Allow operators to start this flow from outside the node (``fiberflow flow start``)."""
+    _check_flow_class(cls, "startable_by_rpc")
+    cls._ff_startable_by_rpc = True  # type: ignore[attr-defined]
+    return cls
+
+
+def is_startable_by_rpc(cls: type) -> bool:
+    """True if ``cls`` itself is marked ``@startable_by_rpc``."""
+    return bool(cls.__dict__.get("_ff_startable_by_rpc", False))
+
+
+def serializable(cls: C) -> C:
+    """Allow instances of an attrs class as payloads, arguments and results of flows."""
+    if not attrs.has(cls):
+        raise FlowDefinitionError(
+            f"@serializable on {cls.__qualname__}: only attrs classes can be serialized; "
+            "put @attrs.frozen under @serializable"
+        )
+    _check_module_level(cls, "serializable")
+    PAYLOAD_TYPES.register(cls)
+    return cls

@@ -1,0 +1,231 @@
+"""``FlowLogic`` and ``FlowSession``: the API flow code is written against.
+
+Every operation here that talks to another node, waits, or produces a non-deterministic value
+builds an I/O request (:mod:`statemachine.iorequests`) and suspends the flow through its
+runtime (:mod:`flows.fiber` is the only module that actually switches). Between suspensions,
+flow code must be deterministic: on restart it is run again from the top and each request is
+answered from the journal, so it must ask for the same things in the same order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import random as _random
+import uuid as _uuid
+from collections.abc import Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+
+from flows.decorators import InitiatingInfo, initiating_info
+from flows.errors import FlowException
+from flows.party import Party
+from flows.untrustworthy import UntrustworthyData
+from persistence.serialization import PAYLOADS, SerializationError
+from statemachine.iorequests import (
+    CloseSessions,
+    InitiateSession,
+    IORequest,
+    Plain,
+    Receive,
+    RecordValue,
+    Send,
+    SessionPayload,
+    Sleep,
+)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class FlowRuntime(Protocol):
+    """What a running flow needs from the node (implemented in :mod:`flows.fiber`)."""
+
+    flow_id: str
+    our_identity: Party
+
+    def suspend(self, request: IORequest) -> Plain:
+        """Suspend the flow with ``request``; returns its result or raises its error."""
+
+    def clock_now(self) -> float:
+        """The node clock's current time (a candidate for ``FlowLogic.now``)."""
+
+
+class FlowNotRunningError(RuntimeError):
+    """A flow operation was called on a flow that is not running on a node."""
+
+
+class FlowLogic(Generic[T]):
+    """Base class of every flow: subclass it and implement :meth:`call`.
+
+    The constructor arguments are recorded automatically (a restarted node constructs the
+    flow again from them), so they must be serializable: None, bool, int, float, str, bytes,
+    list, tuple, dict, Party, or ``@serializable`` classes.
+    """
+
+    _ff_args: ClassVar[tuple[tuple[Any, ...], dict[str, Any]]] = ((), {})
+    _ff_runtime: FlowRuntime | None = None
+    _ff_initiator: InitiatingInfo | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        original = cls.__dict__.get("__init__")
+        if original is None or getattr(original, "_ff_records_args", False):
+            return
+
+        @functools.wraps(original)
+        def __init__(self: FlowLogic[Any], *args: Any, **kw: Any) -> None:
+            if "_ff_args" not in self.__dict__:
+                self.__dict__["_ff_args"] = (args, kw)
+            original(self, *args, **kw)
+
+        __init__._ff_records_args = True  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[misc]
+
+    def call(self) -> T:
+        """The flow's logic. Its return value is the flow's result."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement call()")
+
+    # --- binding to a node --------------------------------------------------------------
+
+    def _ff_bind(self, runtime: FlowRuntime, initiator: InitiatingInfo | None) -> None:
+        self._ff_runtime = runtime
+        own = initiating_info(type(self))
+        self._ff_initiator = own if own is not None else initiator
+
+    def _runtime(self) -> FlowRuntime:
+        if self._ff_runtime is None:
+            raise FlowNotRunningError(
+                f"{type(self).__qualname__} is not running: start it with node.start_flow(...) "
+                "or call it from another flow with self.sub_flow(...)"
+            )
+        return self._ff_runtime
+
+    @property
+    def flow_id(self) -> str:
+        """The id of the running flow (a sub flow shares its parent's)."""
+        return self._runtime().flow_id
+
+    @property
+    def our_identity(self) -> Party:
+        """The party of the node this flow runs on."""
+        return self._runtime().our_identity
+
+    # --- operations ---------------------------------------------------------------------
+
+    def initiate_flow(self, party: Party) -> FlowSession:
+        """Open a session with ``party``; its node starts the responder of our initiating flow.
+
+        Nothing is sent until the first ``send`` or ``receive`` on the session.
+        """
+        if not isinstance(party, Party):
+            raise TypeError(f"initiate_flow needs a Party, not {type(party).__name__}")
+        initiator = self._ff_initiator
+        if initiator is None:
+            raise FlowException(
+                f"{type(self).__qualname__}.initiate_flow: no @initiating_flow in this flow's "
+                "call stack; mark the flow (or the sub flow that opens sessions) @initiating_flow"
+            )
+        runtime = self._runtime()
+        request = InitiateSession(
+            party.name, initiator.flow_class, initiator.version, initiator.app_name
+        )
+        session_id = runtime.suspend(request)
+        assert isinstance(session_id, str)
+        return FlowSession(runtime, session_id, party)
+
+    def sub_flow(self, flow: FlowLogic[R]) -> R:
+        """Run ``flow`` inside this one and return its result.
+
+        An ``@initiating_flow`` sub flow opens sessions in its own name (peers start the
+        responder registered for it); any other sub flow is inlined and uses ours.
+        """
+        if not isinstance(flow, FlowLogic):
+            raise TypeError(f"sub_flow needs a FlowLogic, not {type(flow).__name__}")
+        flow._ff_bind(self._runtime(), self._ff_initiator)
+        return flow.call()
+
+    def sleep(self, seconds: float) -> None:
+        """Suspend for ``seconds``. The wake-up time is checkpointed: it survives restarts."""
+        self._runtime().suspend(Sleep(float(seconds)))
+
+    def receive_all(
+        self, receive_type: type[R], sessions: Sequence[FlowSession]
+    ) -> list[UntrustworthyData[R]]:
+        """Receive one message from each session; results are in the order of ``sessions``."""
+        if not sessions:
+            raise ValueError("receive_all needs at least one session")
+        request = Receive(tuple(s.session_id for s in sessions))
+        payloads = self._runtime().suspend(request)
+        assert isinstance(payloads, tuple)
+        return [
+            s._check(receive_type, cast(bytes, p)) for s, p in zip(sessions, payloads, strict=True)
+        ]
+
+    def now(self) -> datetime.datetime:
+        """The current time (UTC), journaled: a replay sees the same time."""
+        value = self._runtime().suspend(RecordValue("now", self._runtime().clock_now()))
+        assert isinstance(value, float)
+        return datetime.datetime.fromtimestamp(value, tz=datetime.timezone.utc)
+
+    def random(self) -> float:
+        """A random float in [0, 1), journaled: a replay sees the same value."""
+        value = self._runtime().suspend(RecordValue("random", _random.random()))
+        assert isinstance(value, float)
+        return value
+
+    def uuid(self) -> str:
+        """A random UUID string, journaled: a replay sees the same value."""
+        value = self._runtime().suspend(RecordValue("uuid", str(_uuid.uuid4())))
+        assert isinstance(value, str)
+        return value
+
+
+class FlowSession:
+    """One end of a conversation with a flow on another node."""
+
+    def __init__(self, runtime: FlowRuntime, session_id: str, counterparty: Party) -> None:
+        self._runtime = runtime
+        self.session_id = session_id
+        self._counterparty = counterparty
+
+    @property
+    def counterparty(self) -> Party:
+        """The party at the other end."""
+        return self._counterparty
+
+    def send(self, payload: object) -> None:
+        """Send ``payload`` (it must be serializable: see ``FlowLogic``)."""
+        data = PAYLOADS.encode(payload)
+        self._runtime.suspend(Send((SessionPayload(self.session_id, data),)))
+
+    def receive(self, receive_type: type[T]) -> UntrustworthyData[T]:
+        """Wait for the next message; raises ``FlowException`` if it is not a ``receive_type``."""
+        payloads = self._runtime.suspend(Receive((self.session_id,)))
+        assert isinstance(payloads, tuple) and len(payloads) == 1
+        return self._check(receive_type, cast(bytes, payloads[0]))
+
+    def send_and_receive(self, receive_type: type[T], payload: object) -> UntrustworthyData[T]:
+        """Send ``payload``, then wait for the reply."""
+        self.send(payload)
+        return self.receive(receive_type)
+
+    def close(self) -> None:
+        """End the session: the counterparty's next receive on it fails as ended."""
+        self._runtime.suspend(CloseSessions((self.session_id,)))
+
+    def _check(self, receive_type: type[T], payload: bytes) -> UntrustworthyData[T]:
+        try:
+            value = PAYLOADS.decode(payload)
+        except SerializationError as error:
+            raise FlowException(
+                f"received an unreadable payload from {self._counterparty}: {error}"
+            ) from None
+        if not isinstance(value, receive_type):
+            raise FlowException(
+                f"expected {receive_type.__qualname__} from {self._counterparty} on session "
+                f"{self.session_id} but received {type(value).__qualname__}"
+            )
+        return UntrustworthyData(value)
+
+    def __repr__(self) -> str:
+        return f"FlowSession({self.session_id} with {self._counterparty})"

@@ -1,0 +1,243 @@
+"""A node: one identity, one database, one transport, the CorDapps, and the flows they run.
+
+:class:`Node` wires the parts together (the state machine manager, the SQLAlchemy store,
+the outbox relay, the greenlet fibers) and is driven by calling :meth:`Node.run_once` (the
+test network does this step by step; a node process does it in its loop).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from flows.cordapps import Cordapps
+from flows.errors import (
+    FiberflowError,
+    FlowArgumentError,
+    FlowDefinitionError,
+    FlowStillRunningError,
+    exception_from_error,
+)
+from flows.fiber import GreenletFiberFactory
+from flows.flow_logic import FlowLogic
+from flows.party import Party
+from messaging.codec import decode_session_message, encode_session_message
+from messaging.outbox_relay import OutboxRelay
+from messaging.service import SESSION_TOPIC, Message, MessagingService
+from persistence.serialization import PAYLOADS, SerializationError, qualified_name
+from persistence.store import CheckpointSummary, NodeDatabase
+from statemachine.manager import FlowEnd, StateMachineManager
+from statemachine.ports import Clock, InboundMessage, OutboxRow
+from statemachine.session_messages import OutboundSessionMessage
+from statemachine.state import FlowStatus
+
+T = TypeVar("T")
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        return time.time()
+
+
+class FlowHospitalizedError(FlowStillRunningError):
+    """The flow is kept in the hospital (for example, replay found it non-deterministic)."""
+
+
+@attrs.frozen
+class NodeConfig:
+    """What a node needs to start: its name, database and CorDapps."""
+
+    name: str
+    database_url: str
+    cordapps: tuple[str, ...] = ()
+    synchronous: str = "FULL"
+
+    def __attrs_post_init__(self) -> None:
+        Party(self.name)  # validates the name, naming the problem
+        if not self.database_url or "://" not in self.database_url:
+            raise ValueError(
+                f"node {self.name}: database_url {self.database_url!r} is not a URL "
+                "(for example sqlite:///alice.db)"
+            )
+
+
+class FlowHandle(Generic[T]):
+    """A started flow: its id, and its result once it has finished."""
+
+    def __init__(self, node: Node, flow_id: str) -> None:
+        self._node = node
+        self.flow_id = flow_id
+
+    def done(self) -> bool:
+        """True once the flow completed or failed."""
+        return self._node.flow_status(self.flow_id) in (FlowStatus.COMPLETED, FlowStatus.FAILED)
+
+    def result(self) -> T:
+        """The flow's return value; raises its error if it failed, or if it has not finished."""
+        return self._node.flow_result(self.flow_id)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"FlowHandle({self.flow_id} on {self._node.party})"
+
+
+class Node:
+    """A fiberflow node (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        messaging: MessagingService,
+        clock: Clock | None = None,
+        on_boundary: Callable[[str], None] | None = None,
+    ) -> None:
+        if messaging.my_address != config.name:
+            raise ValueError(
+                f"node {config.name}: its transport address is {messaging.my_address!r}; "
+                "they must be the same"
+            )
+        self.config = config
+        self.party = Party(config.name)
+        self.clock: Clock = clock or SystemClock()
+        self.cordapps = Cordapps(config.cordapps)
+        self.database = NodeDatabase(config.database_url, synchronous=config.synchronous)
+        self.messaging = messaging
+        self.relay = OutboxRelay(messaging, self.database, on_boundary)
+        fibers = GreenletFiberFactory(self.party, self.clock.now, self.cordapps.flow_class)
+        self.manager = StateMachineManager(
+            our_identity=config.name,
+            store=self.database,
+            encode_message=_encode_outbound,
+            outbound=self.relay,
+            fibers=fibers,
+            responders=self.cordapps,
+            decode_message=decode_session_message,
+            acknowledge=messaging.acknowledge,
+            clock=self.clock,
+            on_boundary=on_boundary,
+        )
+        messaging.add_handler(SESSION_TOPIC, self._on_message)
+        self.restored_flows = 0
+
+    def _on_message(self, message: Message) -> None:
+        self.manager.deliver(InboundMessage(message.message_id, message.sender, message.data))
+
+    def start(self) -> None:
+        """Restore every checkpointed flow, re-send the outbox, and start receiving."""
+        self.restored_flows = self.manager.restore()
+        self.relay.resend_pending()
+        self.messaging.start()
+
+    def stop(self) -> None:
+        """Stop receiving and close the database (flows stay checkpointed)."""
+        self.messaging.stop()
+        self.database.close()
+
+    def add_end_listener(self, listener: Callable[[FlowEnd], None]) -> None:
+        """Call ``listener`` each time a flow on this node completes or fails."""
+        self.manager.add_end_listener(listener)
+
+    # --- flows --------------------------------------------------------------------------
+
+    def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
+        """Checkpoint ``flow`` as Unstarted and schedule it; returns its handle at once."""
+        if not isinstance(flow, FlowLogic):
+            raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
+        cls = type(flow)
+        if "<locals>" in cls.__qualname__:
+            raise FlowDefinitionError(
+                f"{cls.__qualname__} is defined inside a function, so a restarted node could "
+                "not find it by name; move it to module level"
+            )
+        arguments = encode_arguments(flow)
+        flow_id = self.manager.start_flow(qualified_name(cls), arguments, flow)
+        return FlowHandle(self, flow_id)
+
+    def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
+        """The handle of a flow started earlier (also after a restart)."""
+        self.flow_status(flow_id)  # raises KeyError for an unknown id
+        return FlowHandle(self, flow_id)
+
+    def flow_status(self, flow_id: str) -> FlowStatus:
+        """The flow's status; raises KeyError if this node never had it."""
+        state = self.manager.flow_state(flow_id)
+        if state is not None:
+            return state.status
+        stored = self.database.stored_outcome(flow_id)
+        if stored is not None:
+            return FlowStatus.COMPLETED if stored.error is None else FlowStatus.FAILED
+        raise KeyError(f"no flow {flow_id} on {self.party}")
+
+    def flow_result(self, flow_id: str) -> Any:
+        """The result of a finished flow (raises its error, or FlowStillRunningError)."""
+        state = self.manager.flow_state(flow_id)
+        if state is not None:
+            if state.status is FlowStatus.HOSPITALIZED:
+                reason = state.checkpoint.error.message if state.checkpoint.error else "unknown"
+                raise FlowHospitalizedError(f"flow {flow_id} is in the hospital: {reason}")
+            raise FlowStillRunningError(
+                f"flow {flow_id} has not finished (status {state.status.value}); "
+                "run the network until it does"
+            )
+        stored = self.database.stored_outcome(flow_id)
+        if stored is None:
+            raise KeyError(f"no flow {flow_id} on {self.party}")
+        if stored.error is not None:
+            raise exception_from_error(stored.error)
+        assert stored.result is not None
+        return PAYLOADS.decode(stored.result)
+
+    def checkpoints(self) -> list[tuple[str, str, str]]:
+        """(flow id, flow class, status) of every flow with a stored checkpoint."""
+        return [(c.flow_id, c.flow_class, c.status) for c in self.checkpoint_summaries()]
+
+    def checkpoint_summaries(self) -> list[CheckpointSummary]:
+        """The stored checkpoints' summary rows."""
+        return self.database.checkpoint_summaries()
+
+    # --- driving ------------------------------------------------------------------------
+
+    def run_once(self) -> bool:
+        """One scheduling round (retries, messages, timers, flows); True if it did work."""
+        did_work = self.relay.retry_due()
+        did_work = self.manager.run_once() or did_work
+        self.relay.flush()
+        return did_work
+
+    def next_deadline(self) -> float | None:
+        """The earliest timer a flow waits for, or None."""
+        return self.manager.next_deadline()
+
+
+def encode_arguments(flow: FlowLogic[Any]) -> bytes:
+    """Serialize a flow's constructor arguments, naming the first one that cannot be."""
+    args, kwargs = flow._ff_args
+    named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
+    named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for label, value in named:
+        try:
+            PAYLOADS.encode(value)
+        except SerializationError as error:
+            raise FlowArgumentError(
+                f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
+            ) from None
+    return PAYLOADS.encode((list(args), kwargs))
+
+
+def _encode_outbound(message: OutboundSessionMessage) -> OutboxRow:
+    return OutboxRow(message.message_id, message.target, encode_session_message(message.message))
+
+
+__all__ = [
+    "FiberflowError",
+    "FlowHandle",
+    "FlowHospitalizedError",
+    "Node",
+    "NodeConfig",
+    "SystemClock",
+]

@@ -1,0 +1,187 @@
+"""``MockNetwork``: several nodes in one process, on the in-memory network, for tests.
+
+Each node has its own SQLite file (in a temporary directory unless you give one), so
+``restart()`` is a real crash-and-recover: every in-memory object of the node is dropped,
+the messages it had not acknowledged go back to its queue, and a new node is built from
+its database. Nothing runs until you call :meth:`MockNetwork.run_network`, which pumps every
+node and the network until nothing is left to do (advancing the mock clock to the next timer
+when that is all that is left, unless told not to).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from flows.flow_logic import FlowLogic
+from flows.node import FlowHandle, Node, NodeConfig
+from flows.party import Party
+from messaging.inmemory import Faults, InMemoryNetwork
+from statemachine.state import FlowStatus
+
+T = TypeVar("T")
+
+DEFAULT_START_TIME = 1_800_000_000.0
+
+
+class MockClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: float = DEFAULT_START_TIME) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        """The current mock time."""
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``."""
+        if seconds < 0:
+            raise ValueError("time only moves forward")
+        self._now += seconds
+
+    def advance_to(self, moment: float) -> None:
+        """Move time forward to ``moment`` (no-op if it is in the past)."""
+        self._now = max(self._now, moment)
+
+
+class NetworkNotQuiescentError(RuntimeError):
+    """``run_network`` hit its round limit with work still to do."""
+
+
+class MockNode:
+    """A node of a :class:`MockNetwork`."""
+
+    def __init__(self, network: MockNetwork, config: NodeConfig) -> None:
+        self._network = network
+        self.config = config
+        self.party = Party(config.name)
+        self.crash_hook: Callable[[str], None] | None = None
+        self.node = self._build()
+
+    @property
+    def name(self) -> str:
+        """The node's X.500 name."""
+        return self.config.name
+
+    def _on_boundary(self, point: str) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(point)
+
+    def _build(self) -> Node:
+        endpoint = self._network.messaging.endpoint(self.config.name)
+        node = Node(self.config, endpoint, self._network.clock, self._on_boundary)
+        node.start()
+        return node
+
+    def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
+        """Start ``flow`` on this node; it runs when the network runs."""
+        return self.node.start_flow(flow)
+
+    def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
+        """The handle of a flow started on this node (also after a restart)."""
+        return self.node.flow_handle(flow_id)
+
+    def checkpoints(self) -> list[tuple[str, str, str]]:
+        """(flow id, flow class, status) of every flow with a stored checkpoint."""
+        return self.node.checkpoints()
+
+    def restart(self) -> None:
+        """Crash and recover: drop everything in memory and rebuild from the database."""
+        self.node.stop()
+        self.node = self._build()
+
+    def flow_status(self, flow_id: str) -> FlowStatus:
+        """The status of a flow of this node."""
+        return self.node.flow_status(flow_id)
+
+    def __repr__(self) -> str:
+        return f"MockNode({self.name})"
+
+
+class MockNetwork:
+    """Nodes on an in-memory network with SQLite files, driven step by step."""
+
+    def __init__(
+        self,
+        cordapps: Sequence[str] = (),
+        *,
+        seed: int = 0,
+        faults: Faults | None = None,
+        directory: str | Path | None = None,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        self.cordapps = tuple(cordapps)
+        self.messaging = InMemoryNetwork(seed, faults)
+        self.clock = MockClock()
+        self.synchronous = synchronous
+        self._owns_directory = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="fiberflow-mock-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.nodes: list[MockNode] = []
+
+    def create_node(self, name: str, cordapps: Sequence[str] | None = None) -> MockNode:
+        """Add a node called ``name`` (an X.500 name such as ``O=Alice,L=London,C=GB``)."""
+        if any(node.name == name for node in self.nodes):
+            raise ValueError(f"the network already has a node called {name}")
+        party = Party(name)
+        filename = "".join(ch if ch.isalnum() else "_" for ch in party.organisation)
+        database = self.directory / f"{filename}_{len(self.nodes)}.db"
+        config = NodeConfig(
+            name=name,
+            database_url=f"sqlite:///{database}",
+            cordapps=tuple(self.cordapps if cordapps is None else cordapps),
+            synchronous=self.synchronous,
+        )
+        node = MockNode(self, config)
+        self.nodes.append(node)
+        return node
+
+    def run_once(self) -> bool:
+        """Deliver queued messages to every node and run one round on each; True if busy."""
+        busy = False
+        for mock in self.nodes:
+            if self.messaging.deliver(mock.name):
+                busy = True
+            if mock.node.run_once():
+                busy = True
+        return busy
+
+    def run_network(self, max_rounds: int = 100_000, advance_clock: bool = True) -> int:
+        """Run until no node and no message has anything left to do; returns the rounds run.
+
+        When only timers are left, the mock clock jumps to the earliest one (unless
+        ``advance_clock`` is False, in which case the network stops there).
+        """
+        for round_number in range(1, max_rounds + 1):
+            if self.run_once():
+                continue
+            if self.messaging.flush_delayed():
+                continue
+            if any(mock.node.relay.retry_all_now() for mock in self.nodes):
+                continue
+            deadlines = [d for m in self.nodes if (d := m.node.next_deadline()) is not None]
+            if advance_clock and deadlines:
+                self.clock.advance_to(min(deadlines))
+                continue
+            return round_number
+        raise NetworkNotQuiescentError(
+            f"the network was still busy after {max_rounds} rounds (a flow loop that never "
+            "blocks, or messages bouncing forever?)"
+        )
+
+    def stop_nodes(self) -> None:
+        """Stop every node and, if the network made its directory, delete it."""
+        for mock in self.nodes:
+            mock.node.stop()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> MockNetwork:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_nodes()

@@ -1,0 +1,211 @@
+"""An in-memory network: a deterministic TEST DOUBLE of a durable transport.
+
+One :class:`InMemoryNetwork` plays the broker for every node of a test. It holds each node's
+queue outside the node, so a node that "crashes" (``stop``) loses nothing the network took:
+delivered but unacknowledged messages go back to the queue and are delivered again.
+
+Nothing happens by itself: tests (or ``MockNetwork.run_network``) pump it with
+:meth:`InMemoryNetwork.deliver`. Faults are injected from a seeded ``random.Random``, so a
+failing schedule reproduces from its seed:
+
+* ``drop``: ``send`` refuses the message (``TransportError``) before taking it, so the
+  sender's outbox keeps it and retries;
+* ``duplicate``: the message is queued twice;
+* ``delay``: the message is held back for a few deliveries;
+* ``reorder``: a delivery takes a random queued message instead of the oldest.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import attrs
+
+from messaging.service import Message, MessageHandler, TransportError
+
+
+@attrs.frozen
+class Faults:
+    """Probabilities (0..1) of each injected fault, per message."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    delay: float = 0.0
+    reorder: float = 0.0
+    max_delay_steps: int = 5
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("drop", "duplicate", "delay", "reorder"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"fault probability {name} must be in [0, 1], got {value}")
+        if self.drop >= 1.0:
+            raise ValueError("drop=1.0 would refuse every message forever")
+
+
+@attrs.define
+class _Queue:
+    ready: deque[Message] = attrs.field(factory=deque)
+    delayed: list[tuple[int, Message]] = attrs.field(factory=list)
+    in_flight: list[Message] = attrs.field(factory=list)
+
+
+@attrs.define
+class NetworkStatistics:
+    """What the network did (tests assert on these)."""
+
+    sent: int = 0
+    dropped: int = 0
+    duplicated: int = 0
+    delayed: int = 0
+    reordered: int = 0
+    delivered: int = 0
+    redelivered: int = 0
+
+
+class InMemoryNetwork:
+    """The broker of an in-memory test network."""
+
+    def __init__(self, seed: int = 0, faults: Faults | None = None) -> None:
+        self.random = random.Random(seed)
+        self.faults = faults or Faults()
+        self.statistics = NetworkStatistics()
+        self._queues: dict[str, _Queue] = {}
+        self._endpoints: dict[str, InMemoryMessaging] = {}
+        self._step = 0
+
+    def endpoint(self, address: str) -> InMemoryMessaging:
+        """A node's messaging service on this network (a new one after each node restart)."""
+        self._queues.setdefault(address, _Queue())
+        endpoint = InMemoryMessaging(self, address)
+        self._endpoints[address] = endpoint
+        return endpoint
+
+    def _accept(self, message: Message, target: str) -> None:
+        queue = self._queues.get(target)
+        if queue is None:
+            raise TransportError(f"no node {target!r} on this network")
+        if self.random.random() < self.faults.drop:
+            self.statistics.dropped += 1
+            raise TransportError(f"injected fault: {message.message_id} dropped before hand-off")
+        self.statistics.sent += 1
+        copies = 1
+        if self.random.random() < self.faults.duplicate:
+            self.statistics.duplicated += 1
+            copies = 2
+        for _ in range(copies):
+            if self.random.random() < self.faults.delay:
+                self.statistics.delayed += 1
+                release = self._step + self.random.randint(1, self.faults.max_delay_steps)
+                queue.delayed.append((release, message))
+            else:
+                queue.ready.append(message)
+
+    def _release_delayed(self, queue: _Queue, everything: bool) -> None:
+        still: list[tuple[int, Message]] = []
+        for release, message in queue.delayed:
+            if everything or release <= self._step:
+                queue.ready.append(message)
+            else:
+                still.append((release, message))
+        queue.delayed = still
+
+    def deliver(self, address: str, limit: int | None = None) -> int:
+        """Deliver up to ``limit`` queued messages to ``address``'s handler; returns how many."""
+        self._step += 1
+        queue = self._queues[address]
+        endpoint = self._endpoints.get(address)
+        if endpoint is None or not endpoint.running:
+            return 0
+        self._release_delayed(queue, everything=False)
+        delivered = 0
+        while queue.ready and (limit is None or delivered < limit):
+            index = 0
+            if len(queue.ready) > 1 and self.random.random() < self.faults.reorder:
+                index = self.random.randrange(len(queue.ready))
+                self.statistics.reordered += 1
+            message = queue.ready[index]
+            del queue.ready[index]
+            queue.in_flight.append(message)
+            self.statistics.delivered += 1
+            delivered += 1
+            endpoint._dispatch(message)
+        return delivered
+
+    def flush_delayed(self) -> bool:
+        """Make every held-back message deliverable now; True if there were any."""
+        found = False
+        for queue in self._queues.values():
+            if queue.delayed:
+                found = True
+                self._release_delayed(queue, everything=True)
+        return found
+
+    def pending(self, address: str) -> int:
+        """Messages queued (ready or delayed) for ``address``, not counting those in flight."""
+        queue = self._queues[address]
+        return len(queue.ready) + len(queue.delayed)
+
+    def in_flight(self, address: str) -> int:
+        """Messages delivered to ``address`` and not yet acknowledged."""
+        return len(self._queues[address].in_flight)
+
+    def _acknowledge(self, address: str, message_id: str) -> None:
+        in_flight = self._queues[address].in_flight
+        for index, message in enumerate(in_flight):
+            if message.message_id == message_id:
+                del in_flight[index]
+                return
+
+    def _consumer_stopped(self, address: str) -> None:
+        queue = self._queues[address]
+        self.statistics.redelivered += len(queue.in_flight)
+        queue.ready.extendleft(reversed(queue.in_flight))
+        queue.in_flight = []
+
+
+class InMemoryMessaging:
+    """A node's ``MessagingService`` on an :class:`InMemoryNetwork` (test double)."""
+
+    def __init__(self, network: InMemoryNetwork, address: str) -> None:
+        self._network = network
+        self._address = address
+        self._handlers: dict[str, MessageHandler] = {}
+        self.running = False
+
+    @property
+    def my_address(self) -> str:
+        """This node's address."""
+        return self._address
+
+    def start(self) -> None:
+        """Start receiving deliveries."""
+        self.running = True
+
+    def stop(self) -> None:
+        """Stop receiving; everything unacknowledged goes back to the queue."""
+        self.running = False
+        self._network._consumer_stopped(self._address)
+
+    def add_handler(self, topic: str, callback: MessageHandler) -> None:
+        """Deliver ``topic`` messages to ``callback``."""
+        if topic in self._handlers:
+            raise ValueError(f"a handler for topic {topic!r} is already registered")
+        self._handlers[topic] = callback
+
+    def send(self, message: Message, target: str) -> None:
+        """Queue ``message`` on ``target``'s queue (or raise TransportError: injected drop)."""
+        self._network._accept(message, target)
+
+    def acknowledge(self, message_id: str) -> None:
+        """Remove a delivered message from the in-flight set."""
+        self._network._acknowledge(self._address, message_id)
+
+    def _dispatch(self, message: Message) -> None:
+        handler = self._handlers.get(message.topic)
+        if handler is None:
+            # No one will ever process it: acknowledge so it does not loop (and say so).
+            self.acknowledge(message.message_id)
+            return
+        handler(message)

@@ -1,0 +1,114 @@
+"""The outbox relay (Corda's "bridge"): committed outbox rows to the transport.
+
+A row is deleted only once the transport has durably taken it; a row the transport refused
+is retried (with a growing number of rounds between tries, capped); on start, every row left
+in the outbox is sent again. A crash between hand-off and delete therefore re-sends, never
+loses: the receiver drops the duplicate by its message id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import attrs
+
+from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
+from statemachine.ports import OutboxRow
+
+log = logging.getLogger("fiberflow.outbox")
+
+MAX_BACKOFF_ROUNDS = 64
+
+
+class OutboxStore(Protocol):
+    """The outbox table, as the relay needs it."""
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        """Every row still in the outbox, oldest first."""
+
+    def delete_outbox(self, message_ids: Sequence[str]) -> None:
+        """Delete rows the transport has durably taken."""
+
+
+@attrs.define
+class _Retry:
+    row: OutboxRow
+    attempts: int
+    due_round: int
+
+
+class OutboxRelay:
+    """Moves outbox rows to a transport; see the module docstring."""
+
+    def __init__(
+        self,
+        transport: MessagingService,
+        store: OutboxStore,
+        on_boundary: Callable[[str], None] | None = None,
+    ) -> None:
+        self._transport = transport
+        self._store = store
+        self._on_boundary = on_boundary
+        self._taken: list[str] = []
+        self._retries: list[_Retry] = []
+        self._round = 0
+        self.handed_off = 0
+        """Messages the transport has taken (for statistics and benchmarks)."""
+
+    def resend_pending(self) -> int:
+        """Send every row left in the outbox (node start); returns how many there were."""
+        rows = self._store.pending_outbox()
+        self.hand_off(rows)
+        return len(rows)
+
+    def hand_off(self, rows: Sequence[OutboxRow]) -> None:
+        """Try to send each row now; failures are retried by :meth:`retry_due`."""
+        for row in rows:
+            self._try(row, attempts=0)
+
+    def _try(self, row: OutboxRow, attempts: int) -> bool:
+        message = Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
+        try:
+            self._transport.send(message, row.target)
+        except TransportError as error:
+            backoff = min(2**attempts, MAX_BACKOFF_ROUNDS)
+            log.info("transport refused %s (%s); retry in %d rounds", row.message_id, error,
+                     backoff)
+            self._retries.append(_Retry(row, attempts + 1, self._round + backoff))
+            return False
+        self.handed_off += 1
+        self._taken.append(row.message_id)
+        if self._on_boundary is not None:
+            self._on_boundary("after_hand_off")
+        return True
+
+    def retry_due(self) -> bool:
+        """Retry refused rows whose backoff has passed; True if any was tried."""
+        self._round += 1
+        due = [r for r in self._retries if r.due_round <= self._round]
+        if not due:
+            return False
+        self._retries = [r for r in self._retries if r.due_round > self._round]
+        for retry in due:
+            self._try(retry.row, retry.attempts)
+        return True
+
+    def retry_all_now(self) -> bool:
+        """Make every waiting retry due at once (a test network that is otherwise idle)."""
+        for retry in self._retries:
+            retry.due_round = self._round
+        return bool(self._retries)
+
+    def waiting(self) -> int:
+        """Rows refused by the transport and waiting for a retry."""
+        return len(self._retries)
+
+    def flush(self) -> None:
+        """Delete the rows taken since the last flush (one transaction)."""
+        if self._taken:
+            taken, self._taken = self._taken, []
+            self._store.delete_outbox(taken)
+            if self._on_boundary is not None:
+                self._on_boundary("after_outbox_delete")

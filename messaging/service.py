@@ -1,0 +1,64 @@
+"""The ``MessagingService`` protocol: what every transport offers the node.
+
+Contract (checked by the conformance suite in ``tests/messaging_conformance.py``):
+
+* ``send(message, target)`` returns only once the transport has *durably* taken the message
+  (queued in memory for the test double, a committed row for the SQL queue, a publisher
+  confirm for AMQP). If it cannot take it, it raises :class:`TransportError` and the caller
+  keeps the message (the outbox relay retries).
+* Each message is delivered to the handler registered for its topic, at least once. A
+  delivered message stays the transport's responsibility until ``acknowledge(message_id)``:
+  if the consumer stops first, the message is delivered again.
+* Delivery order is not guaranteed; the session protocol restores order by sequence number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+SESSION_TOPIC = "platform.session"
+"""The topic every flow session message travels on."""
+
+
+@attrs.frozen
+class Message:
+    """A transport message: an id for dedup, a topic, the sending node and opaque bytes."""
+
+    message_id: str
+    topic: str
+    sender: str
+    data: bytes
+
+
+MessageHandler = Callable[[Message], None]
+"""Called by the transport for each delivered message."""
+
+
+class TransportError(Exception):
+    """The transport could not take or deliver a message; nothing was lost, try again."""
+
+
+class MessagingService(Protocol):
+    """A node's connection to the network. See the module docstring for the contract."""
+
+    @property
+    def my_address(self) -> str:
+        """The address other nodes send to (the node's name)."""
+
+    def start(self) -> None:
+        """Begin delivering messages to the handlers."""
+
+    def stop(self) -> None:
+        """Stop delivering; unacknowledged messages will be delivered again later."""
+
+    def add_handler(self, topic: str, callback: MessageHandler) -> None:
+        """Deliver messages of ``topic`` to ``callback``."""
+
+    def send(self, message: Message, target: str) -> None:
+        """Hand ``message`` to the transport for ``target``; return once durably taken."""
+
+    def acknowledge(self, message_id: str) -> None:
+        """The delivered message ``message_id`` is done with: never deliver it again."""

@@ -1,0 +1,55 @@
+"""Checkpoints to bytes and back, allowing exactly the state machine's own value types."""
+
+from __future__ import annotations
+
+from statemachine import flow_error, iorequests, session_messages, state
+from persistence.serialization import SerializationError, Serializer, TypeRegistry
+
+CHECKPOINT_FORMAT = 1
+"""Version of the checkpoint blob layout; bumped when a stored field changes meaning."""
+
+CHECKPOINT_TYPES = TypeRegistry(
+    [
+        state.FlowStatus,
+        state.StartedLocally,
+        state.InitiatedBy,
+        state.Value,
+        state.Raised,
+        state.JournalEntry,
+        state.EarlyMessage,
+        state.SessionState,
+        state.Pending,
+        state.Checkpoint,
+        flow_error.ErrorKind,
+        flow_error.FlowError,
+        iorequests.Receive,
+        iorequests.Sleep,
+        session_messages.ConfirmSession,
+        session_messages.SessionData,
+        session_messages.SessionEnd,
+        session_messages.SessionErrorBody,
+        session_messages.SessionReject,
+    ]
+)
+
+_SERIALIZER = Serializer(CHECKPOINT_TYPES, "checkpoint")
+
+
+def encode_checkpoint(checkpoint: state.Checkpoint) -> bytes:
+    """The blob stored in ``node_checkpoint_blobs``."""
+    return _SERIALIZER.encode([CHECKPOINT_FORMAT, checkpoint])
+
+
+def decode_checkpoint(blob: bytes) -> state.Checkpoint:
+    """Rebuild a checkpoint from its blob; raises SerializationError if it is not one."""
+    decoded = _SERIALIZER.decode(blob)
+    if (
+        not isinstance(decoded, list)
+        or len(decoded) != 2
+        or decoded[0] != CHECKPOINT_FORMAT
+        or not isinstance(decoded[1], state.Checkpoint)
+    ):
+        raise SerializationError(
+            f"not a checkpoint blob of format {CHECKPOINT_FORMAT}: {str(decoded)[:80]}"
+        )
+    return decoded[1]

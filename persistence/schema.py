@@ -1,0 +1,108 @@
+"""The node database schema (SQLAlchemy Core). Documented column by column in docs/.
+
+Timestamps are integer milliseconds since the Unix epoch (``BigInteger``), so that every
+reader (SQL, Spark over JDBC, Arrow) sees the same plain number.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a table or column changes; a node refuses a database of another version."""
+
+metadata = MetaData()
+
+node_schema_version = Table(
+    "node_schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", BigInteger, nullable=False),
+)
+
+node_checkpoints = Table(
+    "node_checkpoints",
+    metadata,
+    Column("flow_id", String(64), primary_key=True),
+    Column("flow_class", String(300), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("progress_step", String(200)),
+    Column("suspended_on", String(20)),
+    Column("waiting_for", Text),
+    Column("journal_length", Integer, nullable=False),
+    Column("checkpoint_bytes", Integer, nullable=False),
+    Column("error_message", Text),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+node_checkpoint_blobs = Table(
+    "node_checkpoint_blobs",
+    metadata,
+    Column("flow_id", String(64), primary_key=True),
+    Column("blob", LargeBinary, nullable=False),
+)
+
+node_flow_results = Table(
+    "node_flow_results",
+    metadata,
+    Column("flow_id", String(64), primary_key=True),
+    Column("flow_class", String(300), nullable=False),
+    Column("result", LargeBinary, nullable=False),
+    Column("completed_at", BigInteger, nullable=False),
+)
+
+node_flow_exceptions = Table(
+    "node_flow_exceptions",
+    metadata,
+    Column("flow_id", String(64), primary_key=True),
+    Column("flow_class", String(300), nullable=False),
+    Column("error_kind", String(30), nullable=False),
+    Column("exception_class", String(300), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("failed_at", BigInteger, nullable=False),
+)
+
+node_message_ids = Table(
+    "node_message_ids",
+    metadata,
+    Column("message_id", String(200), primary_key=True),
+    Column("sender", String(300), nullable=False),
+    Column("session_id", String(120), nullable=False),
+    Column("sequence", BigInteger, nullable=False),
+    Column("inserted_at", BigInteger, nullable=False),
+)
+
+node_outbox = Table(
+    "node_outbox",
+    metadata,
+    Column("message_id", String(200), primary_key=True),
+    Column("target", String(300), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+node_dead_letters = Table(
+    "node_dead_letters",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("message_id", String(200), nullable=False),
+    Column("sender", String(300), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("received_at", BigInteger, nullable=False),
+)
+
+
+def millis(seconds: float) -> int:
+    """Seconds since the epoch to the integer milliseconds the tables store."""
+    return int(round(seconds * 1000))

@@ -1,0 +1,163 @@
+"""msgpack serialization with an allow-list of types.
+
+A :class:`Serializer` encodes ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+``list``, ``tuple``, ``dict``, enum members and instances of the attrs classes registered in
+its :class:`TypeRegistry`. Anything else is refused at encoding time with an error naming the
+type and where it was found. Decoding never constructs a type that is not registered: an
+unknown type name in the data is an error, not an import.
+
+Three registries are used in fiberflow: ``PAYLOAD_TYPES`` (what flows may send and take as
+arguments: ``Party`` plus classes marked ``@serializable``), and the internal ones for
+checkpoints and wire messages (see :mod:`persistence.checkpoint_codec` and
+:mod:`messaging.codec`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import msgpack
+
+EXT_TUPLE = 1
+EXT_OBJECT = 2
+EXT_ENUM = 3
+
+MAX_DEPTH = 64
+"""Deepest nesting accepted when encoding (deeper data is refused, never truncated)."""
+
+
+class SerializationError(ValueError):
+    """A value could not be encoded (type not allowed) or decoded (bad or unregistered data)."""
+
+
+def qualified_name(cls: type) -> str:
+    """``module.QualName`` of a class: how registries and checkpoints name types."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class TypeRegistry:
+    """The classes a serializer may encode and construct, by qualified name."""
+
+    def __init__(self, classes: Iterable[type] = ()) -> None:
+        self._by_name: dict[str, type] = {}
+        for cls in classes:
+            self.register(cls)
+
+    def register(self, cls: type) -> type:
+        """Allow ``cls`` (an attrs class or an Enum); returns it, so it works as a decorator."""
+        if not (attrs.has(cls) or issubclass(cls, enum.Enum)):
+            raise TypeError(
+                f"{qualified_name(cls)} cannot be registered for serialization: only attrs "
+                "classes and enums can (decorate it with @attrs.frozen first)"
+            )
+        name = qualified_name(cls)
+        existing = self._by_name.get(name)
+        if existing is not None and existing is not cls:
+            raise TypeError(f"another class is already registered as {name}")
+        self._by_name[name] = cls
+        return cls
+
+    def lookup(self, name: str) -> type | None:
+        """The registered class called ``name``, or None."""
+        return self._by_name.get(name)
+
+    def allows(self, cls: type) -> bool:
+        """True if instances of ``cls`` may be encoded."""
+        return self._by_name.get(qualified_name(cls)) is cls
+
+    def names(self) -> list[str]:
+        """Sorted names of the registered classes."""
+        return sorted(self._by_name)
+
+
+class Serializer:
+    """Encodes and decodes values restricted to the types its registry allows."""
+
+    def __init__(self, registry: TypeRegistry, what: str = "value") -> None:
+        self.registry = registry
+        self.what = what
+
+    def encode(self, value: Any) -> bytes:
+        """Serialize ``value``; raises :class:`SerializationError` naming a disallowed type."""
+        try:
+            return msgpack.packb(self._to_plain(value, 0, "value"), use_bin_type=True)
+        except SerializationError:
+            raise
+        except (TypeError, ValueError, OverflowError) as error:
+            raise SerializationError(f"cannot serialize {self.what}: {error}") from error
+
+    def decode(self, data: bytes) -> Any:
+        """Deserialize bytes made by :meth:`encode`; never constructs an unregistered type."""
+        try:
+            return msgpack.unpackb(
+                data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
+            )
+        except SerializationError:
+            raise
+        except Exception as error:  # msgpack raises several unrelated exception types
+            raise SerializationError(f"cannot deserialize {self.what}: {error}") from error
+
+    def _to_plain(self, value: Any, depth: int, path: str) -> Any:
+        if depth > MAX_DEPTH:
+            raise SerializationError(f"{self.what} nests deeper than {MAX_DEPTH} at {path}")
+        if value is None or type(value) in (bool, int, float, str, bytes):
+            return value
+        if type(value) is list:
+            return [self._to_plain(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
+        if type(value) is tuple:
+            items = [self._to_plain(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
+            return msgpack.ExtType(EXT_TUPLE, self._pack(items))
+        if type(value) is dict:
+            return {
+                self._to_plain(k, depth + 1, f"{path} key"): self._to_plain(
+                    v, depth + 1, f"{path}[{k!r}]"
+                )
+                for k, v in value.items()
+            }
+        cls = type(value)
+        if isinstance(value, enum.Enum) and self.registry.allows(cls):
+            return msgpack.ExtType(EXT_ENUM, self._pack([qualified_name(cls), value.value]))
+        if attrs.has(cls) and self.registry.allows(cls):
+            fields = [
+                self._to_plain(getattr(value, f.name), depth + 1, f"{path}.{f.name}")
+                for f in attrs.fields(cls)
+                if f.init
+            ]
+            return msgpack.ExtType(EXT_OBJECT, self._pack([qualified_name(cls), fields]))
+        raise SerializationError(
+            f"cannot serialize {self.what}: {path} is a {qualified_name(cls)}, which is not "
+            "allowed (allowed: None, bool, int, float, str, bytes, list, tuple, dict and "
+            "registered classes; register an attrs class with @flows.serializable)"
+        )
+
+    @staticmethod
+    def _pack(items: Any) -> bytes:
+        return msgpack.packb(items, use_bin_type=True)
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        items = msgpack.unpackb(
+            data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
+        )
+        if code == EXT_TUPLE:
+            return tuple(items)
+        if code in (EXT_OBJECT, EXT_ENUM):
+            name, body = items
+            cls = self.registry.lookup(name) if isinstance(name, str) else None
+            if cls is None:
+                raise SerializationError(
+                    f"cannot deserialize {self.what}: type {name!r} is not registered"
+                )
+            if code == EXT_ENUM:
+                return cls(body)
+            return cls(*body)
+        raise SerializationError(f"cannot deserialize {self.what}: unknown extension {code}")
+
+
+PAYLOAD_TYPES = TypeRegistry()
+"""Classes flows may send, receive, return and take as arguments (``@flows.serializable``)."""
+
+PAYLOADS = Serializer(PAYLOAD_TYPES, "payload")
+"""The serializer for flow payloads, arguments and results."""

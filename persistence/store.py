@@ -1,0 +1,317 @@
+"""The node database through SQLAlchemy Core: checkpoints, dedup ids, outbox, results.
+
+:class:`NodeDatabase` implements the state machine's ``CheckpointStore`` protocol and the
+outbox relay's ``OutboxStore``. SQLite is the default (WAL journal, ``synchronous=FULL`` so a
+commit survives power loss); PostgreSQL works through the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Transaction
+
+from persistence import schema
+from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
+from persistence.schema import millis
+from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.iorequests import Receive, Sleep
+from statemachine.ports import InboundMessage, OutboxRow
+from statemachine.session_messages import InboundRecord
+from statemachine.state import Checkpoint
+
+
+class SchemaVersionError(RuntimeError):
+    """The database was made by another schema version of fiberflow."""
+
+
+@attrs.frozen
+class CheckpointSummary:
+    """One row of ``node_checkpoints``, as ``node.checkpoints()`` reports it."""
+
+    flow_id: str
+    flow_class: str
+    status: str
+
+
+@attrs.frozen
+class StoredOutcome:
+    """A finished flow's stored result or error."""
+
+    flow_id: str
+    flow_class: str
+    result: bytes | None
+    error: FlowError | None
+
+
+def _waiting_for(checkpoint: Checkpoint) -> tuple[str | None, str | None]:
+    pending = checkpoint.pending
+    if pending is None:
+        return None, None
+    if isinstance(pending.request, Sleep):
+        return "Sleep", json.dumps({"until": millis(pending.deadline or 0)})
+    assert isinstance(pending.request, Receive)
+    waits = []
+    for session_id in pending.request.session_ids:
+        session = checkpoint.session(session_id)
+        counterparty = session.counterparty if session is not None else None
+        waits.append({"session": session_id, "counterparty": counterparty})
+    return "Receive", json.dumps(waits)
+
+
+class SqlTransaction:
+    """One open transaction on the node database (see ``StoreTransaction``)."""
+
+    def __init__(self, database: NodeDatabase, connection: Connection) -> None:
+        self._database = database
+        self._connection = connection
+        self._transaction: Transaction = connection.begin()
+
+    def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
+        """Insert or replace the checkpoint row and blob."""
+        blob = encode_checkpoint(checkpoint)
+        suspended_on, waiting_for = _waiting_for(checkpoint)
+        row = {
+            "flow_id": checkpoint.flow_id,
+            "flow_class": checkpoint.flow_class,
+            "status": checkpoint.status.value,
+            "suspended_on": suspended_on,
+            "waiting_for": waiting_for,
+            "journal_length": len(checkpoint.journal),
+            "checkpoint_bytes": len(blob),
+            "error_message": checkpoint.error.message if checkpoint.error else None,
+            "created_at": millis(checkpoint.created_at),
+            "updated_at": millis(at),
+        }
+        self._database.upsert(self._connection, schema.node_checkpoints, row, "flow_id")
+        self._database.upsert(
+            self._connection,
+            schema.node_checkpoint_blobs,
+            {"flow_id": checkpoint.flow_id, "blob": blob},
+            "flow_id",
+        )
+
+    def remove_checkpoint(self, flow_id: str) -> None:
+        """Delete the checkpoint row and blob, if present."""
+        for table in (schema.node_checkpoints, schema.node_checkpoint_blobs):
+            self._connection.execute(delete(table).where(table.c.flow_id == flow_id))
+
+    def record_inbound(self, records: Sequence[InboundRecord], at: float) -> None:
+        """Insert dedup ids; the primary key refuses an id consumed twice."""
+        self._connection.execute(
+            insert(schema.node_message_ids),
+            [
+                {
+                    "message_id": r.message_id,
+                    "sender": r.sender,
+                    "session_id": r.session_id,
+                    "sequence": r.sequence,
+                    "inserted_at": millis(at),
+                }
+                for r in records
+            ],
+        )
+
+    def write_outbox(self, rows: Sequence[OutboxRow], at: float) -> None:
+        """Insert outbound messages."""
+        self._connection.execute(
+            insert(schema.node_outbox),
+            [
+                {
+                    "message_id": r.message_id,
+                    "target": r.target,
+                    "payload": r.data,
+                    "created_at": millis(at),
+                }
+                for r in rows
+            ],
+        )
+
+    def store_result(self, flow_id: str, flow_class: str, result: bytes, at: float) -> None:
+        """Keep a finished flow's result."""
+        self._connection.execute(
+            insert(schema.node_flow_results).values(
+                flow_id=flow_id, flow_class=flow_class, result=result, completed_at=millis(at)
+            )
+        )
+
+    def store_error(self, flow_id: str, flow_class: str, error: FlowError, at: float) -> None:
+        """Keep a failed flow's error."""
+        self._connection.execute(
+            insert(schema.node_flow_exceptions).values(
+                flow_id=flow_id,
+                flow_class=flow_class,
+                error_kind=error.kind.value,
+                exception_class=error.exception_class,
+                message=error.message,
+                failed_at=millis(at),
+            )
+        )
+
+    def commit(self) -> None:
+        """Commit and return the connection to the pool."""
+        try:
+            self._transaction.commit()
+        finally:
+            self._connection.close()
+
+    def rollback(self) -> None:
+        """Roll back and return the connection to the pool."""
+        try:
+            self._transaction.rollback()
+        finally:
+            self._connection.close()
+
+
+class NodeDatabase:
+    """A node's database: opens (and if new, creates) the schema at ``url``."""
+
+    def __init__(self, url: str, *, synchronous: str = "FULL") -> None:
+        self.url = url
+        self.engine: Engine = create_engine(url)
+        if self.engine.dialect.name == "sqlite":
+            _configure_sqlite(self.engine, synchronous)
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        schema.metadata.create_all(self.engine)
+        with self.engine.begin() as connection:
+            versions = connection.execute(select(schema.node_schema_version.c.version)).scalars()
+            found = list(versions)
+            if not found:
+                connection.execute(
+                    insert(schema.node_schema_version).values(
+                        version=schema.SCHEMA_VERSION, applied_at=millis(time.time())
+                    )
+                )
+            elif found != [schema.SCHEMA_VERSION]:
+                raise SchemaVersionError(
+                    f"{self.url} has schema version {found}, this fiberflow needs "
+                    f"{schema.SCHEMA_VERSION}"
+                )
+
+    def upsert(self, connection: Connection, table: Any, row: dict[str, Any], key: str) -> None:
+        """Insert ``row`` or update the existing row with the same ``key`` column."""
+        dialect = self.engine.dialect.name
+        module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(dialect)
+        if module is None:
+            connection.execute(delete(table).where(table.c[key] == row[key]))
+            connection.execute(insert(table).values(**row))
+            return
+        statement = module.insert(table).values(**row)
+        updates = {name: value for name, value in row.items() if name != key}
+        connection.execute(statement.on_conflict_do_update(index_elements=[key], set_=updates))
+
+    def begin(self) -> SqlTransaction:
+        """Open a write transaction."""
+        return SqlTransaction(self, self.engine.connect())
+
+    def is_consumed(self, message_id: str) -> bool:
+        """True if this inbound message id was recorded by a committed transaction."""
+        table = schema.node_message_ids
+        with self.engine.connect() as connection:
+            found = connection.execute(
+                select(table.c.message_id).where(table.c.message_id == message_id)
+            ).first()
+        return found is not None
+
+    def load_checkpoints(self) -> list[Checkpoint]:
+        """Every stored checkpoint, oldest first."""
+        rows, blobs = schema.node_checkpoints, schema.node_checkpoint_blobs
+        query = (
+            select(blobs.c.blob)
+            .join(rows, rows.c.flow_id == blobs.c.flow_id)
+            .order_by(rows.c.created_at, rows.c.flow_id)
+        )
+        with self.engine.connect() as connection:
+            return [decode_checkpoint(blob) for blob in connection.execute(query).scalars()]
+
+    def checkpoint_summaries(self) -> list[CheckpointSummary]:
+        """(flow id, flow class, status) of every stored checkpoint, oldest first."""
+        table = schema.node_checkpoints
+        query = select(table.c.flow_id, table.c.flow_class, table.c.status).order_by(
+            table.c.created_at, table.c.flow_id
+        )
+        with self.engine.connect() as connection:
+            return [CheckpointSummary(*row) for row in connection.execute(query)]
+
+    def stored_outcome(self, flow_id: str) -> StoredOutcome | None:
+        """The kept result or error of a finished flow, or None."""
+        results, errors = schema.node_flow_results, schema.node_flow_exceptions
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                select(results.c.flow_class, results.c.result).where(results.c.flow_id == flow_id)
+            ).first()
+            if row is not None:
+                return StoredOutcome(flow_id, row.flow_class, row.result, None)
+            row = connection.execute(select(errors).where(errors.c.flow_id == flow_id)).first()
+        if row is None:
+            return None
+        error = FlowError(ErrorKind(row.error_kind), row.exception_class, row.message)
+        return StoredOutcome(flow_id, row.flow_class, None, error)
+
+    def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
+        """Keep an unprocessable message with the reason (its own transaction)."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                insert(schema.node_dead_letters).values(
+                    message_id=message.message_id,
+                    sender=message.sender,
+                    reason=reason,
+                    payload=message.data,
+                    received_at=millis(at),
+                )
+            )
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        """Every outbox row, oldest first (what a starting relay must send)."""
+        table = schema.node_outbox
+        query = select(table.c.message_id, table.c.target, table.c.payload).order_by(
+            table.c.created_at, table.c.message_id
+        )
+        with self.engine.connect() as connection:
+            return [OutboxRow(*row) for row in connection.execute(query)]
+
+    def delete_outbox(self, message_ids: Sequence[str]) -> None:
+        """Delete outbox rows the transport has durably taken."""
+        if not message_ids:
+            return
+        table = schema.node_outbox
+        with self.engine.begin() as connection:
+            connection.execute(delete(table).where(table.c.message_id.in_(list(message_ids))))
+
+    def count(self, table_name: str) -> int:
+        """Number of rows in one of the node tables (for reports and tests)."""
+        table = schema.metadata.tables[table_name]
+        with self.engine.connect() as connection:
+            return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
+
+    def close(self) -> None:
+        """Release every connection."""
+        self.engine.dispose()
+
+
+def _configure_sqlite(engine: Engine, synchronous: str) -> None:
+    if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves, below
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+

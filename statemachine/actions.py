@@ -1,0 +1,123 @@
+"""What a transition asks the executor to do: one frozen class per action kind.
+
+Actions come in two phases. Those marked ``IN_TRANSACTION`` are performed together inside ONE
+database transaction (one per transition, or one per group of transitions); those marked
+``AFTER_COMMIT`` only once that transaction has committed. This ordering is what makes
+delivery exactly-once: an inbound message is acknowledged only after the transition that
+consumed it is durable, and an outbound message reaches the transport only after the
+checkpoint that decided to send it is durable.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar, Union
+
+import attrs
+
+from statemachine.flow_error import FlowError
+from statemachine.session_messages import InboundRecord, OutboundSessionMessage
+from statemachine.state import Checkpoint
+
+
+class Phase(enum.Enum):
+    """When the executor performs an action."""
+
+    IN_TRANSACTION = "in_transaction"
+    AFTER_COMMIT = "after_commit"
+
+
+@attrs.frozen
+class PersistCheckpoint:
+    """Insert or replace the flow's checkpoint row and blob."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    checkpoint: Checkpoint
+    at: float
+
+
+@attrs.frozen
+class RemoveCheckpoint:
+    """Delete the flow's checkpoint (it finished)."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    flow_id: str
+
+
+@attrs.frozen
+class RecordInboundMessages:
+    """Insert the dedup ids of inbound messages the flow has taken in."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    records: tuple[InboundRecord, ...]
+    at: float
+
+
+@attrs.frozen
+class WriteOutbox:
+    """Insert outbound session messages into the outbox."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    messages: tuple[OutboundSessionMessage, ...]
+    at: float
+
+
+@attrs.frozen
+class StoreFlowResult:
+    """Keep a finished flow's serialized result."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    flow_id: str
+    flow_class: str
+    result: bytes
+    at: float
+
+
+@attrs.frozen
+class StoreFlowError:
+    """Keep a failed flow's error."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    flow_id: str
+    flow_class: str
+    error: FlowError
+    at: float
+
+
+@attrs.frozen
+class AcknowledgeMessages:
+    """Tell the transport these inbound messages are done with (after commit)."""
+
+    phase: ClassVar[Phase] = Phase.AFTER_COMMIT
+    message_ids: tuple[str, ...]
+
+
+@attrs.frozen
+class HandOffMessages:
+    """Give committed outbox messages to the transport (after commit)."""
+
+    phase: ClassVar[Phase] = Phase.AFTER_COMMIT
+    messages: tuple[OutboundSessionMessage, ...]
+
+
+@attrs.frozen
+class ScheduleWakeUp:
+    """Arrange for a WakeUp event at ``deadline`` (after commit; durable via the checkpoint)."""
+
+    phase: ClassVar[Phase] = Phase.AFTER_COMMIT
+    flow_id: str
+    deadline: float
+
+
+Action = Union[
+    PersistCheckpoint,
+    RemoveCheckpoint,
+    RecordInboundMessages,
+    WriteOutbox,
+    StoreFlowResult,
+    StoreFlowError,
+    AcknowledgeMessages,
+    HandOffMessages,
+    ScheduleWakeUp,
+]
+"""Every action kind."""

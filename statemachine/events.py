@@ -1,0 +1,106 @@
+"""What happens to a flow: one frozen class per event kind.
+
+Every event carries ``at``, the node clock's time when it happened, so that transitions that
+need the time (deadlines) stay pure.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from statemachine.flow_error import FlowError
+from statemachine.iorequests import IORequest
+from statemachine.session_messages import InitialSessionMessage, SessionBody
+from statemachine.state import Checkpoint, StartedLocally
+
+
+@attrs.frozen
+class StartFlow:
+    """A flow was started on this node (``node.start_flow``)."""
+
+    flow_id: str
+    origin: StartedLocally
+    at: float
+
+
+@attrs.frozen
+class StartInitiatedFlow:
+    """A peer's initial session message starts the responder registered for its flow."""
+
+    flow_id: str
+    flow_class: str
+    message_id: str
+    sender: str
+    initial: InitialSessionMessage
+    flow_version: int
+    app_name: str
+    at: float
+
+
+@attrs.frozen
+class RestoreFlow:
+    """The node (re)started and loaded this flow's checkpoint."""
+
+    checkpoint: Checkpoint
+    at: float
+
+
+@attrs.frozen
+class Suspend:
+    """The flow's fiber suspended with a request."""
+
+    request: IORequest
+    at: float
+
+
+@attrs.frozen
+class DeliverSessionMessage:
+    """A message arrived for one of the flow's sessions (already dedup-checked by id)."""
+
+    session_id: str
+    message_id: str
+    sender: str
+    sequence: int
+    body: SessionBody
+    at: float
+
+
+@attrs.frozen
+class WakeUp:
+    """A timer the flow scheduled fired."""
+
+    at: float
+
+
+@attrs.frozen
+class FlowFinished:
+    """``call()`` returned; ``result`` is the serialized return value."""
+
+    result: bytes
+    at: float
+
+
+@attrs.frozen
+class FlowFailed:
+    """``call()`` raised; ``error`` describes the exception."""
+
+    error: FlowError
+    at: float
+
+
+Event = Union[
+    StartFlow,
+    StartInitiatedFlow,
+    RestoreFlow,
+    Suspend,
+    DeliverSessionMessage,
+    WakeUp,
+    FlowFinished,
+    FlowFailed,
+]
+"""Every event kind the transition function accepts."""
+
+CREATING_EVENTS = (StartFlow, StartInitiatedFlow, RestoreFlow)
+"""Events that create a flow's state rather than change an existing one."""

@@ -1,0 +1,35 @@
+"""Errors inside flows, as data: what a journal, a checkpoint or a session message carries.
+
+Exceptions cannot be serialized safely, and the counterparty must not learn internal detail,
+so the state machine only ever handles :class:`FlowError` values. The ``flows`` package turns
+them back into exceptions when it resumes a flow with one.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class ErrorKind(enum.Enum):
+    """Who is to blame for an error, which decides what the flow sees."""
+
+    FLOW_EXCEPTION = "flow_exception"
+    """A ``FlowException`` raised by flow code: its class and message are passed on."""
+    UNEXPECTED_END = "unexpected_end"
+    """The counterparty ended (finished, failed with an internal error, or was rejected)."""
+    NON_DETERMINISM = "non_determinism"
+    """Replay found the flow asking for something other than its journal says."""
+    INTERNAL = "internal"
+    """Any other exception in flow code: kept locally, never sent to a counterparty."""
+
+
+@attrs.frozen
+class FlowError:
+    """An error as the state machine stores and transmits it."""
+
+    kind: ErrorKind
+    exception_class: str
+    message: str
+    error_id: str = ""

@@ -1,0 +1,460 @@
+"""The state machine manager: routes messages and timers to flows and drives their fibers.
+
+The manager is single-threaded and deterministic: :meth:`StateMachineManager.run_once` takes
+whatever has arrived (inbound messages, due timers, fiber outcomes), feeds each flow's events
+to :func:`statemachine.transition.transition`, performs all resulting actions in one
+transaction (group commit), and only then applies the continuations (resuming fibers).
+A transition with no actions resumes its fiber at once, so replay and non-blocking requests
+cost no round trip through the database.
+
+Inbound messages are dedup-checked twice: against the ids the store has recorded, and
+against an in-memory set of ids taken in but not yet committed ("being processed"). They are
+acknowledged only after the transition that took them in has committed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from statemachine.actions import Action
+from statemachine.events import (
+    DeliverSessionMessage,
+    Event,
+    FlowFailed,
+    FlowFinished,
+    RestoreFlow,
+    StartFlow,
+    StartInitiatedFlow,
+    Suspend,
+    WakeUp,
+)
+from statemachine.executor import ActionExecutor, BoundaryHook
+from statemachine.flow_error import FlowError
+from statemachine.ports import (
+    CheckpointStore,
+    Clock,
+    Failed,
+    Fiber,
+    FiberFactory,
+    FiberOutcome,
+    InboundMessage,
+    Outbound,
+    OutboxRow,
+    ResponderRegistry,
+    Returned,
+    Suspended,
+)
+from statemachine.result import Abort, Continuation, ProcessEvents, Resume, Throw
+from statemachine.session_messages import (
+    ExistingSessionMessage,
+    InitialSessionMessage,
+    OutboundSessionMessage,
+    SessionMessage,
+    is_responder_session_id,
+    message_id,
+)
+from statemachine.state import FlowState, FlowStatus, StartedLocally
+from statemachine.transition import reject_initial_session, transition
+
+log = logging.getLogger("fiberflow.statemachine")
+
+_RESPONDER_NAMESPACE = uuid.UUID("6f1d3c1e-8a43-4e0f-9a57-1f6b2a7d0c11")
+
+
+@attrs.frozen
+class FlowEnd:
+    """How a flow ended: a serialized result, or an error."""
+
+    flow_id: str
+    flow_class: str
+    status: FlowStatus
+    result: bytes | None = None
+    error: FlowError | None = None
+
+
+@attrs.define
+class _FlowRuntime:
+    state: FlowState
+    instance: object | None = None
+    fiber: Fiber | None = None
+    events: deque[Event] = attrs.field(factory=deque)
+    continuation: Continuation | None = None
+    result: bytes | None = None
+
+
+@attrs.define
+class ManagerStatistics:
+    """Counters a node reports (and tests and benchmarks read)."""
+
+    messages_received: int = 0
+    duplicates_dropped: int = 0
+    late_messages_dropped: int = 0
+    dead_lettered: int = 0
+    sessions_rejected: int = 0
+    flows_started: int = 0
+    flows_completed: int = 0
+    flows_failed: int = 0
+    flows_hospitalized: int = 0
+
+
+class StateMachineManager:
+    """Runs a node's flows. See the module docstring for the rules it follows."""
+
+    def __init__(
+        self,
+        *,
+        our_identity: str,
+        store: CheckpointStore,
+        encode_message: Callable[[OutboundSessionMessage], OutboxRow],
+        outbound: Outbound,
+        fibers: FiberFactory,
+        responders: ResponderRegistry,
+        decode_message: Callable[[bytes], SessionMessage],
+        acknowledge: Callable[[str], None],
+        clock: Clock,
+        on_boundary: BoundaryHook | None = None,
+    ) -> None:
+        self.our_identity = our_identity
+        self._store = store
+        self._fibers = fibers
+        self._responders = responders
+        self._decode = decode_message
+        self._acknowledge_one = acknowledge
+        self._clock = clock
+        self.executor = ActionExecutor(
+            store,
+            encode_message,
+            outbound,
+            self._acknowledge,
+            self._schedule_wake_up,
+            on_boundary,
+        )
+        self._flows: dict[str, _FlowRuntime] = {}
+        self._ready: dict[str, None] = {}
+        self._session_owner: dict[str, str] = {}
+        self._in_process: set[str] = set()
+        self._parked: dict[str, list[InboundMessage]] = {}
+        self._inbox: deque[InboundMessage] = deque()
+        self._timers: list[tuple[float, int, str]] = []
+        self._timer_sequence = 0
+        self._end_listeners: list[Callable[[FlowEnd], None]] = []
+        self.statistics = ManagerStatistics()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Load every stored checkpoint and schedule its replay; returns how many were loaded."""
+        checkpoints = self._store.load_checkpoints()
+        for checkpoint in checkpoints:
+            result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
+            runtime = _FlowRuntime(result.state)
+            self._flows[checkpoint.flow_id] = runtime
+            self._index_sessions(runtime.state)
+            self._set_continuation(runtime, result.continuation)
+        return len(checkpoints)
+
+    def add_end_listener(self, listener: Callable[[FlowEnd], None]) -> None:
+        """Call ``listener`` whenever a flow completes or fails."""
+        self._end_listeners.append(listener)
+
+    # --- starting flows -----------------------------------------------------------------
+
+    def start_flow(self, flow_class: str, arguments: bytes, instance: object) -> str:
+        """Create a flow and commit its Unstarted checkpoint now; it runs on the next round."""
+        flow_id = uuid.uuid4().hex
+        event = StartFlow(flow_id, StartedLocally(flow_class, arguments), self._clock.now())
+        result = transition(None, event)
+        self.executor.execute([result.actions])
+        runtime = _FlowRuntime(result.state, instance=instance)
+        self._flows[flow_id] = runtime
+        self._set_continuation(runtime, result.continuation)
+        self.statistics.flows_started += 1
+        return flow_id
+
+    # --- inbound ------------------------------------------------------------------------
+
+    def deliver(self, message: InboundMessage) -> None:
+        """Transport callback: queue an inbound message (processed by the next round)."""
+        self._inbox.append(message)
+
+    def _route(self, message: InboundMessage) -> None:
+        self.statistics.messages_received += 1
+        if message.message_id in self._in_process or self._store.is_consumed(message.message_id):
+            self.statistics.duplicates_dropped += 1
+            self._acknowledge_one(message.message_id)
+            return
+        try:
+            decoded = self._decode(message.data)
+        except Exception as error:  # any decoding failure: keep the message, tell why
+            self._dead_letter(message, f"undecodable session message: {error}")
+            return
+        if isinstance(decoded, InitialSessionMessage):
+            self._route_initial(message, decoded)
+        else:
+            self._route_existing(message, decoded)
+
+    def _dead_letter(self, message: InboundMessage, reason: str) -> None:
+        log.warning("dead-lettering message %s from %s: %s", message.message_id,
+                    message.sender, reason)
+        self._store.dead_letter(message, reason, self._clock.now())
+        self.statistics.dead_lettered += 1
+        self._acknowledge_one(message.message_id)
+
+    def _route_initial(self, message: InboundMessage, initial: InitialSessionMessage) -> None:
+        expected_id = message_id(initial.initiator_session_id, 0)
+        if message.message_id != expected_id:
+            self._dead_letter(message, f"initial session message must have id {expected_id}")
+            return
+        at = self._clock.now()
+        responder = self._responders.responder_for(initial.initiator_flow_class)
+        if responder is None:
+            reason = (
+                f"{self.our_identity} has no flow registered to respond to "
+                f"{initial.initiator_flow_class} (install the CorDapp whose flow is annotated "
+                f"@initiated_by({initial.initiator_flow_class.rsplit('.', 1)[-1]}))"
+            )
+            log.warning("rejecting session from %s: %s", message.sender, reason)
+            self._in_process.add(message.message_id)
+            self.statistics.sessions_rejected += 1
+            self.executor.execute(
+                [reject_initial_session(message.message_id, message.sender, initial, reason, at)]
+            )
+            return
+        flow_id = uuid.uuid5(
+            _RESPONDER_NAMESPACE, f"{message.sender}|{initial.initiator_session_id}"
+        ).hex
+        if flow_id in self._flows:
+            self._dead_letter(message, f"session {initial.initiator_session_id} already open")
+            return
+        self._in_process.add(message.message_id)
+        event = StartInitiatedFlow(
+            flow_id=flow_id,
+            flow_class=responder.flow_class,
+            message_id=message.message_id,
+            sender=message.sender,
+            initial=initial,
+            flow_version=responder.flow_version,
+            app_name=responder.app_name,
+            at=at,
+        )
+        result = transition(None, event)
+        runtime = _FlowRuntime(result.state)
+        self._flows[flow_id] = runtime
+        self._index_sessions(runtime.state)
+        self._set_continuation(runtime, result.continuation)
+        self.statistics.flows_started += 1
+
+    def _route_existing(self, message: InboundMessage, decoded: ExistingSessionMessage) -> None:
+        session_id = decoded.recipient_session_id
+        owner = self._session_owner.get(session_id)
+        if owner is None:
+            self._route_unknown_session(message, session_id)
+            return
+        runtime = self._flows[owner]
+        session = runtime.state.checkpoint.session(session_id)
+        if session is None or session.counterparty != message.sender:
+            self._dead_letter(
+                message, f"session {session_id} does not belong to sender {message.sender}"
+            )
+            return
+        self._in_process.add(message.message_id)
+        self._queue_event(
+            owner,
+            DeliverSessionMessage(
+                session_id,
+                message.message_id,
+                message.sender,
+                decoded.sequence,
+                decoded.body,
+                self._clock.now(),
+            ),
+        )
+
+    def _route_unknown_session(self, message: InboundMessage, session_id: str) -> None:
+        """A message for a session no live flow owns: not opened yet, or already over."""
+        if is_responder_session_id(session_id):
+            initiator_session = session_id[: -len(".r")]
+            if not self._store.is_consumed(message_id(initiator_session, 0)):
+                # The initial message has not been taken in yet: wait for it (unacknowledged).
+                self._parked.setdefault(session_id, []).append(message)
+                return
+        log.info("dropping message %s for ended session %s", message.message_id, session_id)
+        self.statistics.late_messages_dropped += 1
+        self._acknowledge_one(message.message_id)
+
+    def _index_sessions(self, state: FlowState) -> None:
+        for session in state.checkpoint.sessions:
+            if session.session_id not in self._session_owner:
+                self._session_owner[session.session_id] = state.flow_id
+                for parked in self._parked.pop(session.session_id, []):
+                    self._inbox.append(parked)
+
+    def _acknowledge(self, message_ids: Sequence[str]) -> None:
+        for mid in message_ids:
+            self._in_process.discard(mid)
+            self._acknowledge_one(mid)
+
+    # --- timers -------------------------------------------------------------------------
+
+    def _schedule_wake_up(self, flow_id: str, deadline: float) -> None:
+        self._timer_sequence += 1
+        heapq.heappush(self._timers, (deadline, self._timer_sequence, flow_id))
+
+    def next_deadline(self) -> float | None:
+        """The earliest pending wake-up, or None."""
+        return self._timers[0][0] if self._timers else None
+
+    def _fire_due_timers(self) -> bool:
+        now = self._clock.now()
+        fired = False
+        while self._timers and self._timers[0][0] <= now:
+            _, _, flow_id = heapq.heappop(self._timers)
+            if flow_id in self._flows:
+                self._queue_event(flow_id, WakeUp(now))
+                fired = True
+        return fired
+
+    # --- the round ----------------------------------------------------------------------
+
+    def _queue_event(self, flow_id: str, event: Event) -> None:
+        self._flows[flow_id].events.append(event)
+        self._ready[flow_id] = None
+
+    def _set_continuation(self, runtime: _FlowRuntime, continuation: Continuation) -> None:
+        if not isinstance(continuation, ProcessEvents):
+            runtime.continuation = continuation
+            self._ready[runtime.state.flow_id] = None
+
+    def has_work(self) -> bool:
+        """True if a round would do something now (not counting future timers)."""
+        if self._inbox or self._ready:
+            return True
+        return bool(self._timers) and self._timers[0][0] <= self._clock.now()
+
+    def run_once(self) -> bool:
+        """One round: route, transition, commit once, continue fibers. True if it did work."""
+        did_work = self._fire_due_timers()
+        while self._inbox:
+            self._route(self._inbox.popleft())
+            did_work = True
+        batch: list[tuple[Action, ...]] = []
+        to_continue: list[_FlowRuntime] = []
+        while self._ready:
+            flow_id = next(iter(self._ready))
+            del self._ready[flow_id]
+            runtime = self._flows.get(flow_id)
+            if runtime is None:
+                continue
+            did_work = True
+            self._step_flow(runtime, batch, to_continue)
+        if batch:
+            self.executor.execute(batch)
+        for runtime in to_continue:
+            self._continue(runtime)
+        return did_work
+
+    def _step_flow(
+        self,
+        runtime: _FlowRuntime,
+        batch: list[tuple[Action, ...]],
+        to_continue: list[_FlowRuntime],
+    ) -> None:
+        """Feed the flow its queued events; run its fiber at once while nothing needs a commit."""
+        awaiting_commit = False
+        while True:
+            if runtime.continuation is not None and not awaiting_commit:
+                self._continue(runtime)
+            if not runtime.events or self._flows.get(runtime.state.flow_id) is not runtime:
+                break
+            result = transition(runtime.state, runtime.events.popleft())
+            runtime.state = result.state
+            self._index_sessions(result.state)
+            if not isinstance(result.continuation, ProcessEvents):
+                runtime.continuation = result.continuation
+            if result.actions:
+                batch.append(result.actions)
+                awaiting_commit = True
+        if runtime.continuation is not None:
+            to_continue.append(runtime)
+
+    def _continue(self, runtime: _FlowRuntime) -> None:
+        continuation, runtime.continuation = runtime.continuation, None
+        flow_id = runtime.state.flow_id
+        if continuation is None or self._flows.get(flow_id) is not runtime:
+            return
+        if isinstance(continuation, Abort):
+            self._abort(runtime)
+            return
+        if runtime.fiber is None:
+            runtime.fiber = self._fibers.create(
+                flow_id, runtime.state.checkpoint.origin, runtime.instance
+            )
+            runtime.instance = None
+        if isinstance(continuation, Resume):
+            outcome = runtime.fiber.resume(continuation.value)
+        else:
+            assert isinstance(continuation, Throw)
+            outcome = runtime.fiber.throw(continuation.error)
+        if isinstance(outcome, Returned):
+            runtime.result = outcome.result
+        self._queue_event(flow_id, self._event_for(outcome))
+
+    def _event_for(self, outcome: FiberOutcome) -> Event:
+        at = self._clock.now()
+        if isinstance(outcome, Suspended):
+            return Suspend(outcome.request, at)
+        if isinstance(outcome, Returned):
+            return FlowFinished(outcome.result, at)
+        assert isinstance(outcome, Failed)
+        return FlowFailed(outcome.error, at)
+
+    def _abort(self, runtime: _FlowRuntime) -> None:
+        state = runtime.state
+        if runtime.fiber is not None:
+            runtime.fiber.abort()
+            runtime.fiber = None
+        if state.status is FlowStatus.HOSPITALIZED:
+            self.statistics.flows_hospitalized += 1
+            log.error("flow %s hospitalized: %s", state.flow_id,
+                      state.checkpoint.error.message if state.checkpoint.error else "")
+            return
+        del self._flows[state.flow_id]
+        late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]
+        runtime.events.clear()
+        self._acknowledge(late)
+        for session in state.checkpoint.sessions:
+            self._session_owner.pop(session.session_id, None)
+        end = FlowEnd(
+            state.flow_id,
+            state.checkpoint.flow_class,
+            state.status,
+            result=runtime.result,
+            error=state.checkpoint.error,
+        )
+        if state.status is FlowStatus.COMPLETED:
+            self.statistics.flows_completed += 1
+        else:
+            self.statistics.flows_failed += 1
+        for listener in self._end_listeners:
+            listener(end)
+
+    # --- queries ------------------------------------------------------------------------
+
+    def flow_state(self, flow_id: str) -> FlowState | None:
+        """The in-memory state of a live (or hospitalized) flow."""
+        runtime = self._flows.get(flow_id)
+        return None if runtime is None else runtime.state
+
+    def live_flows(self) -> list[FlowState]:
+        """States of every flow this manager holds, in start order."""
+        return [runtime.state for runtime in self._flows.values()]
+
+    def parked_message_count(self) -> int:
+        """Messages waiting for a session that has not been opened yet."""
+        return sum(len(messages) for messages in self._parked.values())

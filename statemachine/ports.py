@@ -1,0 +1,156 @@
+"""The protocols through which the executor and the manager reach the outside world.
+
+The state machine package never imports a database driver, a transport or greenlet: the node
+(:mod:`flows.node`) plugs implementations of these protocols in. Each protocol states its
+contract in its docstring; the conformance tests hold every implementation to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, Union
+
+import attrs
+
+from statemachine.flow_error import FlowError
+from statemachine.iorequests import IORequest, Plain
+from statemachine.session_messages import InboundRecord, SessionMessage
+from statemachine.state import Checkpoint, FlowOrigin
+
+
+@attrs.frozen
+class OutboxRow:
+    """An outbound message as the outbox stores it and the transport carries it."""
+
+    message_id: str
+    target: str
+    data: bytes
+
+
+@attrs.frozen
+class InboundMessage:
+    """A message the transport delivered; acknowledge it by ``message_id`` once done with."""
+
+    message_id: str
+    sender: str
+    data: bytes
+
+
+class StoreTransaction(Protocol):
+    """One open database transaction. Nothing written is visible until :meth:`commit`."""
+
+    def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
+        """Insert or replace the checkpoint (row and blob) of ``checkpoint.flow_id``."""
+
+    def remove_checkpoint(self, flow_id: str) -> None:
+        """Delete the checkpoint of ``flow_id`` if there is one."""
+
+    def record_inbound(self, records: Sequence[InboundRecord], at: float) -> None:
+        """Insert dedup ids; an id already present is an error (it would be consumed twice)."""
+
+    def write_outbox(self, rows: Sequence[OutboxRow], at: float) -> None:
+        """Insert outbound messages into the outbox."""
+
+    def store_result(self, flow_id: str, flow_class: str, result: bytes, at: float) -> None:
+        """Keep the serialized result of a finished flow."""
+
+    def store_error(self, flow_id: str, flow_class: str, error: FlowError, at: float) -> None:
+        """Keep the error of a failed flow."""
+
+    def commit(self) -> None:
+        """Make everything written durable, atomically."""
+
+    def rollback(self) -> None:
+        """Discard everything written."""
+
+
+class CheckpointStore(Protocol):
+    """The node database, as the state machine needs it."""
+
+    def begin(self) -> StoreTransaction:
+        """Open a transaction."""
+
+    def is_consumed(self, message_id: str) -> bool:
+        """True if an inbound message with this id was recorded (committed) before."""
+
+    def load_checkpoints(self) -> list[Checkpoint]:
+        """Every stored checkpoint, oldest first."""
+
+    def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
+        """Keep a message that cannot be processed, with the reason, in its own transaction."""
+
+
+class Outbound(Protocol):
+    """Hands committed outbox rows to the transport (the outbox relay)."""
+
+    def hand_off(self, rows: Sequence[OutboxRow]) -> None:
+        """Send the rows; each is deleted from the outbox once the transport durably has it."""
+
+
+@attrs.frozen
+class Suspended:
+    """The fiber suspended with a request."""
+
+    request: IORequest
+
+
+@attrs.frozen
+class Returned:
+    """``call()`` returned; the result is serialized."""
+
+    result: bytes
+
+
+@attrs.frozen
+class Failed:
+    """``call()`` raised (or the flow could not be constructed)."""
+
+    error: FlowError
+
+
+FiberOutcome = Union[Suspended, Returned, Failed]
+"""Where a fiber stopped when control came back to the scheduler."""
+
+
+class Fiber(Protocol):
+    """A flow's ``call()`` running as a coroutine that the scheduler steps."""
+
+    def resume(self, value: Plain) -> FiberOutcome:
+        """Start the fiber (first call) or resume it with the value of its request."""
+
+    def throw(self, error: FlowError) -> FiberOutcome:
+        """Resume the fiber by raising ``error`` at its suspension point."""
+
+    def abort(self) -> None:
+        """Discard the fiber without running any more flow code."""
+
+
+class FiberFactory(Protocol):
+    """Creates fibers for flows."""
+
+    def create(self, flow_id: str, origin: FlowOrigin, instance: object | None) -> Fiber:
+        """A fiber for the flow; ``instance`` is the already constructed flow, if there is one."""
+
+
+@attrs.frozen
+class Responder:
+    """The flow a node starts when a peer initiates a session from a given flow class."""
+
+    flow_class: str
+    flow_version: int
+    app_name: str
+
+
+class ResponderRegistry(Protocol):
+    """Which responder flow, if any, answers an initiating flow class."""
+
+    def responder_for(self, initiator_class: str) -> Responder | None:
+        """The responder registered for ``initiator_class``, or None."""
+
+
+class Clock(Protocol):
+    """The node's clock: seconds since the epoch."""
+
+    def now(self) -> float:
+        """The current time."""
+

@@ -1,0 +1,125 @@
+"""The session protocol between two flows: one frozen class per message kind.
+
+A session is opened by the initiator's :class:`InitialSessionMessage` (carrying the first
+payload, if the initiator sends first). Every later message is an
+:class:`ExistingSessionMessage` addressed to the recipient's session id, with a per-session
+sequence number and one body: confirm, data, end, error or reject.
+
+Ids are deterministic, so a replayed or re-sent message carries the id it had the first time:
+
+* a session opened by flow ``F`` is ``F.s<n>`` (its ``n``-th session); the responder's side
+  of it is ``F.s<n>.r``, so the initiator knows where to send before any confirm arrives;
+* each direction of a session numbers its messages from 0 (the initial message, or the
+  confirm/reject, is number 0) and message ``k`` of session ``S`` has id ``N-S-k``.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from statemachine.flow_error import FlowError
+
+RESPONDER_SUFFIX = ".r"
+
+
+def initiator_session_id(flow_id: str, index: int) -> str:
+    """The id of the ``index``-th session opened by flow ``flow_id``."""
+    return f"{flow_id}.s{index}"
+
+
+def responder_session_id(initiator_session: str) -> str:
+    """The responder's id for the session the initiator calls ``initiator_session``."""
+    return initiator_session + RESPONDER_SUFFIX
+
+
+def is_responder_session_id(session_id: str) -> bool:
+    """True for the responder's side of a session (ids made by :func:`responder_session_id`)."""
+    return session_id.endswith(RESPONDER_SUFFIX)
+
+
+def message_id(sender_session_id: str, sequence: int) -> str:
+    """The deterministic dedup id of message ``sequence`` sent from ``sender_session_id``."""
+    return f"N-{sender_session_id}-{sequence}"
+
+
+@attrs.frozen
+class InitialSessionMessage:
+    """Opens a session: names the initiating flow class so the peer can start its responder."""
+
+    initiator_session_id: str
+    initiator_flow_class: str
+    flow_version: int
+    app_name: str
+    first_payload: bytes | None
+
+
+@attrs.frozen
+class ConfirmSession:
+    """The responder flow started; carries its version and app name."""
+
+    flow_version: int
+    app_name: str
+
+
+@attrs.frozen
+class SessionData:
+    """A payload sent with ``send``."""
+
+    payload: bytes
+
+
+@attrs.frozen
+class SessionEnd:
+    """The sender's flow closed the session or finished."""
+
+
+@attrs.frozen
+class SessionErrorBody:
+    """The sender's flow failed; ``error`` says how much the receiver may learn."""
+
+    error: FlowError
+
+
+@attrs.frozen
+class SessionReject:
+    """The peer node could not start a responder (no flow registered for the initiator)."""
+
+    reason: str
+
+
+SessionBody = Union[ConfirmSession, SessionData, SessionEnd, SessionErrorBody, SessionReject]
+"""Bodies an existing-session message can carry."""
+
+
+@attrs.frozen
+class ExistingSessionMessage:
+    """A message on an established session, addressed to the recipient's session id."""
+
+    recipient_session_id: str
+    sequence: int
+    body: SessionBody
+
+
+SessionMessage = Union[InitialSessionMessage, ExistingSessionMessage]
+"""Every message flows exchange."""
+
+
+@attrs.frozen
+class OutboundSessionMessage:
+    """A session message ready for the outbox: its dedup id and the party it goes to."""
+
+    message_id: str
+    target: str
+    message: SessionMessage
+
+
+@attrs.frozen
+class InboundRecord:
+    """What is recorded about a consumed inbound message (the dedup table row)."""
+
+    message_id: str
+    sender: str
+    session_id: str
+    sequence: int

@@ -1,0 +1,282 @@
+"""Pure session rules: opening, sending, receiving, closing and taking in messages.
+
+Each function takes a :class:`FlowState` and returns a new one; none of them decides when to
+commit or what the fiber does next (that is :mod:`statemachine.transition`'s job). Outbound
+messages are appended to ``FlowState.unsent_outbound`` and inbound ones are noted in
+``FlowState.unrecorded_inbound``, to be written by the next commit.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from statemachine.errors import UnknownSessionError
+from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.iorequests import InitiateSession, Receive, SessionPayload
+from statemachine.session_messages import (
+    ConfirmSession,
+    ExistingSessionMessage,
+    InboundRecord,
+    InitialSessionMessage,
+    OutboundSessionMessage,
+    SessionBody,
+    SessionData,
+    SessionEnd,
+    SessionErrorBody,
+    SessionReject,
+    initiator_session_id,
+    message_id,
+    responder_session_id,
+)
+from statemachine.state import (
+    EarlyMessage,
+    FlowState,
+    InboxItem,
+    Outcome,
+    Raised,
+    SessionState,
+    Value,
+)
+
+
+def _session(state: FlowState, session_id: str) -> SessionState:
+    session = state.checkpoint.session(session_id)
+    if session is None:
+        raise UnknownSessionError(state.flow_id, session_id)
+    return session
+
+
+def _replace_session(state: FlowState, session: SessionState) -> FlowState:
+    return attrs.evolve(state, checkpoint=state.checkpoint.with_session(session))
+
+
+def _usage_error(message: str) -> Raised:
+    return Raised(FlowError(ErrorKind.FLOW_EXCEPTION, "", message))
+
+
+def error_for_terminal(session: SessionState, item: InboxItem) -> FlowError:
+    """The error a flow sees when it meets the peer's end, error or reject on a session."""
+    who = session.counterparty
+    if isinstance(item, SessionEnd):
+        return FlowError(
+            ErrorKind.UNEXPECTED_END,
+            "",
+            f"Counterparty flow on {who} has completed without sending data "
+            f"(session {session.session_id})",
+        )
+    if isinstance(item, SessionReject):
+        return FlowError(ErrorKind.UNEXPECTED_END, "", item.reason)
+    if isinstance(item, SessionErrorBody) and item.error.kind is ErrorKind.FLOW_EXCEPTION:
+        return item.error
+    return FlowError(
+        ErrorKind.UNEXPECTED_END,
+        "",
+        f"Counterparty flow on {who} had an internal error and has terminated "
+        f"(session {session.session_id})",
+    )
+
+
+def _queue_outbound(
+    state: FlowState, session: SessionState, body: SessionBody | None, payload: bytes | None
+) -> tuple[FlowState, SessionState]:
+    """Queue the next message from ``session``: the initial message if not yet sent."""
+    sequence = session.next_send_sequence
+    outbound: InitialSessionMessage | ExistingSessionMessage
+    if not session.initial_sent:
+        outbound = InitialSessionMessage(
+            initiator_session_id=session.session_id,
+            initiator_flow_class=session.initiating_flow,
+            flow_version=session.flow_version,
+            app_name=session.app_name,
+            first_payload=payload,
+        )
+    else:
+        assert body is not None
+        outbound = ExistingSessionMessage(session.peer_session_id, sequence, body)
+    message = OutboundSessionMessage(
+        message_id(session.session_id, sequence), session.counterparty, outbound
+    )
+    session = attrs.evolve(session, initial_sent=True, next_send_sequence=sequence + 1)
+    state = attrs.evolve(state, unsent_outbound=state.unsent_outbound + (message,))
+    return _replace_session(state, session), session
+
+
+def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState, Outcome]:
+    """Create a new session with ``request.counterparty``; nothing is sent yet."""
+    index = state.checkpoint.next_session_index
+    session_id = initiator_session_id(state.flow_id, index)
+    session = SessionState(
+        session_id=session_id,
+        peer_session_id=responder_session_id(session_id),
+        counterparty=request.counterparty,
+        initiated_by_us=True,
+        initiating_flow=request.initiating_flow,
+        flow_version=request.flow_version,
+        app_name=request.app_name,
+    )
+    checkpoint = attrs.evolve(
+        state.checkpoint.with_session(session), next_session_index=index + 1
+    )
+    return attrs.evolve(state, checkpoint=checkpoint), Value(session_id)
+
+
+def responder_session(
+    initial: InitialSessionMessage, sender: str, flow_version: int, app_name: str
+) -> SessionState:
+    """The responder's side of a session opened by ``initial`` (sequence 0 already taken in)."""
+    inbox: tuple[InboxItem, ...] = ()
+    if initial.first_payload is not None:
+        inbox = (SessionData(initial.first_payload),)
+    return SessionState(
+        session_id=responder_session_id(initial.initiator_session_id),
+        peer_session_id=initial.initiator_session_id,
+        counterparty=sender,
+        initiated_by_us=False,
+        initiating_flow=initial.initiator_flow_class,
+        flow_version=flow_version,
+        app_name=app_name,
+        initial_sent=True,
+        confirmed=True,
+        peer_flow_version=initial.flow_version,
+        peer_app_name=initial.app_name,
+        next_send_sequence=0,
+        next_receive_sequence=1,
+        inbox=inbox,
+    )
+
+
+def confirm_session(state: FlowState, session_id: str) -> FlowState:
+    """Queue the responder's confirm message (sequence 0 of its direction)."""
+    session = _session(state, session_id)
+    body = ConfirmSession(session.flow_version, session.app_name)
+    state, _ = _queue_outbound(state, session, body, None)
+    return state
+
+
+def send_payloads(
+    state: FlowState, payloads: tuple[SessionPayload, ...]
+) -> tuple[FlowState, Outcome]:
+    """Queue one data message per payload, or refuse all of them if any session can't send."""
+    for item in payloads:
+        session = _session(state, item.session_id)
+        refusal = _refuse_send(session)
+        if refusal is not None:
+            return state, refusal
+    for item in payloads:
+        session = _session(state, item.session_id)
+        state, _ = _queue_outbound(state, session, SessionData(item.payload), item.payload)
+    return state, Value(None)
+
+
+def _refuse_send(session: SessionState) -> Raised | None:
+    if session.closed_by_us:
+        return _usage_error(
+            f"Cannot send on session {session.session_id} with {session.counterparty}: "
+            "this flow closed it"
+        )
+    for item in session.inbox:
+        if not isinstance(item, SessionData):
+            return Raised(error_for_terminal(session, item))
+    return None
+
+
+def ensure_initiated(state: FlowState, session_ids: tuple[str, ...]) -> FlowState:
+    """Send the initial message (without payload) on sessions that have not sent it yet."""
+    for session_id in session_ids:
+        session = _session(state, session_id)
+        if not session.initial_sent and not session.closed_by_us:
+            state, _ = _queue_outbound(state, session, None, None)
+    return state
+
+
+def try_receive(state: FlowState, request: Receive) -> tuple[FlowState, Outcome | None]:
+    """Take the next message of every session in ``request``, or None if one must wait.
+
+    A session whose next item is the peer's end, error or reject fails the whole receive at
+    once (the first such session in list order decides the error); that item stays put, so
+    every later receive on the session fails the same way.
+    """
+    sessions = [_session(state, session_id) for session_id in request.session_ids]
+    for session in sessions:
+        if session.closed_by_us:
+            return state, _usage_error(
+                f"Cannot receive on session {session.session_id} with "
+                f"{session.counterparty}: this flow closed it"
+            )
+        terminal = session.terminal_item()
+        if terminal is not None:
+            return state, Raised(error_for_terminal(session, terminal))
+    if any(not session.inbox for session in sessions):
+        return state, None
+    payloads: list[bytes] = []
+    for session in sessions:
+        head = session.inbox[0]
+        assert isinstance(head, SessionData)
+        payloads.append(head.payload)
+        state = _replace_session(state, attrs.evolve(session, inbox=session.inbox[1:]))
+    return state, Value(tuple(payloads))
+
+
+def close_sessions(state: FlowState, session_ids: tuple[str, ...]) -> tuple[FlowState, Outcome]:
+    """End each session: tell the peer (if it knows the session) and refuse further use."""
+    for session_id in session_ids:
+        session = _session(state, session_id)
+        if session.closed_by_us:
+            continue
+        if session.initial_sent and not session.peer_finished():
+            state, session = _queue_outbound(state, session, SessionEnd(), None)
+        state = _replace_session(state, attrs.evolve(session, closed_by_us=True))
+    return state, Value(None)
+
+
+def end_all_sessions(state: FlowState, error: FlowError | None) -> FlowState:
+    """On finish (``error`` None) or failure, tell every peer still listening."""
+    for session in state.checkpoint.sessions:
+        if session.closed_by_us or not session.initial_sent or session.peer_finished():
+            continue
+        body: SessionBody = SessionEnd() if error is None else SessionErrorBody(error)
+        state, session = _queue_outbound(state, session, body, None)
+        state = _replace_session(state, attrs.evolve(session, closed_by_us=True))
+    return state
+
+
+def take_in(
+    state: FlowState, session_id: str, record: InboundRecord, body: SessionBody
+) -> tuple[FlowState, bool]:
+    """Accept an inbound message into its session, restoring sequence order.
+
+    Returns ``(state, accepted)``; a message whose sequence number was already taken in (or
+    is already waiting as an early message) is a duplicate and is not accepted.
+    """
+    session = _session(state, session_id)
+    sequence = record.sequence
+    if sequence < session.next_receive_sequence or any(
+        early.sequence == sequence for early in session.early
+    ):
+        return state, False
+    early = tuple(sorted(session.early + (EarlyMessage(sequence, body),), key=_by_sequence))
+    session = attrs.evolve(session, early=early)
+    while session.early and session.early[0].sequence == session.next_receive_sequence:
+        session = _apply_in_order(session, session.early[0].body)
+        session = attrs.evolve(
+            session,
+            early=session.early[1:],
+            next_receive_sequence=session.next_receive_sequence + 1,
+        )
+    state = attrs.evolve(state, unrecorded_inbound=state.unrecorded_inbound + (record,))
+    return _replace_session(state, session), True
+
+
+def _by_sequence(message: EarlyMessage) -> int:
+    return message.sequence
+
+
+def _apply_in_order(session: SessionState, body: SessionBody) -> SessionState:
+    if isinstance(body, ConfirmSession):
+        return attrs.evolve(
+            session,
+            confirmed=True,
+            peer_flow_version=body.flow_version,
+            peer_app_name=body.app_name,
+        )
+    return attrs.evolve(session, inbox=session.inbox + (body,))

@@ -1,0 +1,213 @@
+"""Immutable flow state: the checkpoint (what survives a crash) and the in-memory extras.
+
+Greenlets cannot be serialized, so a :class:`Checkpoint` records *what happened*: how the
+flow was started, the journal of completed requests with their outcomes, the sessions (with
+buffered, unconsumed messages) and the request the flow is blocked on, if any. Restoring a
+flow re-runs its ``call()`` and answers each request from the journal.
+
+:class:`FlowState` adds what only matters between two commits: the replay cursor, the inbound
+messages accepted but not yet recorded, and the outbound messages decided but not yet written
+to the outbox. All of it is frozen; transitions build new values with ``attrs.evolve``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import attrs
+
+from statemachine.flow_error import FlowError
+from statemachine.iorequests import Plain, Receive, Sleep
+from statemachine.session_messages import (
+    InboundRecord,
+    OutboundSessionMessage,
+    SessionData,
+    SessionEnd,
+    SessionErrorBody,
+    SessionBody,
+    SessionReject,
+)
+
+
+class FlowStatus(enum.Enum):
+    """Where a flow is in its life. Only the first five are ever stored in a checkpoint row."""
+
+    UNSTARTED = "UNSTARTED"
+    """Created, ``call()`` not yet begun."""
+    RUNNABLE = "RUNNABLE"
+    """Running, or about to be resumed."""
+    SUSPENDED = "SUSPENDED"
+    """Waiting for messages or a wake-up (see ``Checkpoint.pending``)."""
+    REPLAYING = "REPLAYING"
+    """Restored from a checkpoint and re-running ``call()`` against the journal."""
+    HOSPITALIZED = "HOSPITALIZED"
+    """Kept for an operator: replay diverged, or the flow cannot go on safely."""
+    COMPLETED = "COMPLETED"
+    """Finished with a result."""
+    FAILED = "FAILED"
+    """Finished with an error."""
+
+
+@attrs.frozen
+class StartedLocally:
+    """The flow was started on this node with the serialized constructor arguments."""
+
+    flow_class: str
+    arguments: bytes
+
+
+@attrs.frozen
+class InitiatedBy:
+    """The flow was started by a peer's initial message on ``session_id``."""
+
+    flow_class: str
+    session_id: str
+    counterparty: str
+
+
+FlowOrigin = Union[StartedLocally, InitiatedBy]
+"""How a flow came to exist: what replay needs to construct it again."""
+
+
+@attrs.frozen
+class Value:
+    """A request completed with a value."""
+
+    value: Plain
+
+
+@attrs.frozen
+class Raised:
+    """A request completed by raising ``error`` in the flow."""
+
+    error: FlowError
+
+
+Outcome = Union[Value, Raised]
+"""How a request completed."""
+
+
+@attrs.frozen
+class JournalEntry:
+    """One completed request: its signature (for determinism checks) and its outcome."""
+
+    signature: tuple[Plain, ...]
+    outcome: Outcome
+
+
+InboxItem = Union[SessionData, SessionEnd, SessionErrorBody, SessionReject]
+"""A message that waits in a session's inbox for the flow to receive it."""
+
+
+@attrs.frozen
+class EarlyMessage:
+    """A message that arrived ahead of its turn (a lower sequence number is still missing)."""
+
+    sequence: int
+    body: SessionBody
+
+
+@attrs.frozen
+class SessionState:
+    """One session as seen from our flow."""
+
+    session_id: str
+    peer_session_id: str
+    counterparty: str
+    initiated_by_us: bool
+    initiating_flow: str
+    flow_version: int
+    app_name: str
+    initial_sent: bool = False
+    confirmed: bool = False
+    peer_flow_version: int | None = None
+    peer_app_name: str | None = None
+    closed_by_us: bool = False
+    next_send_sequence: int = 0
+    next_receive_sequence: int = 0
+    inbox: tuple[InboxItem, ...] = ()
+    early: tuple[EarlyMessage, ...] = ()
+
+    def terminal_item(self) -> InboxItem | None:
+        """The end, error or reject message at the head of the inbox, if that is what's next."""
+        if self.inbox and not isinstance(self.inbox[0], SessionData):
+            return self.inbox[0]
+        return None
+
+    def peer_finished(self) -> bool:
+        """True once an end, error or reject from the peer has arrived (in order)."""
+        return any(not isinstance(item, SessionData) for item in self.inbox)
+
+
+PendingRequest = Union[Receive, Sleep]
+"""A request the flow is blocked on."""
+
+
+@attrs.frozen
+class Pending:
+    """The request a suspended flow waits for, and its durable deadline if it has one."""
+
+    request: PendingRequest
+    deadline: float | None = None
+
+
+@attrs.frozen
+class Checkpoint:
+    """Everything about a flow that must survive a crash."""
+
+    flow_id: str
+    origin: FlowOrigin
+    status: FlowStatus
+    created_at: float
+    sessions: tuple[SessionState, ...] = ()
+    journal: tuple[JournalEntry, ...] = ()
+    pending: Pending | None = None
+    next_session_index: int = 0
+    error: FlowError | None = None
+
+    @property
+    def flow_class(self) -> str:
+        """Qualified name of the flow's class."""
+        return self.origin.flow_class
+
+    def session(self, session_id: str) -> SessionState | None:
+        """The session with this id, or None."""
+        for session in self.sessions:
+            if session.session_id == session_id:
+                return session
+        return None
+
+    def with_session(self, updated: SessionState) -> Checkpoint:
+        """A copy with ``updated`` replacing the session of the same id (or appended)."""
+        sessions = tuple(
+            updated if s.session_id == updated.session_id else s for s in self.sessions
+        )
+        if updated.session_id not in {s.session_id for s in self.sessions}:
+            sessions = sessions + (updated,)
+        return attrs.evolve(self, sessions=sessions)
+
+
+@attrs.frozen
+class FlowState:
+    """A checkpoint plus what happened since it was last committed."""
+
+    checkpoint: Checkpoint
+    replay_cursor: int = 0
+    unrecorded_inbound: tuple[InboundRecord, ...] = ()
+    unsent_outbound: tuple[OutboundSessionMessage, ...] = ()
+    uncommitted_steps: int = 0
+
+    @property
+    def flow_id(self) -> str:
+        """The flow's id."""
+        return self.checkpoint.flow_id
+
+    @property
+    def status(self) -> FlowStatus:
+        """The flow's status."""
+        return self.checkpoint.status
+
+    def is_dirty(self) -> bool:
+        """True if anything happened since the last commit that a commit would record."""
+        return bool(self.uncommitted_steps or self.unrecorded_inbound or self.unsent_outbound)
