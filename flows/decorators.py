@@ -71,7 +71,9 @@ def initiating_flow(cls: Any = None, /, *, version: int = 1) -> Any:
     Use as ``@initiating_flow`` or ``@initiating_flow(version=2)``.
     """
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise FlowDefinitionError(f"@initiating_flow(version=...) needs an int >= 1, not {version!r}")
+        raise FlowDefinitionError(
+            f"@initiating_flow(version=...) needs an int >= 1, not {version!r}"
+        )
 
     def decorate(target: C) -> C:
         _check_flow_class(target, "initiating_flow")
@@ -135,7 +137,8 @@ def is_startable_by_rpc(cls: type) -> bool:
 
 def serializable(cls: C) -> C:
     """Allow instances of an attrs class as payloads, arguments and results of flows."""
-    if not attrs.has(cls):
+    is_attrs_class: bool = attrs.has(cls)
+    if not is_attrs_class:
         raise FlowDefinitionError(
             f"@serializable on {cls.__qualname__}: only attrs classes can be serialized; "
             "put @attrs.frozen under @serializable"

@@ -31,8 +31,13 @@ log = logging.getLogger("fiberflow.fiber")
 class _FiberRuntime:
     """What a running flow uses to reach the node (see ``flows.flow_logic.FlowRuntime``)."""
 
-    def __init__(self, fiber: GreenletFiber, flow_id: str, our_identity: Party,
-                 clock_now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        fiber: GreenletFiber,
+        flow_id: str,
+        our_identity: Party,
+        clock_now: Callable[[], float],
+    ) -> None:
         self._fiber = fiber
         self.flow_id = flow_id
         self.our_identity = our_identity
@@ -46,8 +51,13 @@ class _FiberRuntime:
 class GreenletFiber:
     """A flow's ``call()`` in a greenlet (implements ``statemachine.ports.Fiber``)."""
 
-    def __init__(self, build: Callable[[_FiberRuntime], FlowLogic[Any]], flow_id: str,
-                 our_identity: Party, clock_now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        build: Callable[[_FiberRuntime], FlowLogic[Any]],
+        flow_id: str,
+        our_identity: Party,
+        clock_now: Callable[[], float],
+    ) -> None:
         self._runtime = _FiberRuntime(self, flow_id, our_identity, clock_now)
         self._build = build
         self._greenlet = greenlet.greenlet(self._run)
@@ -122,8 +132,12 @@ def _import_flow_class(name: str) -> type[FlowLogic[Any]]:
 class GreenletFiberFactory:
     """Creates fibers for a node (implements ``statemachine.ports.FiberFactory``)."""
 
-    def __init__(self, our_identity: Party, clock_now: Callable[[], float],
-                 resolve: Callable[[str], type[FlowLogic[Any]] | None]) -> None:
+    def __init__(
+        self,
+        our_identity: Party,
+        clock_now: Callable[[], float],
+        resolve: Callable[[str], type[FlowLogic[Any]] | None],
+    ) -> None:
         self._our_identity = our_identity
         self._clock_now = clock_now
         self._resolve = resolve

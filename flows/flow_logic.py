@@ -79,7 +79,7 @@ class FlowLogic(Generic[T]):
             original(self, *args, **kw)
 
         __init__._ff_records_args = True  # type: ignore[attr-defined]
-        cls.__init__ = __init__  # type: ignore[misc]
+        setattr(cls, "__init__", __init__)  # noqa: B010 (mypy forbids assigning a method)
 
     def call(self) -> T:
         """The flow's logic. Its return value is the flow's result."""
@@ -165,7 +165,7 @@ class FlowLogic(Generic[T]):
         """The current time (UTC), journaled: a replay sees the same time."""
         value = self._runtime().suspend(RecordValue("now", self._runtime().clock_now()))
         assert isinstance(value, float)
-        return datetime.datetime.fromtimestamp(value, tz=datetime.timezone.utc)
+        return datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
 
     def random(self) -> float:
         """A random float in [0, 1), journaled: a replay sees the same value."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -67,10 +67,24 @@ class NodeConfig:
             )
 
 
+class FlowOutcomes(Protocol):
+    """Where a handle asks about its flow (a node, or a mock node that survives restarts)."""
+
+    def flow_status(self, flow_id: str) -> FlowStatus:
+        """The flow's status."""
+
+    def flow_result(self, flow_id: str) -> Any:
+        """The flow's result (or its error raised)."""
+
+
+class NodeStoppedError(FiberflowError):
+    """The node was stopped; ask the node that replaced it."""
+
+
 class FlowHandle(Generic[T]):
     """A started flow: its id, and its result once it has finished."""
 
-    def __init__(self, node: Node, flow_id: str) -> None:
+    def __init__(self, node: FlowOutcomes, flow_id: str) -> None:
         self._node = node
         self.flow_id = flow_id
 
@@ -83,7 +97,7 @@ class FlowHandle(Generic[T]):
         return self._node.flow_result(self.flow_id)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
-        return f"FlowHandle({self.flow_id} on {self._node.party})"
+        return f"FlowHandle({self.flow_id})"
 
 
 class Node:
@@ -123,6 +137,11 @@ class Node:
         )
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
+        self._stopped = False
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise NodeStoppedError(f"node {self.party} was stopped")
 
     def _on_message(self, message: Message) -> None:
         self.manager.deliver(InboundMessage(message.message_id, message.sender, message.data))
@@ -135,6 +154,7 @@ class Node:
 
     def stop(self) -> None:
         """Stop receiving and close the database (flows stay checkpointed)."""
+        self._stopped = True
         self.messaging.stop()
         self.database.close()
 
@@ -146,6 +166,7 @@ class Node:
 
     def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
         """Checkpoint ``flow`` as Unstarted and schedule it; returns its handle at once."""
+        self._check_running()
         if not isinstance(flow, FlowLogic):
             raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
         cls = type(flow)
@@ -165,6 +186,7 @@ class Node:
 
     def flow_status(self, flow_id: str) -> FlowStatus:
         """The flow's status; raises KeyError if this node never had it."""
+        self._check_running()
         state = self.manager.flow_state(flow_id)
         if state is not None:
             return state.status
@@ -175,6 +197,7 @@ class Node:
 
     def flow_result(self, flow_id: str) -> Any:
         """The result of a finished flow (raises its error, or FlowStillRunningError)."""
+        self._check_running()
         state = self.manager.flow_state(flow_id)
         if state is not None:
             if state.status is FlowStatus.HOSPITALIZED:
@@ -204,6 +227,7 @@ class Node:
 
     def run_once(self) -> bool:
         """One scheduling round (retries, messages, timers, flows); True if it did work."""
+        self._check_running()
         did_work = self.relay.retry_due()
         did_work = self.manager.run_once() or did_work
         self.relay.flush()
@@ -237,7 +261,9 @@ __all__ = [
     "FiberflowError",
     "FlowHandle",
     "FlowHospitalizedError",
+    "FlowOutcomes",
     "Node",
+    "NodeStoppedError",
     "NodeConfig",
     "SystemClock",
 ]

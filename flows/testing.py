@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +49,10 @@ class MockClock:
         self._now = max(self._now, moment)
 
 
+class SimulatedCrash(Exception):
+    """Raised at an armed crash point: the node "dies" there (see ``MockNode.crash_at``)."""
+
+
 class NetworkNotQuiescentError(RuntimeError):
     """``run_network`` hit its round limit with work still to do."""
 
@@ -59,7 +64,9 @@ class MockNode:
         self._network = network
         self.config = config
         self.party = Party(config.name)
-        self.crash_hook: Callable[[str], None] | None = None
+        self.boundary_counts: Counter[str] = Counter()
+        self.crashes = 0
+        self._armed: tuple[str, int] | None = None
         self.node = self._build()
 
     @property
@@ -67,23 +74,65 @@ class MockNode:
         """The node's X.500 name."""
         return self.config.name
 
+    def crash_at(self, point: str, nth: int = 1) -> None:
+        """Arm a crash: the ``nth`` time from now this node reaches ``point``, it dies.
+
+        Points are the executor's action boundaries (``before_transaction``,
+        ``after_PersistCheckpoint``, ``after_RecordInboundMessages``, ``after_WriteOutbox``,
+        ``after_commit``, ``after_AcknowledgeMessages``, ``after_HandOffMessages``, ...), the
+        relay's ``after_hand_off`` and ``after_outbox_delete``, and ``flow_suspended``. Dying
+        means: the open transaction is rolled back, everything in memory is dropped, and the
+        network restarts the node from its database. ``boundary_counts`` tells how often each
+        point was reached.
+        """
+        if nth < 1:
+            raise ValueError("nth counts from 1")
+        self._armed = (point, nth)
+        self.boundary_counts.clear()
+
     def _on_boundary(self, point: str) -> None:
-        if self.crash_hook is not None:
-            self.crash_hook(point)
+        self.boundary_counts[point] += 1
+        if self._armed == (point, self.boundary_counts[point]):
+            self._armed = None
+            raise SimulatedCrash(f"{self.name} crashed at {point}")
 
     def _build(self) -> Node:
-        endpoint = self._network.messaging.endpoint(self.config.name)
-        node = Node(self.config, endpoint, self._network.clock, self._on_boundary)
-        node.start()
-        return node
+        while True:
+            endpoint = self._network.messaging.endpoint(self.config.name)
+            node = Node(self.config, endpoint, self._network.clock, self._on_boundary)
+            try:
+                node.start()
+            except SimulatedCrash:
+                node.stop()
+                self.crashes += 1
+                continue
+            return node
+
+    def run_once(self) -> bool:
+        """Deliver this node's queued messages and run one round; a crash restarts it."""
+        try:
+            delivered = self._network.messaging.deliver(self.name) > 0
+            return self.node.run_once() or delivered
+        except SimulatedCrash:
+            self.crashes += 1
+            self.restart()
+            return True
 
     def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
-        """Start ``flow`` on this node; it runs when the network runs."""
-        return self.node.start_flow(flow)
+        """Start ``flow`` on this node; it runs when the network runs.
+
+        The handle keeps working across ``restart()`` (it asks whichever node is current).
+        """
+        return FlowHandle(self, self.node.start_flow(flow).flow_id)
 
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started on this node (also after a restart)."""
-        return self.node.flow_handle(flow_id)
+        self.node.flow_status(flow_id)  # raises KeyError for an unknown id
+        return FlowHandle(self, flow_id)
+
+    def flow_result(self, flow_id: str) -> Any:
+        """The result of a flow of this node (see ``Node.flow_result``)."""
+        return self.node.flow_result(flow_id)
 
     def checkpoints(self) -> list[tuple[str, str, str]]:
         """(flow id, flow class, status) of every flow with a stored checkpoint."""
@@ -144,9 +193,7 @@ class MockNetwork:
         """Deliver queued messages to every node and run one round on each; True if busy."""
         busy = False
         for mock in self.nodes:
-            if self.messaging.deliver(mock.name):
-                busy = True
-            if mock.node.run_once():
+            if mock.run_once():
                 busy = True
         return busy
 

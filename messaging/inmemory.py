@@ -176,7 +176,7 @@ class InMemoryMessaging:
 
     @property
     def my_address(self) -> str:
-        """This node's address."""
+        """The address of this node."""
         return self._address
 
     def start(self) -> None:

@@ -74,8 +74,9 @@ class OutboxRelay:
             self._transport.send(message, row.target)
         except TransportError as error:
             backoff = min(2**attempts, MAX_BACKOFF_ROUNDS)
-            log.info("transport refused %s (%s); retry in %d rounds", row.message_id, error,
-                     backoff)
+            log.info(
+                "transport refused %s (%s); retry in %d rounds", row.message_id, error, backoff
+            )
             self._retries.append(_Retry(row, attempts + 1, self._round + backoff))
             return False
         self.handed_off += 1

@@ -1,0 +1,1 @@
+"""Persistence: the node schema, the SQLAlchemy store, serialization and Spark analytics."""

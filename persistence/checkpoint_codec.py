@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from statemachine import flow_error, iorequests, session_messages, state
 from persistence.serialization import SerializationError, Serializer, TypeRegistry
+from statemachine import flow_error, iorequests, session_messages, state
 
 CHECKPOINT_FORMAT = 1
 """Version of the checkpoint blob layout; bumped when a stored field changes meaning."""

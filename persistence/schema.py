@@ -105,4 +105,4 @@ node_dead_letters = Table(
 
 def millis(seconds: float) -> int:
     """Seconds since the epoch to the integer milliseconds the tables store."""
-    return int(round(seconds * 1000))
+    return round(seconds * 1000)

@@ -313,5 +313,3 @@ def _configure_sqlite(engine: Engine, synchronous: str) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN")
-
-

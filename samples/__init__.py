@@ -1,0 +1,1 @@
+"""Sample CorDapps: ping/pong and a three-party trade."""

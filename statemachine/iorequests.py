@@ -57,9 +57,7 @@ class Send:
 
     def signature(self) -> tuple[Plain, ...]:
         """The journal signature: kind, sessions and payload fingerprints."""
-        return ("Send",) + tuple(
-            (p.session_id, payload_digest(p.payload)) for p in self.payloads
-        )
+        return ("Send", *tuple((p.session_id, payload_digest(p.payload)) for p in self.payloads))
 
     def describe(self) -> str:
         """Human-readable form for error messages."""
@@ -83,7 +81,7 @@ class Receive:
 
     def signature(self) -> tuple[Plain, ...]:
         """The journal signature: kind and sessions."""
-        return ("Receive",) + self.session_ids
+        return ("Receive", *self.session_ids)
 
     def describe(self) -> str:
         """Human-readable form for error messages."""
@@ -98,7 +96,7 @@ class CloseSessions:
 
     def signature(self) -> tuple[Plain, ...]:
         """The journal signature: kind and sessions."""
-        return ("CloseSessions",) + self.session_ids
+        return ("CloseSessions", *self.session_ids)
 
     def describe(self) -> str:
         """Human-readable form for error messages."""

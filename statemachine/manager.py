@@ -127,6 +127,7 @@ class StateMachineManager:
         self._decode = decode_message
         self._acknowledge_one = acknowledge
         self._clock = clock
+        self._on_boundary = on_boundary
         self.executor = ActionExecutor(
             store,
             encode_message,
@@ -200,8 +201,9 @@ class StateMachineManager:
             self._route_existing(message, decoded)
 
     def _dead_letter(self, message: InboundMessage, reason: str) -> None:
-        log.warning("dead-lettering message %s from %s: %s", message.message_id,
-                    message.sender, reason)
+        log.warning(
+            "dead-lettering message %s from %s: %s", message.message_id, message.sender, reason
+        )
         self._store.dead_letter(message, reason, self._clock.now())
         self.statistics.dead_lettered += 1
         self._acknowledge_one(message.message_id)
@@ -404,6 +406,8 @@ class StateMachineManager:
         if isinstance(outcome, Returned):
             runtime.result = outcome.result
         self._queue_event(flow_id, self._event_for(outcome))
+        if isinstance(outcome, Suspended) and self._on_boundary is not None:
+            self._on_boundary("flow_suspended")
 
     def _event_for(self, outcome: FiberOutcome) -> Event:
         at = self._clock.now()
@@ -421,8 +425,11 @@ class StateMachineManager:
             runtime.fiber = None
         if state.status is FlowStatus.HOSPITALIZED:
             self.statistics.flows_hospitalized += 1
-            log.error("flow %s hospitalized: %s", state.flow_id,
-                      state.checkpoint.error.message if state.checkpoint.error else "")
+            log.error(
+                "flow %s hospitalized: %s",
+                state.flow_id,
+                state.checkpoint.error.message if state.checkpoint.error else "",
+            )
             return
         del self._flows[state.flow_id]
         late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]

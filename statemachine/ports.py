@@ -14,7 +14,7 @@ import attrs
 
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
-from statemachine.session_messages import InboundRecord, SessionMessage
+from statemachine.session_messages import InboundRecord
 from statemachine.state import Checkpoint, FlowOrigin
 
 
@@ -153,4 +153,3 @@ class Clock(Protocol):
 
     def now(self) -> float:
         """The current time."""
-

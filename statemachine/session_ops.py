@@ -97,7 +97,7 @@ def _queue_outbound(
         message_id(session.session_id, sequence), session.counterparty, outbound
     )
     session = attrs.evolve(session, initial_sent=True, next_send_sequence=sequence + 1)
-    state = attrs.evolve(state, unsent_outbound=state.unsent_outbound + (message,))
+    state = attrs.evolve(state, unsent_outbound=(*state.unsent_outbound, message))
     return _replace_session(state, session), session
 
 
@@ -114,9 +114,7 @@ def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState,
         flow_version=request.flow_version,
         app_name=request.app_name,
     )
-    checkpoint = attrs.evolve(
-        state.checkpoint.with_session(session), next_session_index=index + 1
-    )
+    checkpoint = attrs.evolve(state.checkpoint.with_session(session), next_session_index=index + 1)
     return attrs.evolve(state, checkpoint=checkpoint), Value(session_id)
 
 
@@ -254,7 +252,7 @@ def take_in(
         early.sequence == sequence for early in session.early
     ):
         return state, False
-    early = tuple(sorted(session.early + (EarlyMessage(sequence, body),), key=_by_sequence))
+    early = tuple(sorted((*session.early, EarlyMessage(sequence, body)), key=_by_sequence))
     session = attrs.evolve(session, early=early)
     while session.early and session.early[0].sequence == session.next_receive_sequence:
         session = _apply_in_order(session, session.early[0].body)
@@ -263,7 +261,7 @@ def take_in(
             early=session.early[1:],
             next_receive_sequence=session.next_receive_sequence + 1,
         )
-    state = attrs.evolve(state, unrecorded_inbound=state.unrecorded_inbound + (record,))
+    state = attrs.evolve(state, unrecorded_inbound=(*state.unrecorded_inbound, record))
     return _replace_session(state, session), True
 
 
@@ -279,4 +277,4 @@ def _apply_in_order(session: SessionState, body: SessionBody) -> SessionState:
             peer_flow_version=body.flow_version,
             peer_app_name=body.app_name,
         )
-    return attrs.evolve(session, inbox=session.inbox + (body,))
+    return attrs.evolve(session, inbox=(*session.inbox, body))

@@ -22,10 +22,10 @@ from statemachine.iorequests import Plain, Receive, Sleep
 from statemachine.session_messages import (
     InboundRecord,
     OutboundSessionMessage,
+    SessionBody,
     SessionData,
     SessionEnd,
     SessionErrorBody,
-    SessionBody,
     SessionReject,
 )
 
@@ -184,7 +184,7 @@ class Checkpoint:
             updated if s.session_id == updated.session_id else s for s in self.sessions
         )
         if updated.session_id not in {s.session_id for s in self.sessions}:
-            sessions = sessions + (updated,)
+            sessions = (*sessions, updated)
         return attrs.evolve(self, sessions=sessions)
 
 

@@ -128,9 +128,7 @@ def _commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]
     in_transaction: list[Action] = [PersistCheckpoint(state.checkpoint, at)]
     after_commit: list[Action] = []
     in_transaction.extend(_record_and_send(state, at, after_commit))
-    committed = attrs.evolve(
-        state, unrecorded_inbound=(), unsent_outbound=(), uncommitted_steps=0
-    )
+    committed = attrs.evolve(state, unrecorded_inbound=(), unsent_outbound=(), uncommitted_steps=0)
     return committed, tuple(in_transaction + after_commit)
 
 
@@ -154,7 +152,7 @@ def _with_status(state: FlowState, status: FlowStatus, **changes: Any) -> FlowSt
 
 def _journal(state: FlowState, request: IORequest, outcome: Outcome) -> FlowState:
     entry = JournalEntry(request.signature(), outcome)
-    checkpoint = attrs.evolve(state.checkpoint, journal=state.checkpoint.journal + (entry,))
+    checkpoint = attrs.evolve(state.checkpoint, journal=(*state.checkpoint.journal, entry))
     return attrs.evolve(
         state,
         checkpoint=checkpoint,
@@ -163,7 +161,9 @@ def _journal(state: FlowState, request: IORequest, outcome: Outcome) -> FlowStat
     )
 
 
-def _complete(state: FlowState, request: IORequest, outcome: Outcome, at: float) -> TransitionResult:
+def _complete(
+    state: FlowState, request: IORequest, outcome: Outcome, at: float
+) -> TransitionResult:
     """Journal a completed request and resume the fiber, committing only if overdue."""
     state = _journal(_with_status(state, FlowStatus.RUNNABLE, pending=None), request, outcome)
     actions: tuple[Action, ...] = ()
@@ -176,7 +176,7 @@ def _block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
     """Suspend the flow on ``pending``: commit, and arrange a wake-up if it has a deadline."""
     state, actions = _commit(_with_status(state, FlowStatus.SUSPENDED, pending=pending), at)
     if pending.deadline is not None:
-        actions = actions + (ScheduleWakeUp(state.flow_id, pending.deadline),)
+        actions = (*actions, ScheduleWakeUp(state.flow_id, pending.deadline))
     return TransitionResult(state, actions, ProcessEvents())
 
 
@@ -321,7 +321,8 @@ def _finish_replaying(state: FlowState, event: FlowFinished | FlowFailed) -> Tra
 
 def _describe(signature: tuple[Plain, ...]) -> str:
     kind, *details = signature
-    return f"{kind}({', '.join(repr(d) for d in details)})"
+    name = kind if isinstance(kind, str) else repr(kind)
+    return f"{name}({', '.join(repr(d) for d in details)})"
 
 
 def _hospitalize_divergence(
@@ -346,11 +347,14 @@ def _deliver(state: FlowState, event: DeliverSessionMessage) -> TransitionResult
     if not accepted:
         return TransitionResult(state, (AcknowledgeMessages((event.message_id,)),), ProcessEvents())
     pending = state.checkpoint.pending
-    if state.status is FlowStatus.SUSPENDED and pending is not None:
-        if isinstance(pending.request, Receive):
-            state, outcome = try_receive(state, pending.request)
-            if outcome is not None:
-                return _complete(state, pending.request, outcome, event.at)
+    if (
+        state.status is FlowStatus.SUSPENDED
+        and pending is not None
+        and isinstance(pending.request, Receive)
+    ):
+        state, outcome = try_receive(state, pending.request)
+        if outcome is not None:
+            return _complete(state, pending.request, outcome, event.at)
     if state.status is FlowStatus.HOSPITALIZED:
         state, actions = _commit(state, event.at)
         return TransitionResult(state, actions, ProcessEvents())

@@ -1,0 +1,1 @@
+"""Reproducible performance runs (not part of the test suite)."""

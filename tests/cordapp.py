@@ -1,0 +1,255 @@
+"""Flows used by the tests (a CorDapp: ``MockNetwork(cordapps=["tests.cordapp"])``)."""
+
+from __future__ import annotations
+
+import attrs
+
+from flows import (
+    FlowException,
+    FlowLogic,
+    FlowSession,
+    Party,
+    initiated_by,
+    initiating_flow,
+    serializable,
+)
+
+# Flow code may not normally depend on mutable globals; tests use these on purpose to make
+# a flow behave differently on replay (non-determinism) or to count side effects.
+BEHAVIOUR: dict[str, object] = {}
+
+
+class InsufficientFundsException(FlowException):
+    """A FlowException subclass that crosses the wire with its class."""
+
+
+@initiating_flow
+class EchoFlow(FlowLogic[list[str]]):
+    """Send each word to the peer; collect its echoes."""
+
+    def __init__(self, peer: Party, words: list[str]) -> None:
+        self.peer = peer
+        self.words = words
+
+    def call(self) -> list[str]:
+        session = self.initiate_flow(self.peer)
+        echoes = []
+        for word in self.words:
+            echoes.append(session.send_and_receive(str, word).unwrap(lambda w: w))
+        session.send("")
+        return echoes
+
+
+@initiated_by(EchoFlow)
+class EchoResponder(FlowLogic[int]):
+    """Echo words upper-cased until an empty string; return how many."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> int:
+        count = 0
+        while True:
+            word = self.session.receive(str).unwrap(lambda w: w)
+            if not word:
+                return count
+            count += 1
+            self.session.send(word.upper())
+
+
+@initiating_flow
+class FailingInitiator(FlowLogic[str]):
+    """Ask the peer to fail in the given way, then wait for an answer that never comes."""
+
+    def __init__(self, peer: Party, how: str) -> None:
+        self.peer = peer
+        self.how = how
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        return session.send_and_receive(str, self.how).unwrap(lambda m: m)
+
+
+@initiated_by(FailingInitiator)
+class FailingResponder(FlowLogic[None]):
+    """Fail with a FlowException, its subclass, an internal error, or end silently."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        how = self.session.receive(str).unwrap(lambda m: m)
+        if how == "flow_exception":
+            raise FlowException("no can do: the vault is empty")
+        if how == "subclass":
+            raise InsufficientFundsException("balance 12 < 40")
+        if how == "internal":
+            raise KeyError("secret internal detail 0xdeadbeef")
+        if how == "end":
+            return None
+        raise AssertionError(how)
+
+
+@initiating_flow
+class UnansweredFlow(FlowLogic[str]):
+    """Initiates a flow the peer has no responder for."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        return self.initiate_flow(self.peer).send_and_receive(str, "anyone?").unwrap(str)
+
+
+@initiating_flow
+class WrongTypeFlow(FlowLogic[int]):
+    """Expects an int where the responder sends a str."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> int:
+        session = self.initiate_flow(self.peer)
+        return session.send_and_receive(int, "what is 6 x 7?").unwrap(lambda n: n)
+
+
+@initiated_by(WrongTypeFlow)
+class WrongTypeResponder(FlowLogic[None]):
+    """Answers with a str."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str)
+        self.session.send("forty-two")
+
+
+@serializable
+@attrs.frozen
+class Quote:
+    """A price quote."""
+
+    supplier: str
+    price: int
+
+
+@initiating_flow
+class CollectQuotesFlow(FlowLogic[list[Quote]]):
+    """Ask several suppliers at once with receive_all; results follow the session order."""
+
+    def __init__(self, suppliers: list[Party]) -> None:
+        self.suppliers = suppliers
+
+    def call(self) -> list[Quote]:
+        sessions = [self.initiate_flow(s) for s in self.suppliers]
+        for session in sessions:
+            session.send("widget")
+        return [q.unwrap(lambda x: x) for q in self.receive_all(Quote, sessions)]
+
+
+@initiated_by(CollectQuotesFlow)
+class QuoteResponder(FlowLogic[None]):
+    """Quote a price derived from the node's name."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str)
+        me = self.our_identity.organisation
+        self.session.send(Quote(me, 100 + len(me)))
+
+
+class InlinedGreeting(FlowLogic[str]):
+    """An inlined sub flow: uses its parent's session."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        return self.session.send_and_receive(str, "hello").unwrap(lambda m: m)
+
+
+@initiating_flow
+class ParentFlow(FlowLogic[tuple[str, str]]):
+    """Uses an inlined sub flow on its own session and an initiating sub flow to a third."""
+
+    def __init__(self, peer: Party, third: Party) -> None:
+        self.peer = peer
+        self.third = third
+
+    def call(self) -> tuple[str, str]:
+        session = self.initiate_flow(self.peer)
+        greeting = self.sub_flow(InlinedGreeting(session))
+        relayed = self.sub_flow(ChildInitiatingFlow(self.third))
+        return greeting, relayed
+
+
+@initiated_by(ParentFlow)
+class ParentResponder(FlowLogic[None]):
+    """Answers the inlined greeting."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str)
+        self.session.send("hi from " + self.our_identity.organisation)
+
+
+@initiating_flow
+class ChildInitiatingFlow(FlowLogic[str]):
+    """An initiating sub flow: its peer starts ChildResponder, not ParentResponder."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        return self.initiate_flow(self.peer).send_and_receive(str, "child").unwrap(str)
+
+
+@initiated_by(ChildInitiatingFlow)
+class ChildResponder(FlowLogic[None]):
+    """Answers the child flow."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        got = self.session.receive(str).unwrap(str)
+        self.session.send(f"{got} seen by {self.our_identity.organisation}")
+
+
+class SleepyFlow(FlowLogic[float]):
+    """Sleep, then return how long it slept by the journaled clock."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def call(self) -> float:
+        before = self.now()
+        self.sleep(self.seconds)
+        after = self.now()
+        return (after - before).total_seconds()
+
+
+class ShapeShifterFlow(FlowLogic[str]):
+    """Sleeps, then records a value; on replay it may take another path (BEHAVIOUR)."""
+
+    def call(self) -> str:
+        if BEHAVIOUR.get("shape") == "changed":
+            self.random()
+        else:
+            self.uuid()
+        self.sleep(10)
+        return "done"
+
+
+class JournaledValuesFlow(FlowLogic[tuple[float, str, float]]):
+    """Draw now/uuid/random, sleep (a checkpoint), return them: replay must give the same."""
+
+    def call(self) -> tuple[float, str, float]:
+        values = (self.now().timestamp(), self.uuid(), self.random())
+        self.sleep(5)
+        return values
