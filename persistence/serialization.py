@@ -1,6 +1,6 @@
 """msgpack serialization with an allow-list of types.
 
-A :class:`Serializer` encodes ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+A :class:`Serializer` encodes ``None``, ``bool``, ``int`` (of any size), ``float``, ``str``, ``bytes``,
 ``list``, ``tuple``, ``dict``, enum members and instances of the attrs classes registered in
 its :class:`TypeRegistry`. Anything else is refused at encoding time with an error naming the
 type and where it was found. Decoding never constructs a type that is not registered: an
@@ -24,6 +24,9 @@ import msgpack
 EXT_TUPLE = 1
 EXT_OBJECT = 2
 EXT_ENUM = 3
+EXT_BIG_INT = 4
+
+_MSGPACK_INT_RANGE = (-(2**63), 2**64 - 1)
 
 MAX_DEPTH = 64
 """Deepest nesting accepted when encoding (deeper data is refused, never truncated)."""
@@ -103,6 +106,9 @@ class Serializer:
     def _to_plain(self, value: Any, depth: int, path: str) -> Any:
         if depth > MAX_DEPTH:
             raise SerializationError(f"{self.what} nests deeper than {MAX_DEPTH} at {path}")
+        if type(value) is int and not _MSGPACK_INT_RANGE[0] <= value <= _MSGPACK_INT_RANGE[1]:
+            size = (value.bit_length() + 8) // 8
+            return msgpack.ExtType(EXT_BIG_INT, value.to_bytes(size, "big", signed=True))
         if value is None or type(value) in (bool, int, float, str, bytes):
             return value
         if type(value) is list:
@@ -138,6 +144,8 @@ class Serializer:
         return msgpack.packb(items, use_bin_type=True)
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
+        if code == EXT_BIG_INT:
+            return int.from_bytes(data, "big", signed=True)
         items = msgpack.unpackb(
             data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
         )
