@@ -1,10 +1,10 @@
 """msgpack serialization with an allow-list of types.
 
-A :class:`Serializer` encodes ``None``, ``bool``, ``int`` (of any size), ``float``, ``str``, ``bytes``,
-``list``, ``tuple``, ``dict``, enum members and instances of the attrs classes registered in
-its :class:`TypeRegistry`. Anything else is refused at encoding time with an error naming the
-type and where it was found. Decoding never constructs a type that is not registered: an
-unknown type name in the data is an error, not an import.
+A :class:`Serializer` encodes ``None``, ``bool``, ``int`` (of any size), ``float``, ``str``,
+``bytes``, ``list``, ``tuple``, ``dict``, enum members and instances of the attrs classes
+registered in its :class:`TypeRegistry`. Anything else is refused at encoding time with an
+error naming the type and where it was found. Decoding never constructs a type that is not
+registered: an unknown type name in the data is an error, not an import.
 
 Three registries are used in fiberflow: ``PAYLOAD_TYPES`` (what flows may send and take as
 arguments: ``Party`` plus classes marked ``@serializable``), and the internal ones for

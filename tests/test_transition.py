@@ -187,7 +187,7 @@ def test_finish_ends_open_sessions_removes_the_checkpoint_and_keeps_the_result()
     result = transition(state, FlowFinished(b"result", T0 + 3))
     assert result.state.unsent_outbound == ()  # all in the actions now
     assert result.state.status is FlowStatus.COMPLETED
-    write = [a for a in result.actions if isinstance(a, WriteOutbox)][0]
+    write = next(a for a in result.actions if isinstance(a, WriteOutbox))
     assert [m.message for m in write.messages][1] == ExistingSessionMessage(
         "f1.s0.r", 1, SessionEnd()
     )
@@ -205,7 +205,7 @@ def test_internal_failure_tells_peers_nothing_but_keeps_the_detail_locally() -> 
     assert state.status is FlowStatus.RUNNABLE
     detail = FlowError(ErrorKind.INTERNAL, "builtins.KeyError", "'secret'")
     result = transition(state, FlowFailed(detail, T0 + 4))
-    write = [a for a in result.actions if isinstance(a, WriteOutbox)][0]
+    write = next(a for a in result.actions if isinstance(a, WriteOutbox))
     (message,) = write.messages
     assert isinstance(message.message, ExistingSessionMessage)
     body = message.message.body
