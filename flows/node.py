@@ -27,6 +27,7 @@ from flows.party import Party
 from messaging.codec import decode_session_message, encode_session_message
 from messaging.outbox_relay import OutboxRelay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
+from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.serialization import PAYLOADS, SerializationError, qualified_name
 from persistence.store import CheckpointSummary, NodeDatabase
 from statemachine.manager import FlowEnd, StateMachineManager
@@ -119,7 +120,11 @@ class Node:
         self.party = Party(config.name)
         self.clock: Clock = clock or SystemClock()
         self.cordapps = Cordapps(config.cordapps)
-        self.database = NodeDatabase(config.database_url, synchronous=config.synchronous)
+        self.database: NodeDatabase | InMemoryStore = (
+            InMemoryStore()
+            if config.database_url == MEMORY_URL
+            else NodeDatabase(config.database_url, synchronous=config.synchronous)
+        )
         self.messaging = messaging
         self.relay = OutboxRelay(messaging, self.database, on_boundary)
         fibers = GreenletFiberFactory(self.party, self.clock.now, self.cordapps.flow_class)

@@ -21,6 +21,7 @@ from flows.flow_logic import FlowLogic
 from flows.node import FlowHandle, Node, NodeConfig
 from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
+from persistence.memory_store import MEMORY_URL
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
@@ -139,7 +140,10 @@ class MockNode:
         return self.node.checkpoints()
 
     def restart(self) -> None:
-        """Crash and recover: drop everything in memory and rebuild from the database."""
+        """Crash and recover: drop everything in memory and rebuild from the database.
+
+        (On the non-durable ``database="memory"`` store a restart forgets every flow.)
+        """
         self.node.stop()
         self.node = self._build()
 
@@ -162,7 +166,13 @@ class MockNetwork:
         faults: Faults | None = None,
         directory: str | Path | None = None,
         synchronous: str = "NORMAL",
+        database: str = "sqlite",
     ) -> None:
+        if database not in ("sqlite", "memory"):
+            raise ValueError(
+                f"database must be 'sqlite' or 'memory' (non-durable), not {database!r}"
+            )
+        self.database = database
         self.cordapps = tuple(cordapps)
         self.messaging = InMemoryNetwork(seed, faults)
         self.clock = MockClock()
@@ -178,10 +188,11 @@ class MockNetwork:
             raise ValueError(f"the network already has a node called {name}")
         party = Party(name)
         filename = "".join(ch if ch.isalnum() else "_" for ch in party.organisation)
-        database = self.directory / f"{filename}_{len(self.nodes)}.db"
+        path = self.directory / f"{filename}_{len(self.nodes)}.db"
+        url = f"sqlite:///{path}" if self.database == "sqlite" else MEMORY_URL
         config = NodeConfig(
             name=name,
-            database_url=f"sqlite:///{database}",
+            database_url=url,
             cordapps=tuple(self.cordapps if cordapps is None else cordapps),
             synchronous=self.synchronous,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -76,6 +76,7 @@ class SqlTransaction:
     def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
         """Insert or replace the checkpoint row and blob."""
         blob = encode_checkpoint(checkpoint)
+        self._database.note_checkpoint(checkpoint, len(blob))
         suspended_on, waiting_for = _waiting_for(checkpoint)
         row = {
             "flow_id": checkpoint.flow_id,
@@ -174,6 +175,10 @@ class NodeDatabase:
 
     def __init__(self, url: str, *, synchronous: str = "FULL") -> None:
         self.url = url
+        self.checkpoints_written = 0
+        """Checkpoints written (inserted or replaced) through this object."""
+        self.checkpoint_listeners: list[Callable[[Checkpoint, int], None]] = []
+        """Called with each checkpoint written and its blob size (demos, tracing)."""
         self.engine: Engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
             _configure_sqlite(self.engine, synchronous)
@@ -195,6 +200,12 @@ class NodeDatabase:
                     f"{self.url} has schema version {found}, this fiberflow needs "
                     f"{schema.SCHEMA_VERSION}"
                 )
+
+    def note_checkpoint(self, checkpoint: Checkpoint, size: int) -> None:
+        """Count a checkpoint write and tell the listeners."""
+        self.checkpoints_written += 1
+        for listener in self.checkpoint_listeners:
+            listener(checkpoint, size)
 
     def upsert(self, connection: Connection, table: Any, row: dict[str, Any], key: str) -> None:
         """Insert ``row`` or update the existing row with the same ``key`` column."""

@@ -1,0 +1,151 @@
+"""A NON-DURABLE store in plain dicts: "checkpoints off", for benchmarks and experiments.
+
+It keeps the same contract as :class:`persistence.store.NodeDatabase` (transactions are
+all-or-nothing, a dedup id cannot be recorded twice) but nothing survives the process, so a
+node on it forgets every flow when it restarts. Select it with the database URL ``memory://``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from persistence.store import CheckpointSummary, StoredOutcome
+from statemachine.flow_error import FlowError
+from statemachine.ports import InboundMessage, OutboxRow
+from statemachine.session_messages import InboundRecord
+from statemachine.state import Checkpoint
+
+MEMORY_URL = "memory://"
+
+
+@attrs.define
+class _Tables:
+    checkpoints: dict[str, tuple[Checkpoint, float]] = attrs.field(factory=dict)
+    message_ids: set[str] = attrs.field(factory=set)
+    outbox: dict[str, OutboxRow] = attrs.field(factory=dict)
+    outcomes: dict[str, StoredOutcome] = attrs.field(factory=dict)
+    dead_letters: list[tuple[InboundMessage, str]] = attrs.field(factory=list)
+
+
+class _MemoryTransaction:
+    """Buffers writes and applies them to the tables on commit."""
+
+    def __init__(self, store: InMemoryStore) -> None:
+        self._store = store
+        self._writes: list[Callable[[_Tables], None]] = []
+        self._new_ids: set[str] = set()
+
+    def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
+        """Insert or replace a checkpoint."""
+        self._store.note_checkpoint(checkpoint, 0)
+        self._writes.append(
+            lambda t: t.checkpoints.__setitem__(checkpoint.flow_id, (checkpoint, at))
+        )
+
+    def remove_checkpoint(self, flow_id: str) -> None:
+        """Delete a checkpoint."""
+        self._writes.append(lambda t: t.checkpoints.pop(flow_id, None))
+
+    def record_inbound(self, records: Sequence[InboundRecord], at: float) -> None:
+        """Record dedup ids; refuses one recorded before (like the primary key would)."""
+        for record in records:
+            if record.message_id in self._store.tables.message_ids | self._new_ids:
+                raise ValueError(f"message id {record.message_id} recorded twice")
+            self._new_ids.add(record.message_id)
+        ids = [r.message_id for r in records]
+        self._writes.append(lambda t: t.message_ids.update(ids))
+
+    def write_outbox(self, rows: Sequence[OutboxRow], at: float) -> None:
+        """Insert outbox rows."""
+        self._writes.append(lambda t: t.outbox.update((r.message_id, r) for r in rows))
+
+    def store_result(self, flow_id: str, flow_class: str, result: bytes, at: float) -> None:
+        """Keep a result."""
+        outcome = StoredOutcome(flow_id, flow_class, result, None)
+        self._writes.append(lambda t: t.outcomes.__setitem__(flow_id, outcome))
+
+    def store_error(self, flow_id: str, flow_class: str, error: FlowError, at: float) -> None:
+        """Keep an error."""
+        outcome = StoredOutcome(flow_id, flow_class, None, error)
+        self._writes.append(lambda t: t.outcomes.__setitem__(flow_id, outcome))
+
+    def commit(self) -> None:
+        """Apply every buffered write."""
+        for write in self._writes:
+            write(self._store.tables)
+        self._writes = []
+
+    def rollback(self) -> None:
+        """Forget every buffered write."""
+        self._writes = []
+
+
+class InMemoryStore:
+    """Non-durable node store (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.url = MEMORY_URL
+        self.tables = _Tables()
+        self.checkpoints_written = 0
+        self.checkpoint_listeners: list[Callable[[Checkpoint, int], None]] = []
+
+    def note_checkpoint(self, checkpoint: Checkpoint, size: int) -> None:
+        """Count a checkpoint write and tell the listeners."""
+        self.checkpoints_written += 1
+        for listener in self.checkpoint_listeners:
+            listener(checkpoint, size)
+
+    def begin(self) -> _MemoryTransaction:
+        """Open a transaction."""
+        return _MemoryTransaction(self)
+
+    def is_consumed(self, message_id: str) -> bool:
+        """True if the id was recorded."""
+        return message_id in self.tables.message_ids
+
+    def load_checkpoints(self) -> list[Checkpoint]:
+        """Checkpoints, oldest first."""
+        return [
+            c for c, _ in sorted(self.tables.checkpoints.values(), key=lambda x: x[0].created_at)
+        ]
+
+    def checkpoint_summaries(self) -> list[CheckpointSummary]:
+        """(flow id, class, status) per checkpoint."""
+        return [
+            CheckpointSummary(c.flow_id, c.flow_class, c.status.value)
+            for c in self.load_checkpoints()
+        ]
+
+    def stored_outcome(self, flow_id: str) -> StoredOutcome | None:
+        """A finished flow's result or error."""
+        return self.tables.outcomes.get(flow_id)
+
+    def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
+        """Keep an unprocessable message."""
+        self.tables.dead_letters.append((message, reason))
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        """Outbox rows."""
+        return list(self.tables.outbox.values())
+
+    def delete_outbox(self, message_ids: Sequence[str]) -> None:
+        """Delete outbox rows."""
+        for message_id in message_ids:
+            self.tables.outbox.pop(message_id, None)
+
+    def count(self, table_name: str) -> int:
+        """Rows in a table, by the SQL table's name."""
+        sizes = {
+            "node_checkpoints": len(self.tables.checkpoints),
+            "node_message_ids": len(self.tables.message_ids),
+            "node_outbox": len(self.tables.outbox),
+            "node_flow_results": sum(o.error is None for o in self.tables.outcomes.values()),
+            "node_flow_exceptions": sum(o.error is not None for o in self.tables.outcomes.values()),
+            "node_dead_letters": len(self.tables.dead_letters),
+        }
+        return sizes[table_name]
+
+    def close(self) -> None:
+        """Nothing to release."""
