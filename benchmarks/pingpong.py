@@ -15,20 +15,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flows.testing import MockNetwork  # noqa: E402
-from samples.pingpong import PingFlow  # noqa: E402
+from flows.testing import MockNetwork
+from samples.pingpong import PingFlow
 
-CONFIGS = {
-    "sqlite FULL": {"database": "sqlite", "synchronous": "FULL"},
-    "sqlite NORMAL": {"database": "sqlite", "synchronous": "NORMAL"},
-    "checkpoints off": {"database": "memory", "synchronous": "NORMAL"},
+CONFIGS: dict[str, tuple[str, str]] = {
+    "sqlite FULL": ("sqlite", "FULL"),
+    "sqlite NORMAL": ("sqlite", "NORMAL"),
+    "checkpoints off": ("memory", "NORMAL"),
 }
 
 
 def run(config: str, flows: int) -> dict[str, float]:
     """Start ``flows`` PingFlows, run the network to quiescence, time both phases."""
     with tempfile.TemporaryDirectory() as directory:
-        net = MockNetwork(cordapps=["samples.pingpong"], directory=directory, **CONFIGS[config])
+        database, synchronous = CONFIGS[config]
+        net = MockNetwork(
+            cordapps=["samples.pingpong"],
+            directory=directory,
+            database=database,
+            synchronous=synchronous,
+        )
         try:
             alice = net.create_node("O=Alice,L=London,C=GB")
             bob = net.create_node("O=Bob,L=New York,C=US")

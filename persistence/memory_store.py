@@ -34,7 +34,7 @@ class _MemoryTransaction:
 
     def __init__(self, store: InMemoryStore) -> None:
         self._store = store
-        self._writes: list[Callable[[_Tables], None]] = []
+        self._writes: list[Callable[[_Tables], object]] = []
         self._new_ids: set[str] = set()
 
     def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
