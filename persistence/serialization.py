@@ -86,7 +86,7 @@ class Serializer:
     def encode(self, value: Any) -> bytes:
         """Serialize ``value``; raises :class:`SerializationError` naming a disallowed type."""
         try:
-            return msgpack.packb(self._to_plain(value, 0, "value"), use_bin_type=True)
+            return self._pack(self._to_plain(value, 0, "value"))
         except SerializationError:
             raise
         except (TypeError, ValueError, OverflowError) as error:
@@ -141,7 +141,8 @@ class Serializer:
 
     @staticmethod
     def _pack(items: Any) -> bytes:
-        return msgpack.packb(items, use_bin_type=True)
+        packed: bytes = msgpack.packb(items, use_bin_type=True)
+        return packed
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
         if code == EXT_BIG_INT:
