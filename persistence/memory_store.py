@@ -12,9 +12,14 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from persistence.store import CheckpointSummary, StoredOutcome
-from statemachine.flow_error import FlowError
+from statemachine.actions import (
+    PersistCheckpoint,
+    RecordInboundMessages,
+    RemoveCheckpoint,
+    StoreFlowError,
+    StoreFlowResult,
+)
 from statemachine.ports import InboundMessage, OutboxRow
-from statemachine.session_messages import InboundRecord
 from statemachine.state import Checkpoint
 
 MEMORY_URL = "memory://"
@@ -37,39 +42,42 @@ class _MemoryTransaction:
         self._writes: list[Callable[[_Tables], object]] = []
         self._new_ids: set[str] = set()
 
-    def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
-        """Insert or replace a checkpoint."""
-        self._store.note_checkpoint(checkpoint, 0)
+    def put_checkpoints(self, actions: Sequence[PersistCheckpoint]) -> None:
+        """Insert or replace checkpoints."""
+        for action in actions:
+            self._store.note_checkpoint(action.checkpoint, 0)
+        entries = [(a.checkpoint, a.at) for a in actions]
         self._writes.append(
-            lambda t: t.checkpoints.__setitem__(checkpoint.flow_id, (checkpoint, at))
+            lambda t: t.checkpoints.update((c.flow_id, (c, at)) for c, at in entries)
         )
 
-    def remove_checkpoint(self, flow_id: str) -> None:
-        """Delete a checkpoint."""
-        self._writes.append(lambda t: t.checkpoints.pop(flow_id, None))
+    def remove_checkpoints(self, actions: Sequence[RemoveCheckpoint]) -> None:
+        """Delete checkpoints."""
+        flow_ids = [a.flow_id for a in actions]
+        self._writes.append(lambda t: [t.checkpoints.pop(f, None) for f in flow_ids])
 
-    def record_inbound(self, records: Sequence[InboundRecord], at: float) -> None:
+    def record_inbound(self, actions: Sequence[RecordInboundMessages]) -> None:
         """Record dedup ids; refuses one recorded before (like the primary key would)."""
-        for record in records:
-            if record.message_id in self._store.tables.message_ids | self._new_ids:
-                raise ValueError(f"message id {record.message_id} recorded twice")
-            self._new_ids.add(record.message_id)
-        ids = [r.message_id for r in records]
+        ids = [r.message_id for a in actions for r in a.records]
+        for message_id in ids:
+            if message_id in self._store.tables.message_ids or message_id in self._new_ids:
+                raise ValueError(f"message id {message_id} recorded twice")
+            self._new_ids.add(message_id)
         self._writes.append(lambda t: t.message_ids.update(ids))
 
-    def write_outbox(self, rows: Sequence[OutboxRow], at: float) -> None:
+    def write_outbox(self, rows: Sequence[tuple[OutboxRow, float]]) -> None:
         """Insert outbox rows."""
-        self._writes.append(lambda t: t.outbox.update((r.message_id, r) for r in rows))
+        self._writes.append(lambda t: t.outbox.update((r.message_id, r) for r, _ in rows))
 
-    def store_result(self, flow_id: str, flow_class: str, result: bytes, at: float) -> None:
-        """Keep a result."""
-        outcome = StoredOutcome(flow_id, flow_class, result, None)
-        self._writes.append(lambda t: t.outcomes.__setitem__(flow_id, outcome))
+    def store_results(self, actions: Sequence[StoreFlowResult]) -> None:
+        """Keep results."""
+        outcomes = [StoredOutcome(a.flow_id, a.flow_class, a.result, None) for a in actions]
+        self._writes.append(lambda t: t.outcomes.update((o.flow_id, o) for o in outcomes))
 
-    def store_error(self, flow_id: str, flow_class: str, error: FlowError, at: float) -> None:
-        """Keep an error."""
-        outcome = StoredOutcome(flow_id, flow_class, None, error)
-        self._writes.append(lambda t: t.outcomes.__setitem__(flow_id, outcome))
+    def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
+        """Keep errors."""
+        outcomes = [StoredOutcome(a.flow_id, a.flow_class, None, a.error) for a in actions]
+        self._writes.append(lambda t: t.outcomes.update((o.flow_id, o) for o in outcomes))
 
     def commit(self) -> None:
         """Apply every buffered write."""
@@ -104,6 +112,10 @@ class InMemoryStore:
     def is_consumed(self, message_id: str) -> bool:
         """True if the id was recorded."""
         return message_id in self.tables.message_ids
+
+    def consumed_among(self, message_ids: Sequence[str]) -> set[str]:
+        """The recorded ids among ``message_ids``."""
+        return set(message_ids) & self.tables.message_ids
 
     def load_checkpoints(self) -> list[Checkpoint]:
         """Checkpoints, oldest first."""

@@ -20,11 +20,20 @@ from sqlalchemy.engine import Transaction
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.schema import millis
+from statemachine.actions import (
+    PersistCheckpoint,
+    RecordInboundMessages,
+    RemoveCheckpoint,
+    StoreFlowError,
+    StoreFlowResult,
+)
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import Receive, Sleep
 from statemachine.ports import InboundMessage, OutboxRow
-from statemachine.session_messages import InboundRecord
 from statemachine.state import Checkpoint
+
+QUERY_CHUNK = 500
+"""Ids per ``IN (...)`` query (well under every backend's bound-parameter limit)."""
 
 
 class SchemaVersionError(RuntimeError):
@@ -66,93 +75,112 @@ def _waiting_for(checkpoint: Checkpoint) -> tuple[str | None, str | None]:
 
 
 class SqlTransaction:
-    """One open transaction on the node database (see ``StoreTransaction``)."""
+    """One open transaction on the node database (see ``StoreTransaction``).
+
+    Each method takes every action of its kind from a group of transitions and writes them
+    with one ``executemany`` statement per table.
+    """
 
     def __init__(self, database: NodeDatabase, connection: Connection) -> None:
         self._database = database
         self._connection = connection
         self._transaction: Transaction = connection.begin()
 
-    def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
-        """Insert or replace the checkpoint row and blob."""
-        blob = encode_checkpoint(checkpoint)
-        self._database.note_checkpoint(checkpoint, len(blob))
-        suspended_on, waiting_for = _waiting_for(checkpoint)
-        row = {
-            "flow_id": checkpoint.flow_id,
-            "flow_class": checkpoint.flow_class,
-            "status": checkpoint.status.value,
-            "suspended_on": suspended_on,
-            "waiting_for": waiting_for,
-            "journal_length": len(checkpoint.journal),
-            "checkpoint_bytes": len(blob),
-            "error_message": checkpoint.error.message if checkpoint.error else None,
-            "created_at": millis(checkpoint.created_at),
-            "updated_at": millis(at),
-        }
-        self._database.upsert(self._connection, schema.node_checkpoints, row, "flow_id")
-        self._database.upsert(
-            self._connection,
-            schema.node_checkpoint_blobs,
-            {"flow_id": checkpoint.flow_id, "blob": blob},
-            "flow_id",
-        )
-
-    def remove_checkpoint(self, flow_id: str) -> None:
-        """Delete the checkpoint row and blob, if present."""
-        for table in (schema.node_checkpoints, schema.node_checkpoint_blobs):
-            self._connection.execute(delete(table).where(table.c.flow_id == flow_id))
-
-    def record_inbound(self, records: Sequence[InboundRecord], at: float) -> None:
-        """Insert dedup ids; the primary key refuses an id consumed twice."""
-        self._connection.execute(
-            insert(schema.node_message_ids),
-            [
+    def put_checkpoints(self, actions: Sequence[PersistCheckpoint]) -> None:
+        """Insert or replace checkpoint rows and blobs (the last one wins per flow)."""
+        rows, blobs = [], []
+        for action in actions:
+            checkpoint = action.checkpoint
+            blob = encode_checkpoint(checkpoint)
+            self._database.note_checkpoint(checkpoint, len(blob))
+            suspended_on, waiting_for = _waiting_for(checkpoint)
+            rows.append(
                 {
-                    "message_id": r.message_id,
-                    "sender": r.sender,
-                    "session_id": r.session_id,
-                    "sequence": r.sequence,
-                    "inserted_at": millis(at),
+                    "flow_id": checkpoint.flow_id,
+                    "flow_class": checkpoint.flow_class,
+                    "status": checkpoint.status.value,
+                    "progress_step": None,
+                    "suspended_on": suspended_on,
+                    "waiting_for": waiting_for,
+                    "journal_length": len(checkpoint.journal),
+                    "checkpoint_bytes": len(blob),
+                    "error_message": checkpoint.error.message if checkpoint.error else None,
+                    "created_at": millis(checkpoint.created_at),
+                    "updated_at": millis(action.at),
                 }
-                for r in records
-            ],
-        )
+            )
+            blobs.append({"flow_id": checkpoint.flow_id, "blob": blob})
+        self._database.upsert(self._connection, schema.node_checkpoints, rows, "flow_id")
+        self._database.upsert(self._connection, schema.node_checkpoint_blobs, blobs, "flow_id")
 
-    def write_outbox(self, rows: Sequence[OutboxRow], at: float) -> None:
-        """Insert outbound messages."""
+    def remove_checkpoints(self, actions: Sequence[RemoveCheckpoint]) -> None:
+        """Delete checkpoint rows and blobs, where present."""
+        flow_ids = [action.flow_id for action in actions]
+        for table in (schema.node_checkpoints, schema.node_checkpoint_blobs):
+            for start in range(0, len(flow_ids), QUERY_CHUNK):
+                chunk = flow_ids[start : start + QUERY_CHUNK]
+                self._connection.execute(delete(table).where(table.c.flow_id.in_(chunk)))
+
+    def record_inbound(self, actions: Sequence[RecordInboundMessages]) -> None:
+        """Insert dedup ids; the primary key refuses an id consumed twice."""
+        rows = [
+            {
+                "message_id": r.message_id,
+                "sender": r.sender,
+                "session_id": r.session_id,
+                "sequence": r.sequence,
+                "inserted_at": millis(action.at),
+            }
+            for action in actions
+            for r in action.records
+        ]
+        self._connection.execute(insert(schema.node_message_ids), rows)
+
+    def write_outbox(self, rows: Sequence[tuple[OutboxRow, float]]) -> None:
+        """Insert encoded outbound messages with the time they were decided."""
         self._connection.execute(
             insert(schema.node_outbox),
             [
                 {
-                    "message_id": r.message_id,
-                    "target": r.target,
-                    "payload": r.data,
+                    "message_id": row.message_id,
+                    "target": row.target,
+                    "payload": row.data,
                     "created_at": millis(at),
                 }
-                for r in rows
+                for row, at in rows
             ],
         )
 
-    def store_result(self, flow_id: str, flow_class: str, result: bytes, at: float) -> None:
-        """Keep a finished flow's result."""
+    def store_results(self, actions: Sequence[StoreFlowResult]) -> None:
+        """Keep finished flows' results."""
         self._connection.execute(
-            insert(schema.node_flow_results).values(
-                flow_id=flow_id, flow_class=flow_class, result=result, completed_at=millis(at)
-            )
+            insert(schema.node_flow_results),
+            [
+                {
+                    "flow_id": a.flow_id,
+                    "flow_class": a.flow_class,
+                    "result": a.result,
+                    "completed_at": millis(a.at),
+                }
+                for a in actions
+            ],
         )
 
-    def store_error(self, flow_id: str, flow_class: str, error: FlowError, at: float) -> None:
-        """Keep a failed flow's error."""
+    def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
+        """Keep failed flows' errors."""
         self._connection.execute(
-            insert(schema.node_flow_exceptions).values(
-                flow_id=flow_id,
-                flow_class=flow_class,
-                error_kind=error.kind.value,
-                exception_class=error.exception_class,
-                message=error.message,
-                failed_at=millis(at),
-            )
+            insert(schema.node_flow_exceptions),
+            [
+                {
+                    "flow_id": a.flow_id,
+                    "flow_class": a.flow_class,
+                    "error_kind": a.error.kind.value,
+                    "exception_class": a.error.exception_class,
+                    "message": a.error.message,
+                    "failed_at": millis(a.at),
+                }
+                for a in actions
+            ],
         )
 
     def commit(self) -> None:
@@ -207,17 +235,24 @@ class NodeDatabase:
         for listener in self.checkpoint_listeners:
             listener(checkpoint, size)
 
-    def upsert(self, connection: Connection, table: Any, row: dict[str, Any], key: str) -> None:
-        """Insert ``row`` or update the existing row with the same ``key`` column."""
+    def upsert(
+        self, connection: Connection, table: Any, rows: Sequence[dict[str, Any]], key: str
+    ) -> None:
+        """Insert ``rows``, replacing existing rows with the same ``key`` (later rows win)."""
+        if not rows:
+            return
         dialect = self.engine.dialect.name
         module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(dialect)
-        if module is None:
-            connection.execute(delete(table).where(table.c[key] == row[key]))
-            connection.execute(insert(table).values(**row))
+        if module is None or len({row[key] for row in rows}) != len(rows):
+            for row in rows:  # portable, and ordered when a key repeats
+                connection.execute(delete(table).where(table.c[key] == row[key]))
+                connection.execute(insert(table).values(**row))
             return
-        statement = module.insert(table).values(**row)
-        updates = {name: value for name, value in row.items() if name != key}
-        connection.execute(statement.on_conflict_do_update(index_elements=[key], set_=updates))
+        statement = module.insert(table)
+        updates = {c.name: statement.excluded[c.name] for c in table.columns if c.name != key}
+        connection.execute(
+            statement.on_conflict_do_update(index_elements=[key], set_=updates), rows
+        )
 
     def begin(self) -> SqlTransaction:
         """Open a write transaction."""
@@ -225,12 +260,21 @@ class NodeDatabase:
 
     def is_consumed(self, message_id: str) -> bool:
         """True if this inbound message id was recorded by a committed transaction."""
+        return bool(self.consumed_among([message_id]))
+
+    def consumed_among(self, message_ids: Sequence[str]) -> set[str]:
+        """The ids among ``message_ids`` recorded by committed transactions.
+
+        One query per ``QUERY_CHUNK`` ids.
+        """
         table = schema.node_message_ids
+        found: set[str] = set()
         with self.engine.connect() as connection:
-            found = connection.execute(
-                select(table.c.message_id).where(table.c.message_id == message_id)
-            ).first()
-        return found is not None
+            for start in range(0, len(message_ids), QUERY_CHUNK):
+                chunk = list(message_ids[start : start + QUERY_CHUNK])
+                query = select(table.c.message_id).where(table.c.message_id.in_(chunk))
+                found.update(connection.execute(query).scalars())
+        return found
 
     def load_checkpoints(self) -> list[Checkpoint]:
         """Every stored checkpoint, oldest first."""

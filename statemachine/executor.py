@@ -1,11 +1,16 @@
 """The action executor: performs a batch of transitions' actions, exactly-once style.
 
 All ``IN_TRANSACTION`` actions of the batch run inside ONE store transaction (one transition,
-or a group of them: group commit). Only after that transaction commits do the ``AFTER_COMMIT``
-actions run: acknowledging inbound messages, handing outbox rows to the transport, arming
-timers. If anything fails before the commit, the transaction is rolled back and the error
-propagates: nothing was acknowledged and nothing was sent, so the transport redelivers and a
-restarted node replays from the previous checkpoint.
+or a group of them: group commit), grouped by kind so that each kind is one batched write.
+Only after that transaction commits do the ``AFTER_COMMIT`` actions run: acknowledging
+inbound messages, handing outbox rows to the transport, arming timers. If anything fails
+before the commit, the transaction is rolled back and the error propagates: nothing was
+acknowledged and nothing was sent, so the transport redelivers and a restarted node replays
+from the previous checkpoint.
+
+Kinds run in the order of ``IN_TRANSACTION_ORDER``. Reordering across flows is harmless (each
+flow's rows are its own), and within one flow a removal never precedes a checkpoint of the
+same group (a finished flow has no further transitions).
 
 ``on_boundary`` (tests only) is called with the name of every point where a real crash could
 fall; raising from it simulates the node dying there.
@@ -14,6 +19,7 @@ fall; raising from it simulates the node dying there.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from statemachine.actions import (
     AcknowledgeMessages,
@@ -32,6 +38,16 @@ from statemachine.ports import CheckpointStore, Outbound, OutboxRow, StoreTransa
 from statemachine.session_messages import OutboundSessionMessage
 
 BoundaryHook = Callable[[str], None]
+
+IN_TRANSACTION_ORDER: tuple[type, ...] = (
+    PersistCheckpoint,
+    RemoveCheckpoint,
+    RecordInboundMessages,
+    WriteOutbox,
+    StoreFlowResult,
+    StoreFlowError,
+)
+AFTER_COMMIT_ORDER: tuple[type, ...] = (AcknowledgeMessages, HandOffMessages, ScheduleWakeUp)
 
 
 class ActionExecutor:
@@ -61,62 +77,73 @@ class ActionExecutor:
 
     def execute(self, batches: Iterable[Sequence[Action]]) -> None:
         """Perform several transitions' actions with one commit between the two phases."""
-        in_transaction: list[Action] = []
-        after_commit: list[Action] = []
+        by_kind: dict[type, list[Any]] = {}
         for actions in batches:
             for action in actions:
-                if action.phase is Phase.IN_TRANSACTION:
-                    in_transaction.append(action)
-                else:
-                    after_commit.append(action)
-        if not in_transaction and not after_commit:
+                by_kind.setdefault(type(action), []).append(action)
+        if not by_kind:
             return
         rows: dict[str, OutboxRow] = {}
-        if in_transaction:
+        if any(kind.phase is Phase.IN_TRANSACTION for kind in by_kind):  # type: ignore[attr-defined]
             self._boundary("before_transaction")
             transaction = self._store.begin()
             try:
-                for action in in_transaction:
-                    self._run_in_transaction(transaction, action, rows)
-                    self._boundary(f"after_{type(action).__name__}")
+                for kind in IN_TRANSACTION_ORDER:
+                    if kind in by_kind:
+                        self._run_in_transaction(transaction, kind, by_kind[kind], rows)
+                        self._boundary(f"after_{kind.__name__}")
                 transaction.commit()
             except BaseException:
                 transaction.rollback()
                 raise
             self.transactions += 1
             self._boundary("after_commit")
-        for action in after_commit:
-            self._run_after_commit(action, rows)
-            self._boundary(f"after_{type(action).__name__}")
+        for kind in AFTER_COMMIT_ORDER:
+            if kind in by_kind:
+                self._run_after_commit(kind, by_kind[kind], rows)
+                self._boundary(f"after_{kind.__name__}")
 
     def _run_in_transaction(
-        self, transaction: StoreTransaction, action: Action, rows: dict[str, OutboxRow]
+        self,
+        transaction: StoreTransaction,
+        kind: type,
+        actions: list[Any],
+        rows: dict[str, OutboxRow],
     ) -> None:
-        if isinstance(action, PersistCheckpoint):
-            transaction.put_checkpoint(action.checkpoint, action.at)
-        elif isinstance(action, RemoveCheckpoint):
-            transaction.remove_checkpoint(action.flow_id)
-        elif isinstance(action, RecordInboundMessages):
-            transaction.record_inbound(action.records, action.at)
-        elif isinstance(action, WriteOutbox):
-            encoded = [self._encode(message) for message in action.messages]
-            rows.update((row.message_id, row) for row in encoded)
-            transaction.write_outbox(encoded, action.at)
-        elif isinstance(action, StoreFlowResult):
-            transaction.store_result(action.flow_id, action.flow_class, action.result, action.at)
-        elif isinstance(action, StoreFlowError):
-            transaction.store_error(action.flow_id, action.flow_class, action.error, action.at)
+        if kind is PersistCheckpoint:
+            transaction.put_checkpoints(actions)
+        elif kind is RemoveCheckpoint:
+            transaction.remove_checkpoints(actions)
+        elif kind is RecordInboundMessages:
+            transaction.record_inbound(actions)
+        elif kind is WriteOutbox:
+            timed: list[tuple[OutboxRow, float]] = []
+            for action in actions:
+                for message in action.messages:
+                    row = self._encode(message)
+                    rows[row.message_id] = row
+                    timed.append((row, action.at))
+            transaction.write_outbox(timed)
+        elif kind is StoreFlowResult:
+            transaction.store_results(actions)
+        elif kind is StoreFlowError:
+            transaction.store_errors(actions)
         else:
-            raise TypeError(f"{type(action).__name__} is not an in-transaction action")
+            raise TypeError(f"{kind.__name__} is not an in-transaction action")
 
-    def _run_after_commit(self, action: Action, rows: dict[str, OutboxRow]) -> None:
-        if isinstance(action, AcknowledgeMessages):
-            self._acknowledge(action.message_ids)
-        elif isinstance(action, HandOffMessages):
+    def _run_after_commit(self, kind: type, actions: list[Any], rows: dict[str, OutboxRow]) -> None:
+        if kind is AcknowledgeMessages:
+            self._acknowledge([mid for action in actions for mid in action.message_ids])
+        elif kind is HandOffMessages:
             self._outbound.hand_off(
-                [rows.get(m.message_id) or self._encode(m) for m in action.messages]
+                [
+                    rows.get(m.message_id) or self._encode(m)
+                    for action in actions
+                    for m in action.messages
+                ]
             )
-        elif isinstance(action, ScheduleWakeUp):
-            self._schedule_wake_up(action.flow_id, action.deadline)
+        elif kind is ScheduleWakeUp:
+            for action in actions:
+                self._schedule_wake_up(action.flow_id, action.deadline)
         else:
-            raise TypeError(f"{type(action).__name__} is not an after-commit action")
+            raise TypeError(f"{kind.__name__} is not an after-commit action")

@@ -184,9 +184,17 @@ class StateMachineManager:
         """Transport callback: queue an inbound message (processed by the next round)."""
         self._inbox.append(message)
 
-    def _route(self, message: InboundMessage) -> None:
+    def _route_all(self) -> None:
+        """Route every queued inbound message, checking their ids in one query."""
+        messages = list(self._inbox)
+        self._inbox.clear()
+        consumed = self._store.consumed_among([m.message_id for m in messages])
+        for message in messages:
+            self._route(message, message.message_id in consumed)
+
+    def _route(self, message: InboundMessage, consumed: bool) -> None:
         self.statistics.messages_received += 1
-        if message.message_id in self._in_process or self._store.is_consumed(message.message_id):
+        if consumed or message.message_id in self._in_process:
             self.statistics.duplicates_dropped += 1
             self._acknowledge_one(message.message_id)
             return
@@ -342,8 +350,8 @@ class StateMachineManager:
     def run_once(self) -> bool:
         """One round: route, transition, commit once, continue fibers. True if it did work."""
         did_work = self._fire_due_timers()
-        while self._inbox:
-            self._route(self._inbox.popleft())
+        if self._inbox:
+            self._route_all()
             did_work = True
         batch: list[tuple[Action, ...]] = []
         to_continue: list[_FlowRuntime] = []

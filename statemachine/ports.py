@@ -12,9 +12,15 @@ from typing import Protocol, Union
 
 import attrs
 
+from statemachine.actions import (
+    PersistCheckpoint,
+    RecordInboundMessages,
+    RemoveCheckpoint,
+    StoreFlowError,
+    StoreFlowResult,
+)
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
-from statemachine.session_messages import InboundRecord
 from statemachine.state import Checkpoint, FlowOrigin
 
 
@@ -39,23 +45,23 @@ class InboundMessage:
 class StoreTransaction(Protocol):
     """One open database transaction. Nothing written is visible until :meth:`commit`."""
 
-    def put_checkpoint(self, checkpoint: Checkpoint, at: float) -> None:
-        """Insert or replace the checkpoint (row and blob) of ``checkpoint.flow_id``."""
+    def put_checkpoints(self, actions: Sequence[PersistCheckpoint]) -> None:
+        """Insert or replace each checkpoint (row and blob); for one flow the last one wins."""
 
-    def remove_checkpoint(self, flow_id: str) -> None:
-        """Delete the checkpoint of ``flow_id`` if there is one."""
+    def remove_checkpoints(self, actions: Sequence[RemoveCheckpoint]) -> None:
+        """Delete these flows' checkpoints where there are any."""
 
-    def record_inbound(self, records: Sequence[InboundRecord], at: float) -> None:
+    def record_inbound(self, actions: Sequence[RecordInboundMessages]) -> None:
         """Insert dedup ids; an id already present is an error (it would be consumed twice)."""
 
-    def write_outbox(self, rows: Sequence[OutboxRow], at: float) -> None:
-        """Insert outbound messages into the outbox."""
+    def write_outbox(self, rows: Sequence[tuple[OutboxRow, float]]) -> None:
+        """Insert encoded outbound messages, each with the time it was decided."""
 
-    def store_result(self, flow_id: str, flow_class: str, result: bytes, at: float) -> None:
-        """Keep the serialized result of a finished flow."""
+    def store_results(self, actions: Sequence[StoreFlowResult]) -> None:
+        """Keep the serialized results of finished flows."""
 
-    def store_error(self, flow_id: str, flow_class: str, error: FlowError, at: float) -> None:
-        """Keep the error of a failed flow."""
+    def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
+        """Keep the errors of failed flows."""
 
     def commit(self) -> None:
         """Make everything written durable, atomically."""
@@ -72,6 +78,9 @@ class CheckpointStore(Protocol):
 
     def is_consumed(self, message_id: str) -> bool:
         """True if an inbound message with this id was recorded (committed) before."""
+
+    def consumed_among(self, message_ids: Sequence[str]) -> set[str]:
+        """The ids among ``message_ids`` that were recorded (committed) before."""
 
     def load_checkpoints(self) -> list[Checkpoint]:
         """Every stored checkpoint, oldest first."""
