@@ -58,6 +58,7 @@ class NodeConfig:
     database_url: str
     cordapps: tuple[str, ...] = ()
     synchronous: str = "FULL"
+    database_schema: str | None = None
 
     def __attrs_post_init__(self) -> None:
         Party(self.name)  # validates the name, naming the problem
@@ -123,7 +124,11 @@ class Node:
         self.database: NodeDatabase | InMemoryStore = (
             InMemoryStore()
             if config.database_url == MEMORY_URL
-            else NodeDatabase(config.database_url, synchronous=config.synchronous)
+            else NodeDatabase(
+                config.database_url,
+                synchronous=config.synchronous,
+                schema_name=config.database_schema,
+            )
         )
         self.messaging = messaging
         self.relay = OutboxRelay(messaging, self.database, on_boundary)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from flows.node import FlowHandle, Node, NodeConfig
 from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
 from persistence.memory_store import MEMORY_URL
+from persistence.store import drop_schema
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
@@ -156,7 +158,12 @@ class MockNode:
 
 
 class MockNetwork:
-    """Nodes on an in-memory network with SQLite files, driven step by step."""
+    """Nodes on an in-memory network, driven step by step.
+
+    ``database`` is ``"sqlite"`` (a file per node, the default), ``"memory"`` (not durable:
+    "checkpoints off") or a ``postgresql://`` URL (a schema per node, dropped by
+    :meth:`stop_nodes`).
+    """
 
     def __init__(
         self,
@@ -168,11 +175,14 @@ class MockNetwork:
         synchronous: str = "NORMAL",
         database: str = "sqlite",
     ) -> None:
-        if database not in ("sqlite", "memory"):
+        if database not in ("sqlite", "memory") and not database.startswith("postgres"):
             raise ValueError(
-                f"database must be 'sqlite' or 'memory' (non-durable), not {database!r}"
+                "database must be 'sqlite', 'memory' (not durable) or a postgresql:// URL, "
+                f"not {database!r}"
             )
         self.database = database
+        self._schema_prefix = f"ff_{uuid.uuid4().hex[:12]}"
+        self._schemas: list[str] = []
         self.cordapps = tuple(cordapps)
         self.messaging = InMemoryNetwork(seed, faults)
         self.clock = MockClock()
@@ -189,10 +199,19 @@ class MockNetwork:
         party = Party(name)
         filename = "".join(ch if ch.isalnum() else "_" for ch in party.organisation)
         path = self.directory / f"{filename}_{len(self.nodes)}.db"
-        url = f"sqlite:///{path}" if self.database == "sqlite" else MEMORY_URL
+        schema_name = None
+        if self.database == "sqlite":
+            url = f"sqlite:///{path}"
+        elif self.database == "memory":
+            url = MEMORY_URL
+        else:
+            url = self.database
+            schema_name = f"{self._schema_prefix}_{len(self.nodes)}"
+            self._schemas.append(schema_name)
         config = NodeConfig(
             name=name,
             database_url=url,
+            database_schema=schema_name,
             cordapps=tuple(self.cordapps if cordapps is None else cordapps),
             synchronous=self.synchronous,
         )
@@ -235,6 +254,9 @@ class MockNetwork:
         """Stop every node and, if the network made its directory, delete it."""
         for mock in self.nodes:
             mock.node.stop()
+        for schema_name in self._schemas:
+            drop_schema(self.database, schema_name)
+        self._schemas = []
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
 

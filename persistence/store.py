@@ -16,6 +16,7 @@ import attrs
 from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Transaction
+from sqlalchemy.schema import CreateSchema, DropSchema
 
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
@@ -201,15 +202,25 @@ class SqlTransaction:
 class NodeDatabase:
     """A node's database: opens (and if new, creates) the schema at ``url``."""
 
-    def __init__(self, url: str, *, synchronous: str = "FULL") -> None:
-        self.url = url
+    def __init__(
+        self, url: str, *, synchronous: str = "FULL", schema_name: str | None = None
+    ) -> None:
+        self.url = normalize_url(url)
+        self.schema_name = schema_name
         self.checkpoints_written = 0
         """Checkpoints written (inserted or replaced) through this object."""
         self.checkpoint_listeners: list[Callable[[Checkpoint, int], None]] = []
         """Called with each checkpoint written and its blob size (demos, tracing)."""
-        self.engine: Engine = create_engine(url)
-        if self.engine.dialect.name == "sqlite":
-            _configure_sqlite(self.engine, synchronous)
+        engine = create_engine(self.url)
+        if engine.dialect.name == "sqlite":
+            if schema_name is not None:
+                raise ValueError("a schema name is for PostgreSQL; SQLite keeps a node per file")
+            _configure_sqlite(engine, synchronous)
+        elif schema_name is not None:
+            with engine.begin() as connection:
+                connection.execute(CreateSchema(schema_name, if_not_exists=True))
+            engine = engine.execution_options(schema_translate_map={None: schema_name})
+        self.engine: Engine = engine
         self._create_schema()
 
     def _create_schema(self) -> None:
@@ -350,6 +361,23 @@ class NodeDatabase:
     def close(self) -> None:
         """Release every connection."""
         self.engine.dispose()
+
+
+def normalize_url(url: str) -> str:
+    """Pick psycopg (version 3) for plain ``postgresql://`` URLs; leave others alone."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def drop_schema(url: str, schema_name: str) -> None:
+    """Drop a PostgreSQL schema and everything in it (tests and tools)."""
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(DropSchema(schema_name, cascade=True, if_exists=True))
+    finally:
+        engine.dispose()
 
 
 def _configure_sqlite(engine: Engine, synchronous: str) -> None:

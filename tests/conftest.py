@@ -1,5 +1,15 @@
+"""Shared fixtures: the CorDapps, the database backends, the mock network.
+
+Every network test runs on SQLite and on PostgreSQL. PostgreSQL is taken from
+``FIBERFLOW_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``); if it
+cannot be reached the PostgreSQL cases skip with the reason, unless
+``FIBERFLOW_REQUIRE_SERVICES=1`` (set by ``.ci/run``), which turns the skip into a failure.
+"""
+
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,11 +18,55 @@ import pytest
 from flows.testing import MockNetwork
 
 CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp"]
+POSTGRES_URL = os.environ.get(
+    "FIBERFLOW_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+REQUIRE_SERVICES = os.environ.get("FIBERFLOW_REQUIRE_SERVICES") == "1"
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@functools.cache
+def postgres_problem() -> str | None:
+    """Why PostgreSQL cannot be used for tests, or None if it can."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install -e '.[dev,postgres]')"
+    try:
+        conninfo = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(conninfo, connect_timeout=5) as connection:
+            connection.execute("select 1")
+    except Exception as error:  # any connection failure is a reason to skip
+        return f"cannot connect to {POSTGRES_URL}: {error}"
+    return None
+
+
+def require_service(name: str, problem: str | None) -> None:
+    """Skip (or, in CI, fail) when a service a test needs is not there."""
+    if problem is None:
+        return
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{name} is required here (FIBERFLOW_REQUIRE_SERVICES=1): {problem}")
+    pytest.skip(f"{name} not available: {problem}")
+
+
+def database_for(backend: str) -> str:
+    """The ``MockNetwork(database=...)`` argument for a backend name."""
+    if backend == "postgresql":
+        require_service("PostgreSQL", postgres_problem())
+        return POSTGRES_URL
+    return backend
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The database of the nodes: ``"sqlite"`` or a PostgreSQL URL."""
+    return database_for(str(request.param))
 
 
 @pytest.fixture
-def net(tmp_path: Path) -> Iterator[MockNetwork]:
-    network = MockNetwork(cordapps=CORDAPPS, directory=tmp_path)
+def net(tmp_path: Path, backend: str) -> Iterator[MockNetwork]:
+    network = MockNetwork(cordapps=CORDAPPS, directory=tmp_path, database=backend)
     yield network
     network.stop_nodes()
 

@@ -27,8 +27,8 @@ FAULTS = {
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_faulty_network_gives_fault_free_results(fault: str, seed: int) -> None:
-    net = MockNetwork(cordapps=CORDAPPS, seed=seed, faults=FAULTS[fault])
+def test_faulty_network_gives_fault_free_results(fault: str, seed: int, backend: str) -> None:
+    net = MockNetwork(cordapps=CORDAPPS, seed=seed, faults=FAULTS[fault], database=backend)
     try:
         alice, bob, carol = (net.create_node(n) for n in (ALICE, BOB, CAROL))
         pings = [alice.start_flow(PingFlow(bob.party)) for _ in range(5)]
@@ -56,8 +56,8 @@ def test_faulty_network_gives_fault_free_results(fault: str, seed: int) -> None:
         net.stop_nodes()
 
 
-def test_duplicates_are_dropped_by_id() -> None:
-    dup = MockNetwork(cordapps=CORDAPPS, seed=1, faults=Faults(duplicate=1.0))
+def test_duplicates_are_dropped_by_id(backend: str) -> None:
+    dup = MockNetwork(cordapps=CORDAPPS, seed=1, faults=Faults(duplicate=1.0), database=backend)
     try:
         alice, bob = dup.create_node(ALICE), dup.create_node(BOB)
         handle = alice.start_flow(PingFlow(bob.party))

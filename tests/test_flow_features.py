@@ -108,12 +108,13 @@ def test_inlined_and_initiating_sub_flows(net: MockNetwork) -> None:
     assert_drained(net)
 
 
-def test_receive_all_returns_in_session_order_whatever_the_arrival(tmp_path: object) -> None:
+def test_receive_all_returns_in_session_order_whatever_the_arrival(backend: str) -> None:
     from messaging.inmemory import Faults
     from tests.conftest import CORDAPPS
 
     for seed in range(5):
-        net = MockNetwork(cordapps=CORDAPPS, seed=seed, faults=Faults(reorder=0.7, delay=0.3))
+        faults = Faults(reorder=0.7, delay=0.3)
+        net = MockNetwork(cordapps=CORDAPPS, seed=seed, faults=faults, database=backend)
         try:
             alice = net.create_node(ALICE)
             suppliers = [net.create_node(n) for n in (BOB, CAROL, "O=Dave,L=Oslo,C=NO")]

@@ -78,8 +78,8 @@ SCENARIOS = {
 }
 
 
-def _network(scenario: Scenario, directory: Path) -> MockNetwork:
-    net = MockNetwork(cordapps=CORDAPPS, directory=directory)
+def _network(scenario: Scenario, directory: Path, database: str = "sqlite") -> MockNetwork:
+    net = MockNetwork(cordapps=CORDAPPS, directory=directory, database=database)
     for name in NAMES[: scenario.node_count]:
         net.create_node(name)
     return net
@@ -132,10 +132,10 @@ def test_every_kind_of_crash_point_is_exercised() -> None:
 
 @pytest.mark.parametrize(("scenario_name", "node_index", "point", "nth"), CASES)
 def test_crash_and_resume(
-    scenario_name: str, node_index: int, point: str, nth: int, tmp_path: Path
+    scenario_name: str, node_index: int, point: str, nth: int, tmp_path: Path, backend: str
 ) -> None:
     scenario = SCENARIOS[scenario_name]
-    net = _network(scenario, tmp_path)
+    net = _network(scenario, tmp_path, backend)
     try:
         handles = scenario.start(net)
         victim = net.nodes[node_index]
@@ -167,10 +167,10 @@ ROUND_CASES = [
 
 @pytest.mark.parametrize(("scenario_name", "node_index", "after_rounds"), ROUND_CASES)
 def test_restart_between_rounds(
-    scenario_name: str, node_index: int, after_rounds: int, tmp_path: Path
+    scenario_name: str, node_index: int, after_rounds: int, tmp_path: Path, backend: str
 ) -> None:
     scenario = SCENARIOS[scenario_name]
-    net = _network(scenario, tmp_path)
+    net = _network(scenario, tmp_path, backend)
     try:
         handles = scenario.start(net)
         for _ in range(after_rounds):
