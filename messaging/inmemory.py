@@ -48,7 +48,8 @@ class Faults:
 class _Queue:
     ready: deque[Message] = attrs.field(factory=deque)
     delayed: list[tuple[int, Message]] = attrs.field(factory=list)
-    in_flight: list[Message] = attrs.field(factory=list)
+    in_flight: dict[str, list[Message]] = attrs.field(factory=dict)
+    """Delivered, unacknowledged messages by id (a duplicate may be in flight twice)."""
 
 
 @attrs.define
@@ -127,7 +128,7 @@ class InMemoryNetwork:
                 self.statistics.reordered += 1
             message = queue.ready[index]
             del queue.ready[index]
-            queue.in_flight.append(message)
+            queue.in_flight.setdefault(message.message_id, []).append(message)
             self.statistics.delivered += 1
             delivered += 1
             endpoint._dispatch(message)
@@ -149,20 +150,22 @@ class InMemoryNetwork:
 
     def in_flight(self, address: str) -> int:
         """Messages delivered to ``address`` and not yet acknowledged."""
-        return len(self._queues[address].in_flight)
+        return sum(len(copies) for copies in self._queues[address].in_flight.values())
 
     def _acknowledge(self, address: str, message_id: str) -> None:
         in_flight = self._queues[address].in_flight
-        for index, message in enumerate(in_flight):
-            if message.message_id == message_id:
-                del in_flight[index]
-                return
+        copies = in_flight.get(message_id)
+        if copies:
+            copies.pop(0)
+            if not copies:
+                del in_flight[message_id]
 
     def _consumer_stopped(self, address: str) -> None:
         queue = self._queues[address]
-        self.statistics.redelivered += len(queue.in_flight)
-        queue.ready.extendleft(reversed(queue.in_flight))
-        queue.in_flight = []
+        unacknowledged = [m for copies in queue.in_flight.values() for m in copies]
+        self.statistics.redelivered += len(unacknowledged)
+        queue.ready.extendleft(reversed(unacknowledged))
+        queue.in_flight = {}
 
 
 class InMemoryMessaging:

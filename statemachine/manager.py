@@ -137,7 +137,8 @@ class StateMachineManager:
             on_boundary,
         )
         self._flows: dict[str, _FlowRuntime] = {}
-        self._ready: dict[str, None] = {}
+        self._ready: deque[str] = deque()
+        self._ready_set: set[str] = set()
         self._session_owner: dict[str, str] = {}
         self._in_process: set[str] = set()
         self._parked: dict[str, list[InboundMessage]] = {}
@@ -334,12 +335,17 @@ class StateMachineManager:
 
     def _queue_event(self, flow_id: str, event: Event) -> None:
         self._flows[flow_id].events.append(event)
-        self._ready[flow_id] = None
+        self._mark_ready(flow_id)
+
+    def _mark_ready(self, flow_id: str) -> None:
+        if flow_id not in self._ready_set:
+            self._ready_set.add(flow_id)
+            self._ready.append(flow_id)
 
     def _set_continuation(self, runtime: _FlowRuntime, continuation: Continuation) -> None:
         if not isinstance(continuation, ProcessEvents):
             runtime.continuation = continuation
-            self._ready[runtime.state.flow_id] = None
+            self._mark_ready(runtime.state.flow_id)
 
     def has_work(self) -> bool:
         """True if a round would do something now (not counting future timers)."""
@@ -356,8 +362,8 @@ class StateMachineManager:
         batch: list[tuple[Action, ...]] = []
         to_continue: list[_FlowRuntime] = []
         while self._ready:
-            flow_id = next(iter(self._ready))
-            del self._ready[flow_id]
+            flow_id = self._ready.popleft()
+            self._ready_set.discard(flow_id)
             runtime = self._flows.get(flow_id)
             if runtime is None:
                 continue
