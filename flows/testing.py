@@ -125,8 +125,15 @@ class MockNode:
         """Start ``flow`` on this node; it runs when the network runs.
 
         The handle keeps working across ``restart()`` (it asks whichever node is current).
+        If an armed crash fires while the start commits, the node restarts and the
+        :class:`SimulatedCrash` reaches the caller, as a lost reply would reach an RPC client.
         """
-        return FlowHandle(self, self.node.start_flow(flow).flow_id)
+        try:
+            return FlowHandle(self, self.node.start_flow(flow).flow_id)
+        except SimulatedCrash:
+            self.crashes += 1
+            self.restart()
+            raise
 
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started on this node (also after a restart)."""

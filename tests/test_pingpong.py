@@ -55,3 +55,24 @@ def test_unstarted_flow_survives_restart_before_it_ran(net: MockNetwork) -> None
     assert alice.flow_handle(handle.flow_id).result() == "Pong"
     assert results_by_class(bob) == {"PongFlow": 1}
     assert_drained(net)
+
+
+def test_crash_while_starting_a_flow_loses_nothing_committed(net: MockNetwork) -> None:
+    import pytest
+
+    from flows.testing import SimulatedCrash
+
+    alice, bob = net.create_node(ALICE), net.create_node(BOB)
+    alice.crash_at("after_commit")
+    with pytest.raises(SimulatedCrash):
+        alice.start_flow(PingFlow(bob.party))
+    (flow_id, _, status) = alice.checkpoints()[0]  # committed before the crash: it survives
+    assert status == "UNSTARTED"
+    net.run_network()
+    assert alice.flow_handle(flow_id).result() == "Pong"
+
+    alice.crash_at("after_PersistCheckpoint")
+    with pytest.raises(SimulatedCrash):
+        alice.start_flow(PingFlow(bob.party))
+    assert alice.checkpoints() == []  # rolled back: it never existed
+    assert_drained(net)
