@@ -13,15 +13,21 @@ failing schedule reproduces from its seed:
 * ``duplicate``: the message is queued twice;
 * ``delay``: the message is held back for a few deliveries;
 * ``reorder``: a delivery takes a random queued message instead of the oldest.
+
+Like the durable transports, it carries frames (:mod:`messaging.frame`): a frame that does
+not decode (see :meth:`InMemoryNetwork.inject_raw`) is dead-lettered with the reason, never
+delivered.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Sequence
 
 import attrs
 
+from messaging.frame import MalformedFrameError, decode_frame, encode_frame
 from messaging.service import Message, MessageHandler, TransportError
 
 
@@ -46,9 +52,9 @@ class Faults:
 
 @attrs.define
 class _Queue:
-    ready: deque[Message] = attrs.field(factory=deque)
-    delayed: list[tuple[int, Message]] = attrs.field(factory=list)
-    in_flight: dict[str, list[Message]] = attrs.field(factory=dict)
+    ready: deque[bytes] = attrs.field(factory=deque)
+    delayed: list[tuple[int, bytes]] = attrs.field(factory=list)
+    in_flight: dict[str, list[bytes]] = attrs.field(factory=dict)
     """Delivered, unacknowledged messages by id (a duplicate may be in flight twice)."""
 
 
@@ -63,6 +69,16 @@ class NetworkStatistics:
     reordered: int = 0
     delivered: int = 0
     redelivered: int = 0
+    dead_lettered: int = 0
+
+
+@attrs.frozen
+class DeadLetter:
+    """A frame the network could not deliver, and why."""
+
+    address: str
+    raw: bytes
+    reason: str
 
 
 class InMemoryNetwork:
@@ -75,6 +91,8 @@ class InMemoryNetwork:
         self._queues: dict[str, _Queue] = {}
         self._endpoints: dict[str, InMemoryMessaging] = {}
         self._step = 0
+        self.dead_letters: list[DeadLetter] = []
+        """Frames that could not be decoded, in the order they were found."""
 
     def endpoint(self, address: str) -> InMemoryMessaging:
         """A node's messaging service on this network (a new one after each node restart)."""
@@ -83,7 +101,12 @@ class InMemoryNetwork:
         self._endpoints[address] = endpoint
         return endpoint
 
+    def inject_raw(self, target: str, raw: bytes) -> None:
+        """Queue raw bytes for ``target`` as if a broken or hostile sender had sent them."""
+        self._queues[target].ready.append(raw)
+
     def _accept(self, message: Message, target: str) -> None:
+        frame = encode_frame(message)
         queue = self._queues.get(target)
         if queue is None:
             raise TransportError(f"no node {target!r} on this network")
@@ -99,12 +122,12 @@ class InMemoryNetwork:
             if self.random.random() < self.faults.delay:
                 self.statistics.delayed += 1
                 release = self._step + self.random.randint(1, self.faults.max_delay_steps)
-                queue.delayed.append((release, message))
+                queue.delayed.append((release, frame))
             else:
-                queue.ready.append(message)
+                queue.ready.append(frame)
 
     def _release_delayed(self, queue: _Queue, everything: bool) -> None:
-        still: list[tuple[int, Message]] = []
+        still: list[tuple[int, bytes]] = []
         for release, message in queue.delayed:
             if everything or release <= self._step:
                 queue.ready.append(message)
@@ -126,9 +149,15 @@ class InMemoryNetwork:
             if len(queue.ready) > 1 and self.random.random() < self.faults.reorder:
                 index = self.random.randrange(len(queue.ready))
                 self.statistics.reordered += 1
-            message = queue.ready[index]
+            raw = queue.ready[index]
             del queue.ready[index]
-            queue.in_flight.setdefault(message.message_id, []).append(message)
+            try:
+                message = decode_frame(raw)
+            except MalformedFrameError as error:
+                self.dead_letters.append(DeadLetter(address, raw, str(error)))
+                self.statistics.dead_lettered += 1
+                continue
+            queue.in_flight.setdefault(message.message_id, []).append(raw)
             self.statistics.delivered += 1
             delivered += 1
             endpoint._dispatch(message)
@@ -200,6 +229,11 @@ class InMemoryMessaging:
     def send(self, message: Message, target: str) -> None:
         """Queue ``message`` on ``target``'s queue (or raise TransportError: injected drop)."""
         self._network._accept(message, target)
+
+    def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
+        """Send each pair in turn (an injected drop raises part-way: resend is safe)."""
+        for message, target in items:
+            self._network._accept(message, target)
 
     def acknowledge(self, message_id: str) -> None:
         """Remove a delivered message from the in-flight set."""

@@ -10,11 +10,22 @@ Contract (checked by the conformance suite in ``tests/messaging_conformance.py``
   delivered message stays the transport's responsibility until ``acknowledge(message_id)``:
   if the consumer stops first, the message is delivered again.
 * Delivery order is not guaranteed; the session protocol restores order by sequence number.
+* ``send_batch(items)`` takes several messages at once: when it returns, every one was
+  durably taken; when it raises :class:`TransportError`, the caller must assume none was
+  (some may have been: sending again is safe, receivers drop duplicates by id).
+* Messages travel as frames (:mod:`messaging.frame`). A frame the receiver cannot decode is
+  never handed to a handler: it goes to the transport's dead-letter store with the reason and
+  is acknowledged.
+* A message whose topic has no handler is acknowledged and dropped (logged).
+* ``acknowledge`` may be called from any thread; handlers are called on the transport's own
+  thread (the in-memory double calls them from ``InMemoryNetwork.deliver``).
+* Sending to an address with no queue raises :class:`TransportError` (the relay retries:
+  the target may not have started yet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -59,6 +70,9 @@ class MessagingService(Protocol):
 
     def send(self, message: Message, target: str) -> None:
         """Hand ``message`` to the transport for ``target``; return once durably taken."""
+
+    def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
+        """Hand several (message, target) pairs over; all taken, or TransportError."""
 
     def acknowledge(self, message_id: str) -> None:
         """The delivered message ``message_id`` is done with: never deliver it again."""

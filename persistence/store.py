@@ -215,7 +215,7 @@ class NodeDatabase:
         if engine.dialect.name == "sqlite":
             if schema_name is not None:
                 raise ValueError("a schema name is for PostgreSQL; SQLite keeps a node per file")
-            _configure_sqlite(engine, synchronous)
+            configure_sqlite(engine, synchronous)
         elif schema_name is not None:
             with engine.begin() as connection:
                 connection.execute(CreateSchema(schema_name, if_not_exists=True))
@@ -380,7 +380,8 @@ def drop_schema(url: str, schema_name: str) -> None:
         engine.dispose()
 
 
-def _configure_sqlite(engine: Engine, synchronous: str) -> None:
+def configure_sqlite(engine: Engine, synchronous: str) -> None:
+    """WAL, the given ``synchronous`` level, a 10 s busy timeout, and explicit BEGIN."""
     if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
 

@@ -182,13 +182,16 @@ class StateMachineManager:
     # --- inbound ------------------------------------------------------------------------
 
     def deliver(self, message: InboundMessage) -> None:
-        """Transport callback: queue an inbound message (processed by the next round)."""
+        """Transport callback: queue an inbound message (processed by the next round).
+
+        Safe to call from a transport's own thread (a deque append is atomic).
+        """
         self._inbox.append(message)
 
     def _route_all(self) -> None:
         """Route every queued inbound message, checking their ids in one query."""
-        messages = list(self._inbox)
-        self._inbox.clear()
+        # popleft, not clear(): a transport thread may append while we drain.
+        messages = [self._inbox.popleft() for _ in range(len(self._inbox))]
         consumed = self._store.consumed_among([m.message_id for m in messages])
         for message in messages:
             self._route(message, message.message_id in consumed)

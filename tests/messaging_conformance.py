@@ -1,0 +1,273 @@
+"""The conformance suite every ``MessagingService`` must pass.
+
+A backend's test file subclasses :class:`TransportConformance` and provides a ``harness``
+fixture (a :class:`TransportHarness`). The suite checks the contract written in
+``messaging/service.py``: send and receive, acknowledgement, redelivery after a consumer
+dies, durability across a consumer restart, no loss under concurrent producers, and
+dead-lettering of frames that cannot be decoded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+import msgpack
+import pytest
+
+from messaging.frame import encode_frame
+from messaging.service import Message, MessagingService, TransportError
+
+TOPIC = "conformance.topic"
+WAIT_SECONDS = 30.0
+
+
+class TransportHarness(Protocol):
+    """What the suite needs from a backend."""
+
+    def endpoint(self, address: str) -> MessagingService:
+        """A new, not yet started service for ``address`` (its queue exists afterwards)."""
+
+    def pump(self) -> None:
+        """Let deliveries happen (drive the in-memory network; wait a little otherwise)."""
+
+    def crash(self, endpoint: MessagingService) -> None:
+        """Make ``endpoint`` die as a killed process would (no clean shutdown)."""
+
+    def inject_raw(self, address: str, raw: bytes) -> None:
+        """Put raw bytes on ``address``'s queue, bypassing the sender's framing."""
+
+    def dead_letter_reasons(self, address: str) -> list[str]:
+        """The reasons recorded for ``address``'s dead letters, oldest first."""
+
+
+class Inbox:
+    """A handler that records what it is given (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        with self._lock:
+            self.messages.append(message)
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return [m.message_id for m in self.messages]
+
+
+def wait_until(harness: TransportHarness, condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {WAIT_SECONDS} s waiting for {what}")
+        harness.pump()
+
+
+def settle(harness: TransportHarness, seconds: float = 0.3) -> None:
+    """Give a transport time to deliver anything it (wrongly) still would."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        harness.pump()
+
+
+def address(role: str) -> str:
+    return f"O=Conformance {role} {uuid.uuid4().hex[:10]},L=Test,C=GB"
+
+
+def message(sender: str, n: int, data: bytes | None = None) -> Message:
+    return Message(f"M-{uuid.uuid4().hex}-{n}", TOPIC, sender, data or f"payload {n}".encode())
+
+
+def consumer(harness: TransportHarness, name: str) -> tuple[MessagingService, Inbox]:
+    service = harness.endpoint(name)
+    inbox = Inbox()
+    service.add_handler(TOPIC, inbox)
+    service.start()
+    return service, inbox
+
+
+class TransportConformance:
+    """Subclass with a ``harness`` fixture to run the suite on a transport."""
+
+    def test_send_and_receive_keep_every_field(self, harness: TransportHarness) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver, inbox = consumer(harness, receiver_name)
+        sent = [message(sender_name, n) for n in range(20)]
+        sent.append(message(sender_name, 20, bytes(range(256)) * 4))
+        for m in sent:
+            sender.send(m, receiver_name)
+        wait_until(harness, lambda: set(inbox.ids()) >= {m.message_id for m in sent}, "20 msgs")
+        by_id = {m.message_id: m for m in inbox.messages}
+        assert all(by_id[m.message_id] == m for m in sent)
+        assert sender.my_address == sender_name and receiver.my_address == receiver_name
+        receiver.stop()
+        sender.stop()
+
+    def test_send_batch_delivers_every_message(self, harness: TransportHarness) -> None:
+        sender_name, first_name, second_name = address("A"), address("B"), address("C")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        first, first_inbox = consumer(harness, first_name)
+        second, second_inbox = consumer(harness, second_name)
+        batch = [(message(sender_name, n), (first_name, second_name)[n % 2]) for n in range(30)]
+        sender.send_batch(batch)
+        wait_until(
+            harness,
+            lambda: len(set(first_inbox.ids())) == 15 and len(set(second_inbox.ids())) == 15,
+            "both targets' messages",
+        )
+        assert set(first_inbox.ids()) == {m.message_id for m, t in batch if t == first_name}
+        for service in (first, second, sender):
+            service.stop()
+
+    def test_acknowledged_messages_are_not_delivered_again(self, harness: TransportHarness) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver, inbox = consumer(harness, receiver_name)
+        sent = [message(sender_name, n) for n in range(5)]
+        for m in sent:
+            sender.send(m, receiver_name)
+        wait_until(harness, lambda: len(set(inbox.ids())) == 5, "5 messages")
+        for m in sent:
+            receiver.acknowledge(m.message_id)
+        receiver.stop()
+        again, again_inbox = consumer(harness, receiver_name)
+        marker = message(sender_name, 99)
+        sender.send(marker, receiver_name)
+        wait_until(harness, lambda: marker.message_id in again_inbox.ids(), "the marker")
+        settle(harness)
+        assert again_inbox.ids() == [marker.message_id]
+        again.stop()
+        sender.stop()
+
+    def test_unacknowledged_messages_are_redelivered_after_the_consumer_dies(
+        self, harness: TransportHarness
+    ) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver, inbox = consumer(harness, receiver_name)
+        sent = [message(sender_name, n) for n in range(5)]
+        for m in sent:
+            sender.send(m, receiver_name)
+        wait_until(harness, lambda: len(set(inbox.ids())) == 5, "5 messages")
+        harness.crash(receiver)
+        again, again_inbox = consumer(harness, receiver_name)
+        wait_until(harness, lambda: len(set(again_inbox.ids())) == 5, "the 5 redelivered")
+        assert set(again_inbox.ids()) == {m.message_id for m in sent}
+        for m in sent:
+            again.acknowledge(m.message_id)
+        again.stop()
+        sender.stop()
+
+    def test_messages_sent_while_the_consumer_is_down_survive_its_restart(
+        self, harness: TransportHarness
+    ) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver, _ = consumer(harness, receiver_name)
+        receiver.stop()
+        sent = [message(sender_name, n) for n in range(10)]
+        for m in sent:
+            sender.send(m, receiver_name)
+        settle(harness, 0.1)
+        again, inbox = consumer(harness, receiver_name)
+        wait_until(harness, lambda: len(set(inbox.ids())) == 10, "10 messages after restart")
+        assert set(inbox.ids()) == {m.message_id for m in sent}
+        again.stop()
+        sender.stop()
+
+    def test_concurrent_producers_lose_nothing(self, harness: TransportHarness) -> None:
+        receiver_name = address("B")
+        receiver, inbox = consumer(harness, receiver_name)
+        producers = [harness.endpoint(address(f"P{i}")) for i in range(4)]
+        expected: set[str] = set()
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def produce(producer: MessagingService) -> None:
+            try:
+                for n in range(0, 100, 10):
+                    batch = [message(producer.my_address, n + k) for k in range(10)]
+                    with lock:
+                        expected.update(m.message_id for m in batch)
+                    if n % 20 == 0:
+                        producer.send_batch([(m, receiver_name) for m in batch])
+                    else:
+                        for m in batch:
+                            producer.send(m, receiver_name)
+            except BaseException as error:
+                errors.append(error)
+
+        for producer in producers:
+            producer.start()
+        threads = [threading.Thread(target=produce, args=(p,)) for p in producers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        assert len(expected) == 400
+        wait_until(harness, lambda: set(inbox.ids()) >= expected, "400 messages")
+        assert set(inbox.ids()) == expected
+        receiver.stop()
+        for producer in producers:
+            producer.stop()
+
+    def test_undecodable_frames_are_dead_lettered_with_the_reason(
+        self, harness: TransportHarness
+    ) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver, inbox = consumer(harness, receiver_name)
+        good_frame = encode_frame(message(sender_name, 1))
+        garbage = [
+            b"\xc1 definitely not msgpack",
+            good_frame[: len(good_frame) // 2],
+            msgpack.packb([1, 2, 3]),
+        ]
+        for raw in garbage:
+            harness.inject_raw(receiver_name, raw)
+        good = message(sender_name, 2)
+        sender.send(good, receiver_name)
+        wait_until(harness, lambda: good.message_id in inbox.ids(), "the good message")
+        wait_until(
+            harness,
+            lambda: len(harness.dead_letter_reasons(receiver_name)) == 3,
+            "3 dead letters",
+        )
+        assert inbox.ids() == [good.message_id]
+        reasons = harness.dead_letter_reasons(receiver_name)
+        assert all("undecodable frame" in reason for reason in reasons), reasons
+        receiver.acknowledge(good.message_id)
+        receiver.stop()
+        # Dead letters are not delivered again, and the queue keeps working.
+        again, again_inbox = consumer(harness, receiver_name)
+        after = message(sender_name, 3)
+        sender.send(after, receiver_name)
+        wait_until(harness, lambda: after.message_id in again_inbox.ids(), "a later message")
+        settle(harness)
+        assert again_inbox.ids() == [after.message_id]
+        assert len(harness.dead_letter_reasons(receiver_name)) == 3
+        again.stop()
+        sender.stop()
+
+    def test_sending_to_an_address_without_a_queue_is_a_transport_error(
+        self, harness: TransportHarness
+    ) -> None:
+        sender_name = address("A")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        with pytest.raises(TransportError):
+            sender.send(message(sender_name, 1), address("Nobody"))
+        sender.stop()

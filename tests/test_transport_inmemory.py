@@ -1,0 +1,39 @@
+"""The conformance suite on the in-memory network (the test double)."""
+
+from __future__ import annotations
+
+import pytest
+
+from messaging.inmemory import InMemoryMessaging, InMemoryNetwork
+from messaging.service import MessagingService
+from tests.messaging_conformance import TransportConformance
+
+
+class InMemoryHarness:
+    def __init__(self) -> None:
+        self.network = InMemoryNetwork(seed=1)
+        self.addresses: list[str] = []
+
+    def endpoint(self, address: str) -> MessagingService:
+        self.addresses.append(address)
+        return self.network.endpoint(address)
+
+    def pump(self) -> None:
+        for address in set(self.addresses):
+            self.network.deliver(address)
+
+    def crash(self, endpoint: MessagingService) -> None:
+        assert isinstance(endpoint, InMemoryMessaging)
+        endpoint.stop()  # the network keeps the queue: a stop loses what a crash loses
+
+    def inject_raw(self, address: str, raw: bytes) -> None:
+        self.network.inject_raw(address, raw)
+
+    def dead_letter_reasons(self, address: str) -> list[str]:
+        return [d.reason for d in self.network.dead_letters if d.address == address]
+
+
+class TestInMemoryNetwork(TransportConformance):
+    @pytest.fixture
+    def harness(self) -> InMemoryHarness:
+        return InMemoryHarness()
