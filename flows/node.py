@@ -7,6 +7,8 @@ test network does this step by step; a node process does it in its loop).
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -24,18 +26,23 @@ from flows.errors import (
 from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
 from flows.party import Party
+from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import decode_session_message, encode_session_message
 from messaging.outbox_relay import OutboxRelay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.serialization import PAYLOADS, SerializationError, qualified_name
 from persistence.store import CheckpointSummary, NodeDatabase
-from statemachine.manager import FlowEnd, StateMachineManager
+from statemachine.actions import StoreFlowError
+from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
 from statemachine.ports import Clock, InboundMessage, OutboxRow
 from statemachine.session_messages import OutboundSessionMessage
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
+
+log = logging.getLogger("fiberflow.node")
 
 
 class SystemClock:
@@ -111,7 +118,14 @@ class Node:
         messaging: MessagingService,
         clock: Clock | None = None,
         on_boundary: Callable[[str], None] | None = None,
+        *,
+        background_relay: bool = False,
     ) -> None:
+        """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
+
+        The test network drives everything from one thread (``background_relay=False``);
+        a node process sets it so the scheduler never waits for the transport.
+        """
         if messaging.my_address != config.name:
             raise ValueError(
                 f"node {config.name}: its transport address is {messaging.my_address!r}; "
@@ -131,7 +145,13 @@ class Node:
             )
         )
         self.messaging = messaging
-        self.relay = OutboxRelay(messaging, self.database, on_boundary)
+        self.relay: OutboxRelay | BackgroundOutboxRelay = (
+            BackgroundOutboxRelay(messaging, self.database)
+            if background_relay
+            else OutboxRelay(messaging, self.database, on_boundary)
+        )
+        self.wakeup = threading.Event()
+        """Set whenever a message arrives (a node process's loop sleeps on it)."""
         fibers = GreenletFiberFactory(self.party, self.clock.now, self.cordapps.flow_class)
         self.manager = StateMachineManager(
             our_identity=config.name,
@@ -147,6 +167,7 @@ class Node:
         )
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
+        self.resent_messages = 0
         self._stopped = False
 
     def _check_running(self) -> None:
@@ -155,17 +176,20 @@ class Node:
 
     def _on_message(self, message: Message) -> None:
         self.manager.deliver(InboundMessage(message.message_id, message.sender, message.data))
+        self.wakeup.set()
 
     def start(self) -> None:
         """Restore every checkpointed flow, re-send the outbox, and start receiving."""
         self.restored_flows = self.manager.restore()
-        self.relay.resend_pending()
+        self.relay.start()
+        self.resent_messages = self.relay.resend_pending()
         self.messaging.start()
 
     def stop(self) -> None:
-        """Stop receiving and close the database (flows stay checkpointed)."""
+        """Stop receiving and relaying, close the database (flows stay checkpointed)."""
         self._stopped = True
         self.messaging.stop()
+        self.relay.stop()
         self.database.close()
 
     def add_end_listener(self, listener: Callable[[FlowEnd], None]) -> None:
@@ -188,6 +212,57 @@ class Node:
         arguments = encode_arguments(flow)
         flow_id = self.manager.start_flow(qualified_name(cls), arguments, flow)
         return FlowHandle(self, flow_id)
+
+    def start_requested_flows(self, limit: int = 500) -> int:
+        """Start flows clients asked for in ``node_flow_requests``; returns how many.
+
+        The flow id is the request id, so a request seen again after a crash (checkpoint
+        committed, request not yet marked) is only marked, never started twice.
+        """
+        self._check_running()
+        database = self.database
+        if not isinstance(database, NodeDatabase):
+            return 0
+        requests = database.pending_flow_requests(limit)
+        if not requests:
+            return 0
+        to_start = []
+        refused: list[StoreFlowError] = []
+        for request in requests:
+            known = (
+                self.manager.flow_state(request.request_id) is not None
+                or database.has_checkpoint(request.request_id)
+                or database.stored_outcome(request.request_id) is not None
+            )
+            if known:
+                continue
+            if self.cordapps.flow_class(request.flow_class) is None:
+                reason = f"{request.flow_class} is not a flow in this node's CorDapps"
+                log.error("refusing flow request %s: %s", request.request_id, reason)
+                refused.append(
+                    StoreFlowError(
+                        request.request_id,
+                        request.flow_class,
+                        FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason),
+                        self.clock.now(),
+                    )
+                )
+                continue
+            to_start.append(
+                FlowToStart(request.request_id, request.flow_class, request.arguments, None)
+            )
+        if refused:
+            transaction = database.begin()
+            try:
+                transaction.store_errors(refused)
+                transaction.commit()
+            except BaseException:
+                transaction.rollback()
+                raise
+        if to_start:
+            self.manager.start_flows(to_start)
+        database.mark_flow_requests_started([r.request_id for r in requests], self.clock.now())
+        return len(to_start)
 
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started earlier (also after a restart)."""

@@ -113,3 +113,13 @@ class OutboxRelay:
             self._store.delete_outbox(taken)
             if self._on_boundary is not None:
                 self._on_boundary("after_outbox_delete")
+
+    def start(self) -> None:
+        """Nothing to start: this relay runs inside the scheduler's rounds."""
+
+    def stop(self) -> None:
+        """Nothing to stop (rows not yet deleted are re-sent at the next start)."""
+
+    def idle(self) -> bool:
+        """True when no row waits for a retry or for its delete."""
+        return not self._retries and not self._taken

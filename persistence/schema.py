@@ -17,7 +17,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
 metadata = MetaData()
@@ -101,6 +101,17 @@ node_dead_letters = Table(
     Column("payload", LargeBinary, nullable=False),
     Column("received_at", BigInteger, nullable=False),
 )
+
+node_flow_requests = Table(
+    "node_flow_requests",
+    metadata,
+    Column("request_id", String(64), primary_key=True),
+    Column("flow_class", String(300), nullable=False),
+    Column("arguments", LargeBinary, nullable=False),
+    Column("requested_at", BigInteger, nullable=False),
+    Column("started_at", BigInteger, nullable=True, index=True),
+)
+"""Flows a client asked the node to start (the flow id is the request id: idempotent)."""
 
 
 def millis(seconds: float) -> int:

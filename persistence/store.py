@@ -13,7 +13,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Transaction
 from sqlalchemy.schema import CreateSchema, DropSchema
@@ -48,6 +58,15 @@ class CheckpointSummary:
     flow_id: str
     flow_class: str
     status: str
+
+
+@attrs.frozen
+class FlowRequest:
+    """A client's request that the node start a flow; the flow's id will be ``request_id``."""
+
+    request_id: str
+    flow_class: str
+    arguments: bytes
 
 
 @attrs.frozen
@@ -322,6 +341,23 @@ class NodeDatabase:
         error = FlowError(ErrorKind(row.error_kind), row.exception_class, row.message)
         return StoredOutcome(flow_id, row.flow_class, None, error)
 
+    def stored_outcomes(self, flow_ids: Sequence[str]) -> dict[str, StoredOutcome]:
+        """The kept outcomes of those of ``flow_ids`` that have finished."""
+        results, errors = schema.node_flow_results, schema.node_flow_exceptions
+        found: dict[str, StoredOutcome] = {}
+        with self.engine.connect() as connection:
+            for start in range(0, len(flow_ids), QUERY_CHUNK):
+                chunk = list(flow_ids[start : start + QUERY_CHUNK])
+                query = select(results.c.flow_id, results.c.flow_class, results.c.result)
+                for row in connection.execute(query.where(results.c.flow_id.in_(chunk))):
+                    found[row.flow_id] = StoredOutcome(
+                        row.flow_id, row.flow_class, row.result, None
+                    )
+                for row in connection.execute(select(errors).where(errors.c.flow_id.in_(chunk))):
+                    error = FlowError(ErrorKind(row.error_kind), row.exception_class, row.message)
+                    found[row.flow_id] = StoredOutcome(row.flow_id, row.flow_class, None, error)
+        return found
+
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
         """Keep an unprocessable message with the reason (its own transaction)."""
         with self.engine.begin() as connection:
@@ -351,6 +387,58 @@ class NodeDatabase:
         table = schema.node_outbox
         with self.engine.begin() as connection:
             connection.execute(delete(table).where(table.c.message_id.in_(list(message_ids))))
+
+    def request_flows(self, requests: Sequence[FlowRequest], at: float) -> None:
+        """Ask the node to start flows (one transaction; an existing request id is kept)."""
+        table = schema.node_flow_requests
+        rows = [
+            {
+                "request_id": r.request_id,
+                "flow_class": r.flow_class,
+                "arguments": r.arguments,
+                "requested_at": millis(at),
+                "started_at": None,
+            }
+            for r in requests
+        ]
+        if not rows:
+            return
+        module: Any = {"sqlite": sqlite, "postgresql": postgresql}[self.engine.dialect.name]
+        with self.engine.begin() as connection:
+            for start in range(0, len(rows), QUERY_CHUNK):
+                connection.execute(
+                    module.insert(table).on_conflict_do_nothing(index_elements=["request_id"]),
+                    rows[start : start + QUERY_CHUNK],
+                )
+
+    def pending_flow_requests(self, limit: int) -> list[FlowRequest]:
+        """Requested flows not started yet, oldest first."""
+        table = schema.node_flow_requests
+        query = (
+            select(table.c.request_id, table.c.flow_class, table.c.arguments)
+            .where(table.c.started_at.is_(None))
+            .order_by(table.c.requested_at, table.c.request_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as connection:
+            return [FlowRequest(*row) for row in connection.execute(query)]
+
+    def mark_flow_requests_started(self, request_ids: Sequence[str], at: float) -> None:
+        """Record that the node has started (checkpointed) these requested flows."""
+        table = schema.node_flow_requests
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(table)
+                .where(table.c.request_id.in_(list(request_ids)))
+                .values(started_at=millis(at))
+            )
+
+    def has_checkpoint(self, flow_id: str) -> bool:
+        """True if ``flow_id`` has a stored checkpoint."""
+        table = schema.node_checkpoints
+        with self.engine.connect() as connection:
+            found = connection.execute(select(table.c.flow_id).where(table.c.flow_id == flow_id))
+            return found.first() is not None
 
     def count(self, table_name: str) -> int:
         """Number of rows in one of the node tables (for reports and tests)."""

@@ -78,6 +78,16 @@ class FlowEnd:
     error: FlowError | None = None
 
 
+@attrs.frozen
+class FlowToStart:
+    """A flow to start: its id, class name, encoded arguments, and instance (or None)."""
+
+    flow_id: str
+    flow_class: str
+    arguments: bytes
+    instance: object = None
+
+
 @attrs.define
 class _FlowRuntime:
     state: FlowState
@@ -169,15 +179,21 @@ class StateMachineManager:
 
     def start_flow(self, flow_class: str, arguments: bytes, instance: object) -> str:
         """Create a flow and commit its Unstarted checkpoint now; it runs on the next round."""
-        flow_id = uuid.uuid4().hex
-        event = StartFlow(flow_id, StartedLocally(flow_class, arguments), self._clock.now())
-        result = transition(None, event)
-        self.executor.execute([result.actions])
-        runtime = _FlowRuntime(result.state, instance=instance)
-        self._flows[flow_id] = runtime
-        self._set_continuation(runtime, result.continuation)
-        self.statistics.flows_started += 1
-        return flow_id
+        return self.start_flows([FlowToStart(uuid.uuid4().hex, flow_class, arguments, instance)])[0]
+
+    def start_flows(self, flows: Sequence[FlowToStart]) -> list[str]:
+        """Create several flows, committing their Unstarted checkpoints in one transaction."""
+        results = []
+        for flow in flows:
+            origin = StartedLocally(flow.flow_class, flow.arguments)
+            results.append(transition(None, StartFlow(flow.flow_id, origin, self._clock.now())))
+        self.executor.execute([result.actions for result in results])
+        for flow, result in zip(flows, results, strict=True):
+            runtime = _FlowRuntime(result.state, instance=flow.instance)
+            self._flows[flow.flow_id] = runtime
+            self._set_continuation(runtime, result.continuation)
+            self.statistics.flows_started += 1
+        return [flow.flow_id for flow in flows]
 
     # --- inbound ------------------------------------------------------------------------
 

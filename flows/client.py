@@ -1,0 +1,100 @@
+"""``NodeClient``: start flows on a running node process and collect their outcomes.
+
+A node process reads its flow requests from its own database (``node_flow_requests``), so a
+client needs only the node's database URL: ``start_flow`` commits a request and returns the
+flow id the node will give the flow (the request id: asking twice starts it once);
+``wait`` polls ``node_flow_results`` / ``node_flow_exceptions`` until the flows finish.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flows.errors import FiberflowError, exception_from_error
+from flows.flow_logic import FlowLogic
+from flows.node import encode_arguments
+from persistence.serialization import PAYLOADS, qualified_name
+from persistence.store import FlowRequest, NodeDatabase, StoredOutcome
+
+
+class FlowWaitTimeoutError(FiberflowError):
+    """``NodeClient.wait`` ran out of time; the message says how many flows were unfinished."""
+
+
+class NodeClient:
+    """A client of one node process, through the node's database."""
+
+    def __init__(self, database_url: str, *, database_schema: str | None = None) -> None:
+        self.database = NodeDatabase(database_url, schema_name=database_schema)
+
+    def start_flow(self, flow: FlowLogic[Any], request_id: str | None = None) -> str:
+        """Ask the node to start ``flow``; returns its flow id."""
+        return self.start_flows([flow], [request_id or uuid.uuid4().hex])[0]
+
+    def start_flows(
+        self, flows: Sequence[FlowLogic[Any]], request_ids: Sequence[str] | None = None
+    ) -> list[str]:
+        """Ask the node to start several flows (one transaction); returns their flow ids."""
+        ids = list(request_ids) if request_ids is not None else [uuid.uuid4().hex for _ in flows]
+        if len(ids) != len(flows):
+            raise ValueError(f"{len(flows)} flows but {len(ids)} request ids")
+        requests = []
+        for flow, request_id in zip(flows, ids, strict=True):
+            if not isinstance(flow, FlowLogic):
+                raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow)}")
+            requests.append(
+                FlowRequest(request_id, qualified_name(type(flow)), encode_arguments(flow))
+            )
+        self.database.request_flows(requests, time.time())
+        return ids
+
+    def outcomes(self, flow_ids: Sequence[str]) -> dict[str, StoredOutcome]:
+        """The outcomes of those flows that have finished."""
+        return self.database.stored_outcomes(flow_ids)
+
+    def wait(
+        self,
+        flow_ids: Sequence[str],
+        timeout: float,
+        on_progress: Callable[[int, int], None] | None = None,
+        poll_seconds: float = 0.05,
+    ) -> dict[str, StoredOutcome]:
+        """Wait until every flow finished; ``on_progress(done, total)`` is called as they do."""
+        deadline = time.monotonic() + timeout
+        finished: dict[str, StoredOutcome] = {}
+        remaining = list(flow_ids)
+        while True:
+            finished.update(self.outcomes(remaining))
+            remaining = [f for f in remaining if f not in finished]
+            if on_progress is not None:
+                on_progress(len(finished), len(flow_ids))
+            if not remaining:
+                return finished
+            if time.monotonic() > deadline:
+                raise FlowWaitTimeoutError(
+                    f"{len(remaining)} of {len(flow_ids)} flows had not finished after "
+                    f"{timeout:.0f} s (for example {remaining[0]})"
+                )
+            time.sleep(poll_seconds)
+
+    def result(self, flow_id: str) -> Any:
+        """The result of a finished flow (raises its error); KeyError if not finished."""
+        outcome = self.outcomes([flow_id]).get(flow_id)
+        if outcome is None:
+            raise KeyError(f"flow {flow_id} has not finished (or does not exist)")
+        return decode_outcome(outcome)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.database.close()
+
+
+def decode_outcome(outcome: StoredOutcome) -> Any:
+    """A stored outcome's result, or its error raised."""
+    if outcome.error is not None:
+        raise exception_from_error(outcome.error)
+    assert outcome.result is not None
+    return PAYLOADS.decode(outcome.result)

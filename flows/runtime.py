@@ -1,0 +1,354 @@
+"""The node runtime: one node in its own process, from a TOML config file.
+
+``fiberflow node run --config node.toml`` builds a :class:`NodeProcess` and runs it until
+SIGTERM or SIGINT, then shuts down cleanly (stop consuming, stop the relay, close the
+database; every flow stays checkpointed). The config file::
+
+    name = "O=Alice,L=London,C=GB"          # the node's X.500 name (required)
+    database_url = "sqlite:///alice.db"      # required; relative SQLite paths are taken
+                                             # relative to the config file's directory
+    transport_url = "sqlite:///queue.db"     # required: sqlite, postgresql or amqp URL
+    cordapps = ["samples.pingpong"]          # modules holding the node's flows
+    network_map = "network-map"              # directory of node-info files (default)
+    database_schema = "alice"                # optional, PostgreSQL only
+    synchronous = "FULL"                     # optional, SQLite durability level
+    status_file = "alice.status.json"        # optional: statistics, rewritten every second
+    log_level = "INFO"                       # optional
+
+A bad config fails at start with the file and the field named (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import attrs
+
+from flows.cordapps import CordappError, Cordapps
+from flows.network_map import NetworkMap, NetworkMapError, NodeInfo
+from flows.node import Node, NodeConfig
+from flows.party import Party
+from messaging.transports import TransportUrlError, open_transport, transport_scheme
+
+log = logging.getLogger("fiberflow.runtime")
+
+REQUEST_POLL_SECONDS = 0.05
+"""How often an idle node looks for new flow requests."""
+IDLE_WAIT_SECONDS = 0.05
+STATUS_SECONDS = 1.0
+REPORT_SECONDS = 10.0
+
+_FIELDS = {
+    "name": str,
+    "database_url": str,
+    "transport_url": str,
+    "cordapps": list,
+    "network_map": str,
+    "database_schema": str,
+    "synchronous": str,
+    "status_file": str,
+    "log_level": str,
+}
+_REQUIRED = ("name", "database_url", "transport_url")
+
+
+class ConfigError(ValueError):
+    """A node config that cannot be used; the message names the file and the field."""
+
+
+@attrs.frozen
+class RuntimeConfig:
+    """A node process's configuration (see the module docstring)."""
+
+    name: str
+    database_url: str
+    transport_url: str
+    cordapps: tuple[str, ...] = ()
+    network_map: Path | None = None
+    database_schema: str | None = None
+    synchronous: str = "FULL"
+    status_file: Path | None = None
+    log_level: str = "INFO"
+
+    def node_config(self) -> NodeConfig:
+        """The :class:`NodeConfig` of the node."""
+        return NodeConfig(
+            name=self.name,
+            database_url=self.database_url,
+            cordapps=self.cordapps,
+            synchronous=self.synchronous,
+            database_schema=self.database_schema,
+        )
+
+
+def load_config(path: str | Path) -> RuntimeConfig:
+    """Read and check a node config file; raises :class:`ConfigError` naming the problem."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from error
+    return config_from_mapping(document, path.resolve().parent, str(path))
+
+
+def config_from_mapping(
+    document: dict[str, Any], base: Path, source: str = "config"
+) -> RuntimeConfig:
+    """Check a parsed config (paths relative to ``base``); see :func:`load_config`."""
+
+    def fail(field: str, problem: str) -> ConfigError:
+        return ConfigError(f"{source}: field {field!r}: {problem}")
+
+    unknown = sorted(set(document) - set(_FIELDS))
+    if unknown:
+        raise fail(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
+    for field in _REQUIRED:
+        if field not in document:
+            raise fail(field, "missing (required)")
+    for field, expected in _FIELDS.items():
+        if field in document and not isinstance(document[field], expected):
+            raise fail(field, f"must be a {expected.__name__}, not {document[field]!r}")
+    try:
+        Party(document["name"])
+    except ValueError as error:
+        raise fail("name", str(error)) from None
+    cordapps = tuple(document.get("cordapps", ()))
+    if not all(isinstance(c, str) for c in cordapps):
+        raise fail("cordapps", "must be a list of module names")
+    try:
+        Cordapps(cordapps)
+    except CordappError as error:
+        raise fail("cordapps", str(error)) from None
+    database_url = _resolve_sqlite(document["database_url"], base)
+    if "://" not in database_url:
+        raise fail("database_url", f"{database_url!r} is not a URL (e.g. sqlite:///alice.db)")
+    transport_url = _resolve_sqlite(document["transport_url"], base)
+    try:
+        transport_scheme(transport_url)
+    except TransportUrlError as error:
+        raise fail("transport_url", str(error)) from None
+    synchronous = document.get("synchronous", "FULL")
+    if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise fail("synchronous", "must be OFF, NORMAL, FULL or EXTRA")
+    level = document.get("log_level", "INFO").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise fail("log_level", "must be DEBUG, INFO, WARNING or ERROR")
+    schema = document.get("database_schema")
+    if schema is not None and not database_url.startswith("postgres"):
+        raise fail("database_schema", "is for PostgreSQL databases only")
+    network_map = base / document.get("network_map", "network-map")
+    status_file = document.get("status_file")
+    return RuntimeConfig(
+        name=document["name"],
+        database_url=database_url,
+        transport_url=transport_url,
+        cordapps=cordapps,
+        network_map=network_map,
+        database_schema=schema,
+        synchronous=synchronous,
+        status_file=None if status_file is None else base / status_file,
+        log_level=level,
+    )
+
+
+def _resolve_sqlite(url: str, base: Path) -> str:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/"):
+        relative = url[len(prefix) :]
+        if relative and relative != ":memory:":
+            return prefix + str((base / relative).resolve())
+    return url
+
+
+def _safe_url(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+    return url
+
+
+class NodeProcess:
+    """Runs one node until asked to stop (see the module docstring)."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self.node: Node | None = None
+        self._started_at = time.time()
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop after its current round (safe from any thread)."""
+        self._stop.set()
+        if self.node is not None:
+            self.node.wakeup.set()
+
+    def _on_signal(self, number: int, _: FrameType | None) -> None:
+        log.info("%s: received %s, shutting down", self.config.name, signal.Signals(number).name)
+        self.request_stop()
+
+    def run(self, install_signal_handlers: bool = True) -> None:
+        """Start the node, serve until stopped, shut down cleanly."""
+        config = self.config
+        if install_signal_handlers:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        transport = open_transport(config.transport_url, config.name)
+        node = Node(config.node_config(), transport, background_relay=True)
+        self.node = node
+        if self._stop.is_set():
+            node.wakeup.set()
+        self._publish(node)
+        node.start()
+        log.info(
+            "%s: started (pid %d): %d flows restored from %s, %d outbox messages re-sent; "
+            "transport %s; cordapps %s",
+            config.name,
+            os.getpid(),
+            node.restored_flows,
+            _safe_url(config.database_url),
+            node.resent_messages,
+            _safe_url(config.transport_url),
+            ", ".join(config.cordapps) or "none",
+        )
+        try:
+            self._serve(node)
+        finally:
+            self._write_status(node, running=False)
+            node.stop()
+            log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
+
+    def _publish(self, node: Node) -> None:
+        if self.config.network_map is None:
+            return
+        network_map = NetworkMap(self.config.network_map)
+        network_map.publish(
+            NodeInfo(
+                name=self.config.name,
+                address=node.messaging.my_address,
+                transport=_safe_url(self.config.transport_url),
+            )
+        )
+        try:
+            peers = sorted(set(network_map.nodes()) - {self.config.name})
+        except NetworkMapError as error:
+            log.warning("%s: %s", self.config.name, error)
+            return
+        log.info(
+            "%s: network map %s lists %d peer(s): %s",
+            self.config.name,
+            network_map.directory,
+            len(peers),
+            "; ".join(peers) or "none yet",
+        )
+
+    def _serve(self, node: Node) -> None:
+        next_poll = next_status = 0.0
+        next_report = time.monotonic() + REPORT_SECONDS
+        while not self._stop.is_set():
+            node.wakeup.clear()
+            worked = node.run_once()
+            now = time.monotonic()
+            if now >= next_poll:
+                started = node.start_requested_flows()
+                if started:
+                    log.info("%s: started %d requested flow(s)", self.config.name, started)
+                    worked = True
+                next_poll = now + REQUEST_POLL_SECONDS
+            if now >= next_status:
+                self._write_status(node, running=True)
+                next_status = now + STATUS_SECONDS
+            if now >= next_report:
+                self._report(node)
+                next_report = now + REPORT_SECONDS
+            if not worked:
+                node.wakeup.wait(self._idle_wait(node))
+
+    def _idle_wait(self, node: Node) -> float:
+        wait = IDLE_WAIT_SECONDS
+        deadline = node.next_deadline()
+        if deadline is not None:
+            wait = max(0.0, min(wait, deadline - node.clock.now()))
+        return wait
+
+    def statistics(self, node: Node) -> dict[str, Any]:
+        """The node's counters as a JSON-able dict."""
+        stats = attrs.asdict(node.manager.statistics)
+        stats.update(
+            name=self.config.name,
+            pid=os.getpid(),
+            started_at=self._started_at,
+            live_flows=len(node.manager.live_flows()),
+            checkpoints_written=node.database.checkpoints_written,
+            messages_sent=node.relay.handed_off,
+            relay_waiting=node.relay.waiting(),
+            relay_refused=getattr(node.relay, "refused", 0),
+        )
+        return stats
+
+    def _report(self, node: Node) -> None:
+        stats = self.statistics(node)
+        log.info(
+            "%s: %d live flows, %d completed, %d failed; %d messages in, %d out; "
+            "%d checkpoints written",
+            self.config.name,
+            stats["live_flows"],
+            stats["flows_completed"],
+            stats["flows_failed"],
+            stats["messages_received"],
+            stats["messages_sent"],
+            stats["checkpoints_written"],
+        )
+
+    def _write_status(self, node: Node, running: bool) -> None:
+        path = self.config.status_file
+        if path is None:
+            return
+        stats = self.statistics(node)
+        stats["running"] = running
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(stats, indent=2) + "\n")
+        temporary.replace(path)
+
+
+def configure_logging(level: str) -> None:
+    """Log lines with time, level and logger to stderr."""
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+
+
+def run_node(config_path: str | Path) -> int:
+    """``fiberflow node run``: load the config, run the node; returns the exit code."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as error:
+        print(f"fiberflow node run: {error}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    NodeProcess(config).run()
+    return 0
+
+
+__all__ = [
+    "ConfigError",
+    "NodeProcess",
+    "RuntimeConfig",
+    "configure_logging",
+    "load_config",
+    "run_node",
+]

@@ -1,0 +1,201 @@
+"""The outbox relay on its own thread, for node processes: the scheduler never waits on it.
+
+The scheduler hands committed outbox rows over (:meth:`BackgroundOutboxRelay.hand_off`
+only queues them); the relay thread sends them in batches (``send_batch``), then deletes
+the rows the transport has durably taken. A batch the transport refuses is sent row by
+row, so one unreachable target does not hold the others back; each refused row is retried
+after a jittered, exponentially growing delay (50 ms doubling up to 5 s). A crash at any
+point leaves the undeleted rows in the outbox: the next start sends them again and the
+receiver drops duplicates by id.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+from messaging.outbox_relay import OutboxStore
+from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
+from statemachine.ports import OutboxRow
+
+log = logging.getLogger("fiberflow.relay")
+
+BATCH_SIZE = 500
+MIN_BACKOFF_SECONDS = 0.05
+MAX_BACKOFF_SECONDS = 5.0
+
+
+class BackgroundOutboxRelay:
+    """Moves outbox rows to the transport on a background thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        transport: MessagingService,
+        store: OutboxStore,
+        *,
+        seed: int | None = None,
+    ) -> None:
+        self._transport = transport
+        self._store = store
+        self._incoming: queue.SimpleQueue[Sequence[OutboxRow] | None] = queue.SimpleQueue()
+        self._retries: list[tuple[float, int, OutboxRow]] = []  # a heap of (due, n, row)
+        self._failed_attempts: dict[str, int] = {}
+        self._retry_counter = 0
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.handed_off = 0
+        """Messages the transport has taken."""
+        self.refused = 0
+        """Send attempts the transport refused (each one is retried)."""
+
+    # --- the scheduler's side ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the relay thread."""
+        if self._thread is not None:
+            raise RuntimeError("the relay is already running")
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread after the batch in hand (rows left behind are sent next start)."""
+        self._stopping.set()
+        self._incoming.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("the outbox relay did not stop within %.0f s", timeout)
+            self._thread = None
+
+    def hand_off(self, rows: Sequence[OutboxRow]) -> None:
+        """Queue committed rows for the relay thread (returns at once)."""
+        if rows:
+            with self._lock:
+                self._outstanding += len(rows)
+            self._incoming.put(list(rows))
+
+    def resend_pending(self) -> int:
+        """Queue every row left in the outbox (node start); returns how many there were."""
+        rows = self._store.pending_outbox()
+        self.hand_off(rows)
+        return len(rows)
+
+    def retry_due(self) -> bool:
+        """Retries run on the relay thread; nothing to do on the scheduler's."""
+        return False
+
+    def retry_all_now(self) -> bool:
+        """Not used by node processes (the test network drives the inline relay)."""
+        return False
+
+    def flush(self) -> None:
+        """Deletes happen on the relay thread."""
+
+    def waiting(self) -> int:
+        """Rows refused by the transport and waiting for a retry."""
+        with self._lock:
+            return len(self._retries)
+
+    def idle(self) -> bool:
+        """True when every row handed over has been taken and deleted."""
+        with self._lock:
+            return self._outstanding == 0
+
+    # --- the relay thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            rows = self._next_batch()
+            if rows and not self._stopping.is_set():
+                self._send(rows)
+
+    def _next_batch(self) -> list[OutboxRow]:
+        with self._lock:
+            next_due = self._retries[0][0] if self._retries else None
+        timeout = 0.5 if next_due is None else max(0.0, min(0.5, next_due - time.monotonic()))
+        rows: list[OutboxRow] = []
+        try:
+            first = self._incoming.get(timeout=timeout)
+            if first is None:
+                return []
+            rows.extend(first)
+            while len(rows) < BATCH_SIZE:
+                more = self._incoming.get_nowait()
+                if more is None:
+                    self._stopping.set()
+                    break
+                rows.extend(more)
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        with self._lock:
+            while self._retries and self._retries[0][0] <= now and len(rows) < BATCH_SIZE:
+                rows.append(heapq.heappop(self._retries)[2])
+        return rows
+
+    def _send(self, rows: list[OutboxRow]) -> None:
+        messages = [(self._message(row), row.target) for row in rows]
+        try:
+            self._transport.send_batch(messages)
+            taken = rows
+        except TransportError as error:
+            log.info("transport refused a batch of %d (%s); sending one by one", len(rows), error)
+            taken = []
+            for row, item in zip(rows, messages, strict=True):
+                try:
+                    self._transport.send_batch([item])
+                    taken.append(row)
+                except TransportError as single_error:
+                    self._schedule_retry(row, single_error)
+        if taken:
+            self._delete([row.message_id for row in taken])
+
+    def _message(self, row: OutboxRow) -> Message:
+        return Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
+
+    def _schedule_retry(self, row: OutboxRow, error: Exception) -> None:
+        attempts = self._failed_attempts.get(row.message_id, 0) + 1
+        self._failed_attempts[row.message_id] = attempts
+        backoff = min(MIN_BACKOFF_SECONDS * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
+        delay = backoff * (0.5 + self._random.random() / 2)  # jitter: 50-100 % of the backoff
+        self.refused += 1
+        if attempts in (1, 5) or attempts % 20 == 0:
+            log.warning(
+                "transport refused %s for %s (attempt %d: %s); retry in %.2f s",
+                row.message_id,
+                row.target,
+                attempts,
+                error,
+                delay,
+            )
+        with self._lock:
+            self._retry_counter += 1
+            heapq.heappush(self._retries, (time.monotonic() + delay, self._retry_counter, row))
+
+    def _delete(self, message_ids: list[str]) -> None:
+        delay = MIN_BACKOFF_SECONDS
+        while True:
+            try:
+                self._store.delete_outbox(message_ids)
+                break
+            except Exception as error:  # the database may be busy or gone for a moment
+                if self._stopping.is_set():
+                    log.warning("outbox delete failed at stop (%s); rows resent next start", error)
+                    break
+                log.warning("outbox delete failed (%s); retry in %.2f s", error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+        for message_id in message_ids:
+            self._failed_attempts.pop(message_id, None)
+        with self._lock:
+            self.handed_off += len(message_ids)
+            self._outstanding -= len(message_ids)

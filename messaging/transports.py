@@ -1,0 +1,49 @@
+"""Open a transport from its URL (what a node's ``transport_url`` names).
+
+* ``sqlite:///path/queue.db``: the SQL queue in a SQLite file shared by the nodes of a host
+  (the embedded default);
+* ``postgresql://user@host/db``: the SQL queue on PostgreSQL, for nodes on many hosts;
+* ``amqp://user:password@host:5672/vhost``: RabbitMQ (needs the ``amqp`` extra).
+"""
+
+from __future__ import annotations
+
+from messaging.service import MessagingService
+
+SQL_QUEUE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
+AMQP_SCHEMES = ("amqp", "amqps")
+
+
+class TransportUrlError(ValueError):
+    """A transport URL this fiberflow cannot open; the message names what is wrong."""
+
+
+def transport_scheme(url: str) -> str:
+    """The scheme of a transport URL, checked against the supported ones."""
+    if "://" not in url:
+        raise TransportUrlError(
+            f"{url!r} is not a URL (try sqlite:///queue.db, postgresql://host/db or "
+            "amqp://guest:guest@127.0.0.1:5672/%2F)"
+        )
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in SQL_QUEUE_SCHEMES + AMQP_SCHEMES:
+        raise TransportUrlError(
+            f"unsupported transport scheme {scheme!r} in {url!r}: use sqlite, postgresql or amqp"
+        )
+    return scheme
+
+
+def open_transport(url: str, address: str, *, synchronous: str = "FULL") -> MessagingService:
+    """The messaging service at ``url`` for the node whose address is ``address``."""
+    scheme = transport_scheme(url)
+    if scheme in AMQP_SCHEMES:
+        try:
+            from messaging.amqp import AmqpMessaging
+        except ImportError as error:
+            raise TransportUrlError(
+                f"{url}: the AMQP transport needs pika (pip install 'fiberflow[amqp]'): {error}"
+            ) from error
+        return AmqpMessaging(url, address)
+    from messaging.sqlqueue import SqlQueueMessaging
+
+    return SqlQueueMessaging(url, address, synchronous=synchronous)
