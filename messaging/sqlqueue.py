@@ -45,6 +45,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     delete,
+    func,
     insert,
     or_,
     select,
@@ -57,7 +58,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from messaging.frame import MalformedFrameError, decode_frame, encode_frame
 from messaging.service import Message, MessageHandler, TransportError
-from persistence.store import configure_sqlite, normalize_url
+from persistence.store import configure_sqlite, create_tables, normalize_url
 
 log = logging.getLogger("fiberflow.sqlqueue")
 
@@ -141,7 +142,7 @@ class SqlQueueBroker:
             raise ValueError(f"the SQL queue runs on SQLite or PostgreSQL, not {self.dialect}")
         self.engine: Engine = engine
         self._known_queues: set[str] = set()
-        metadata.create_all(engine)
+        create_tables(engine, metadata)
 
     def create_queue(self, name: str) -> None:
         """Make sure queue ``name`` exists."""
@@ -301,9 +302,7 @@ class SqlQueueBroker:
         with self.engine.connect() as connection:
             return int(
                 connection.execute(
-                    select(queue_messages.c.id)
-                    .where(queue_messages.c.queue == queue)
-                    .with_only_columns(queue_messages.c.id.count())
+                    select(func.count(queue_messages.c.id)).where(queue_messages.c.queue == queue)
                 ).scalar_one()
             )
 

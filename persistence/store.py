@@ -16,6 +16,7 @@ import attrs
 from sqlalchemy import (
     Connection,
     Engine,
+    MetaData,
     create_engine,
     delete,
     event,
@@ -243,8 +244,9 @@ class NodeDatabase:
         self._create_schema()
 
     def _create_schema(self) -> None:
-        schema.metadata.create_all(self.engine)
-        with self.engine.begin() as connection:
+        create_tables(self.engine, schema.metadata)
+        immediate = self.engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        with immediate.begin() as connection:
             versions = connection.execute(select(schema.node_schema_version.c.version)).scalars()
             found = list(versions)
             if not found:
@@ -468,6 +470,17 @@ def drop_schema(url: str, schema_name: str) -> None:
         engine.dispose()
 
 
+SQLITE_BEGIN_OPTION = "fiberflow_sqlite_begin"
+"""Execution option: ``"IMMEDIATE"`` makes a SQLite transaction take the write lock at BEGIN."""
+
+
+def create_tables(engine: Engine, metadata: MetaData) -> None:
+    """``metadata.create_all`` safely while other processes may be doing the same."""
+    immediate = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+    with immediate.begin() as connection:
+        metadata.create_all(connection)
+
+
 def configure_sqlite(engine: Engine, synchronous: str) -> None:
     """WAL, the given ``synchronous`` level, a 10 s busy timeout, and explicit BEGIN."""
     if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -477,11 +490,15 @@ def configure_sqlite(engine: Engine, synchronous: str) -> None:
     def _on_connect(dbapi_connection: Any, _: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves, below
         cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout=10000")  # first: the others may wait for a lock
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=10000")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN")
+        # A transaction that reads before it writes must say so up front (IMMEDIATE):
+        # SQLite cannot upgrade a read lock while another connection writes, and fails
+        # at once with "database is locked" instead of waiting.
+        mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
+        connection.exec_driver_sql(f"BEGIN {mode}".strip())

@@ -1,0 +1,302 @@
+"""The node runtime: config checking, node processes over the SQL queue, flow requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from flows.client import NodeClient, decode_outcome
+from flows.errors import FlowFailedError
+from flows.network_map import NetworkMap
+from flows.party import Party
+from flows.runtime import ConfigError, NodeProcess, RuntimeConfig, load_config
+from messaging.sqlqueue import SqlQueueBroker
+from persistence.store import FlowRequest, drop_schema
+from samples.pingpong import PingFlow
+from tests.conftest import POSTGRES_URL, postgres_problem, require_service
+from tests.cordapp import SleepyFlow
+
+FIBERFLOW = [sys.executable, "-m", "flows.cli"]
+
+
+def unique_name(organisation: str) -> str:
+    return f"O={organisation} {uuid.uuid4().hex[:8]},L=London,C=GB"
+
+
+def write_config(path: Path, **fields: object) -> Path:
+    lines = [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def good_fields(tmp_path: Path) -> dict[str, object]:
+    return {
+        "name": "O=Alice,L=London,C=GB",
+        "database_url": "sqlite:///alice.db",
+        "transport_url": "sqlite:///queue.db",
+        "cordapps": ["samples.pingpong"],
+    }
+
+
+def test_a_valid_config_resolves_paths_relative_to_its_file(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path / "alice.toml", **good_fields(tmp_path)))
+    assert config.database_url == f"sqlite:///{tmp_path.resolve() / 'alice.db'}"
+    assert config.transport_url == f"sqlite:///{tmp_path.resolve() / 'queue.db'}"
+    assert config.network_map == tmp_path.resolve() / "network-map"
+    assert config.cordapps == ("samples.pingpong",)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "problem"),
+    [
+        ({"name": None}, "name", "missing"),
+        ({"databse_url": "sqlite:///x.db"}, "databse_url", "unknown field"),
+        ({"name": "Alice"}, "name", ""),
+        ({"transport_url": "http://127.0.0.1/"}, "transport_url", "unsupported transport"),
+        ({"transport_url": "queue.db"}, "transport_url", "not a URL"),
+        ({"database_url": "alice.db"}, "database_url", "not a URL"),
+        ({"cordapps": ["no.such.module"]}, "cordapps", "cannot be imported"),
+        ({"cordapps": "samples.pingpong"}, "cordapps", "must be a list"),
+        ({"synchronous": "SOMETIMES"}, "synchronous", "must be OFF"),
+        ({"database_schema": "alice"}, "database_schema", "PostgreSQL"),
+        ({"log_level": "LOUD"}, "log_level", "must be DEBUG"),
+    ],
+)
+def test_a_bad_config_fails_naming_the_field(
+    tmp_path: Path, change: dict[str, object], field: str, problem: str
+) -> None:
+    fields = {**good_fields(tmp_path), **change}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    path = write_config(tmp_path / "node.toml", **fields)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert f"field {field!r}" in str(raised.value)
+    assert problem in str(raised.value)
+    assert str(path) in str(raised.value)
+
+
+def test_a_config_that_is_not_toml_fails_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text("name = [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_node_run_with_a_bad_config_exits_2_and_names_the_field(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "node.toml", **{**good_fields(tmp_path), "transport_url": "x"})
+    done = subprocess.run(
+        [*FIBERFLOW, "node", "run", "--config", str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "field 'transport_url'" in done.stderr
+
+
+# --- node processes in threads --------------------------------------------------------------
+
+
+@contextmanager
+def running(configs: list[RuntimeConfig]) -> Iterator[list[NodeProcess]]:
+    processes = [NodeProcess(config) for config in configs]
+    errors: list[BaseException] = []
+
+    def run(process: NodeProcess) -> None:
+        try:
+            process.run(install_signal_handlers=False)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in processes]
+    for thread in threads:
+        thread.start()
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.request_stop()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads)
+        assert not errors, errors
+
+
+def two_nodes(tmp_path: Path, backend: str) -> tuple[RuntimeConfig, RuntimeConfig, list[str]]:
+    alice, bob = unique_name("Alice"), unique_name("Bob")
+    schemas: list[str] = []
+    configs = []
+    for name in (alice, bob):
+        short = Party(name).organisation.split()[0].lower()
+        if backend == "postgresql":
+            require_service("PostgreSQL", postgres_problem())
+            schema = f"ff_rt_{short}_{uuid.uuid4().hex[:8]}"
+            schemas.append(schema)
+            database, transport = POSTGRES_URL, POSTGRES_URL
+        else:
+            schema = None
+            database = f"sqlite:///{tmp_path / (short + '.db')}"
+            transport = f"sqlite:///{tmp_path / 'queue.db'}"
+        configs.append(
+            RuntimeConfig(
+                name=name,
+                database_url=database,
+                transport_url=transport,
+                cordapps=("samples.pingpong", "tests.cordapp"),
+                network_map=tmp_path / "network-map",
+                database_schema=schema,
+                synchronous="NORMAL",
+                status_file=tmp_path / f"{short}.status.json",
+            )
+        )
+    return configs[0], configs[1], schemas
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_node_processes_ping_pong_over_the_sql_queue(tmp_path: Path, backend: str) -> None:
+    alice, bob, schemas = two_nodes(tmp_path, backend)
+    client = NodeClient(alice.database_url, database_schema=alice.database_schema)
+    try:
+        with running([alice, bob]) as processes:
+            flow_ids = client.start_flows([PingFlow(Party(bob.name)) for _ in range(30)])
+            outcomes = client.wait(flow_ids, timeout=60)
+            assert [decode_outcome(outcomes[f]) for f in flow_ids] == ["Pong"] * 30
+            assert {p.node.party.name for p in processes if p.node} == {alice.name, bob.name}
+        assert set(NetworkMap(tmp_path / "network-map").nodes()) == {alice.name, bob.name}
+        status = json.loads((tmp_path / "bob.status.json").read_text())
+        assert status["flows_completed"] == 30 and status["running"] is False
+        assert client.database.count("node_outbox") == 0
+        assert client.database.count("node_checkpoints") == 0
+        broker = SqlQueueBroker(alice.transport_url)
+        assert broker.depth(alice.name) == 0 and broker.depth(bob.name) == 0
+        broker.purge(alice.name)
+        broker.purge(bob.name)
+        broker.close()
+    finally:
+        client.close()
+        for schema in schemas:
+            drop_schema(POSTGRES_URL, schema)
+
+
+def test_a_flow_request_is_started_once_and_an_unknown_class_fails_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    client = NodeClient(alice.database_url)
+    try:
+        flow = SleepyFlow(0.01)
+        first = client.start_flow(flow, request_id="request-1")
+        again = client.start_flow(flow, request_id="request-1")
+        assert first == again == "request-1"
+        bogus = FlowRequest("request-2", "no.such.module.Flow", b"\x92\x90\x80")
+        client.database.request_flows([bogus], time.time())
+        with running([alice, bob]):
+            outcomes = client.wait(["request-1", "request-2"], timeout=60)
+        assert decode_outcome(outcomes["request-1"]) >= 0.01
+        with pytest.raises(FlowFailedError, match="not a flow in this node's CorDapps"):
+            decode_outcome(outcomes["request-2"])
+        status = json.loads((tmp_path / "alice.status.json").read_text())
+        assert status["flows_started"] == 1
+    finally:
+        client.close()
+
+
+# --- real processes -----------------------------------------------------------------------
+
+
+def wait_for_log(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"node exited ({process.returncode}): {path.read_text()}")
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def test_a_node_process_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "alice.toml", **good_fields(tmp_path))
+    log = tmp_path / "alice.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [*FIBERFLOW, "node", "run", "--config", str(path)], stdout=output, stderr=output
+        )
+    try:
+        wait_for_log(log, "started (pid", process)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert "received SIGTERM" in text and "stopped cleanly" in text
+    assert NetworkMap(tmp_path / "network-map").lookup("O=Alice,L=London,C=GB") is not None
+
+
+@pytest.mark.slow
+def test_the_demo_runs_two_node_processes(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*FIBERFLOW, "demo", "--flows", "20", "--directory", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all flows returned 'Pong'" in done.stdout
+    assert "nodes exited with [0, 0]" in done.stdout
+
+
+def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    paths = []
+    for config in (alice, bob):
+        short = Party(config.name).organisation.split()[0].lower()
+        paths.append(
+            write_config(
+                tmp_path / f"{short}.toml",
+                name=config.name,
+                database_url=config.database_url,
+                transport_url=config.transport_url,
+                cordapps=list(config.cordapps),
+                status_file=f"{short}.status.json",
+            )
+        )
+    logs = [tmp_path / "alice.log", tmp_path / "bob.log"]
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        with logs[index].open("ab") as output:
+            return subprocess.Popen(
+                [*FIBERFLOW, "node", "run", "--config", str(paths[index])],
+                stdout=output,
+                stderr=output,
+            )
+
+    client = NodeClient(alice.database_url)
+    processes = [start(0)]  # Bob is not running yet: Alice's messages wait in his queue
+    try:
+        wait_for_log(logs[0], "started (pid", processes[0])
+        flow_ids = client.start_flows([PingFlow(Party(bob.name)) for _ in range(40)])
+        processes.append(start(1))
+        wait_for_log(logs[1], "started (pid", processes[1])
+        time.sleep(0.05)
+        os.kill(processes[1].pid, signal.SIGKILL)
+        processes[1].wait(30)
+        processes[1] = start(1)
+        outcomes = client.wait(flow_ids, timeout=120)
+        assert [decode_outcome(outcomes[f]) for f in flow_ids] == ["Pong"] * 40
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(60)
+        client.close()
+    assert logs[1].read_text().count("started (pid") == 2
