@@ -1,0 +1,97 @@
+"""The outbox relay thread: batches, retries with backoff, deletes only what was taken."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from messaging.background_relay import BackgroundOutboxRelay
+from messaging.service import Message, MessageHandler, TransportError
+from statemachine.ports import OutboxRow
+
+
+class FlakyTransport:
+    """Refuses messages for ``refused_target`` the first ``refusals`` times."""
+
+    def __init__(self, refused_target: str, refusals: int) -> None:
+        self.refused_target = refused_target
+        self.refusals = refusals
+        self.taken: list[str] = []
+        self.lock = threading.Lock()
+
+    @property
+    def my_address(self) -> str:
+        return "O=Sender,L=London,C=GB"
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def add_handler(self, topic: str, callback: MessageHandler) -> None: ...
+
+    def acknowledge(self, message_id: str) -> None: ...
+
+    def send(self, message: Message, target: str) -> None:
+        self.send_batch([(message, target)])
+
+    def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
+        with self.lock:
+            if any(target == self.refused_target for _, target in items) and self.refusals > 0:
+                self.refusals -= 1
+                raise TransportError(f"{self.refused_target} unreachable")
+            self.taken.extend(message.message_id for message, _ in items)
+
+
+class ListOutbox:
+    def __init__(self, rows: list[OutboxRow]) -> None:
+        self.rows = {row.message_id: row for row in rows}
+        self.deleted: list[str] = []
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        return list(self.rows.values())
+
+    def delete_outbox(self, message_ids: Sequence[str]) -> None:
+        for message_id in message_ids:
+            del self.rows[message_id]
+        self.deleted.extend(message_ids)
+
+
+def wait_idle(relay: BackgroundOutboxRelay) -> None:
+    deadline = time.monotonic() + 30
+    while not relay.idle():
+        assert time.monotonic() < deadline, "relay never became idle"
+        time.sleep(0.01)
+
+
+def test_refused_rows_are_retried_without_holding_back_the_others() -> None:
+    rows = [OutboxRow(f"m{i}", "B" if i % 3 == 0 else "A", b"x") for i in range(9)]
+    transport = FlakyTransport("B", refusals=6)
+    outbox = ListOutbox(rows)
+    relay = BackgroundOutboxRelay(transport, outbox, seed=1)
+    relay.start()
+    assert relay.resend_pending() == 9
+    wait_idle(relay)
+    relay.stop()
+    assert sorted(outbox.deleted) == sorted(r.message_id for r in rows)
+    assert outbox.rows == {}
+    assert relay.handed_off == 9
+    assert relay.refused >= 3  # the batch once, then each B row at least once
+    a_rows = [r.message_id for r in rows if r.target == "A"]
+    assert set(outbox.deleted[: len(a_rows)]) == set(a_rows)  # A went first, B after retries
+
+
+def test_rows_not_taken_stay_in_the_outbox_after_stop() -> None:
+    rows = [OutboxRow("m1", "B", b"x"), OutboxRow("m2", "A", b"y")]
+    transport = FlakyTransport("B", refusals=10**6)
+    outbox = ListOutbox(rows)
+    relay = BackgroundOutboxRelay(transport, outbox, seed=2)
+    relay.start()
+    relay.hand_off(rows)
+    deadline = time.monotonic() + 30
+    while "m2" not in outbox.deleted:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    relay.stop()
+    assert list(outbox.rows) == ["m1"]
+    assert not relay.idle() and relay.waiting() == 1
