@@ -22,10 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from flows.client import NodeClient, decode_outcome
 from flows.party import Party
 from flows.progress import ProgressBar
 from flows.testing import MockNetwork
+from messaging.transports import purge_queues
 from persistence.store import drop_schema
 from samples.pingpong import PingFlow
 from statemachine.state import Checkpoint
@@ -135,6 +138,14 @@ class _DemoNode:
                 stderr=subprocess.STDOUT,
             )
 
+    def wait_started(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.status().get("running"):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise DemoNodeDiedError(f"node {self.name} did not start within {timeout:.0f} s")
+            time.sleep(0.02)
+
     def check_alive(self) -> None:
         assert self.process is not None
         code = self.process.poll()
@@ -163,6 +174,92 @@ class _DemoNode:
         return document
 
 
+@attrs.frozen
+class PingPongRun:
+    """What a two-process ping/pong run measured."""
+
+    flows: int
+    seconds: float
+    """From the flow requests' commit to the last outcome (nodes already started)."""
+    results: tuple[Any, ...]
+    checkpoints_written: int
+    messages_sent: int
+    completed: tuple[int, int]
+    exit_codes: tuple[int | None, int | None]
+
+    @property
+    def ok(self) -> bool:
+        """Every flow returned "Pong" and both nodes stopped cleanly."""
+        return self.results == ("Pong",) * self.flows and self.exit_codes == (0, 0)
+
+
+def run_pingpong_processes(
+    flows: int,
+    workdir: Path,
+    transport: str,
+    database_url: str | None,
+    timeout: float | None = None,
+    show_progress: bool = True,
+    announce: bool = False,
+) -> PingPongRun:
+    """Start Alice and Bob as processes, run ``flows`` ping/pongs, stop them; measure."""
+    alice = _DemoNode(ALICE, workdir, database_url, transport)
+    bob = _DemoNode(BOB, workdir, database_url, transport)
+    if announce:
+        print(f"  directory:  {workdir} (configs, logs, status files)")
+        print(
+            f"  databases:  {alice.database_url if database_url is None else database_url}"
+            + ("" if database_url is None else f" (schemas {alice.schema}, {bob.schema})")
+        )
+        print(f"  transport:  {transport}")
+    client: NodeClient | None = None
+    try:
+        for node in (alice, bob):
+            node.start()
+        for node in (alice, bob):
+            node.wait_started()
+        client = NodeClient(alice.database_url, database_schema=alice.schema)
+        started = time.perf_counter()
+        flow_ids = client.start_flows([PingFlow(Party(BOB)) for _ in range(flows)])
+        bar = ProgressBar(flows, "flows") if show_progress else None
+
+        def progress(done: int, total: int) -> None:
+            if bar is not None:
+                bar.update(done)
+            for node in (alice, bob):
+                node.check_alive()
+
+        outcomes = client.wait(flow_ids, timeout or max(120.0, flows * 0.2), progress)
+        elapsed = time.perf_counter() - started
+        if bar is not None:
+            bar.finish()
+        results = tuple(decode_outcome(outcomes[f]) for f in flow_ids)
+        codes = (alice.stop(), bob.stop())
+        statuses = [node.status() for node in (alice, bob)]
+        return PingPongRun(
+            flows=flows,
+            seconds=elapsed,
+            results=results,
+            checkpoints_written=sum(s.get("checkpoints_written", 0) for s in statuses),
+            messages_sent=sum(s.get("messages_sent", 0) for s in statuses),
+            completed=(
+                statuses[0].get("flows_completed", 0),
+                statuses[1].get("flows_completed", 0),
+            ),
+            exit_codes=codes,
+        )
+    finally:
+        for node in (alice, bob):
+            node.stop()
+        if client is not None:
+            client.close()
+        if database_url is not None:
+            for node in (alice, bob):
+                assert node.schema is not None
+                drop_schema(database_url, node.schema)
+        purge_queues(transport, [ALICE, BOB])
+
+
 def run_process_demo(
     flows: int,
     directory: Path | None,
@@ -175,60 +272,21 @@ def run_process_demo(
     workdir = Path(directory or tempfile.mkdtemp(prefix="fiberflow-demo-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     transport = transport_url or f"sqlite:///{workdir / 'queue.db'}"
-    alice = _DemoNode(ALICE, workdir, database_url, transport)
-    bob = _DemoNode(BOB, workdir, database_url, transport)
     print(f"fiberflow demo: {flows} ping/pong flow(s), {ALICE} -> {BOB}, two node processes")
-    print(f"  directory:  {workdir} (configs, logs, status files)")
-    print(
-        f"  databases:  {alice.database_url if database_url is None else database_url}"
-        + ("" if database_url is None else f" (schemas {alice.schema}, {bob.schema})")
-    )
-    print(f"  transport:  {transport}")
-    client: NodeClient | None = None
-    ok = False
     try:
-        for node in (alice, bob):
-            node.start()
-        client = NodeClient(alice.database_url, database_schema=alice.schema)
-        started = time.perf_counter()
-        flow_ids = client.start_flows([PingFlow(Party(BOB)) for _ in range(flows)])
-        bar = ProgressBar(flows, "flows")
-
-        def progress(done: int, total: int) -> None:
-            bar.update(done)
-            for node in (alice, bob):
-                node.check_alive()
-
-        outcomes = client.wait(flow_ids, timeout or max(120.0, flows * 0.2), progress)
-        bar.finish()
-        elapsed = time.perf_counter() - started
-        results = [decode_outcome(outcomes[f]) for f in flow_ids]
-        ok = results == ["Pong"] * flows
-        for flow_id, result in list(zip(flow_ids, results, strict=True))[:3]:
-            print(f"  result      PingFlow {flow_id[:8]} -> {result!r}")
-        codes = [node.stop() for node in (alice, bob)]
-        statuses = [node.status() for node in (alice, bob)]
-        written = sum(s.get("checkpoints_written", 0) for s in statuses)
-        sent = sum(s.get("messages_sent", 0) for s in statuses)
-        completed = [s.get("flows_completed", 0) for s in statuses]
-        print(
-            f"  summary     {flows} flows in {elapsed:.2f} s ({flows / elapsed:,.1f} flows/s), "
-            f"{written} checkpoints written, {sent} messages sent; completed "
-            f"Alice {completed[0]}, Bob {completed[1]}; nodes exited with {codes}"
-        )
-        ok = ok and codes == [0, 0]
-        print("  all flows returned 'Pong'" if ok else "  SOME FLOWS OR NODES FAILED")
+        run = run_pingpong_processes(flows, workdir, transport, database_url, timeout, True, True)
     except DemoNodeDiedError as error:
         print(f"  FAILED: {error}", file=sys.stderr)
-    finally:
-        for node in (alice, bob):
-            node.stop()
-        if client is not None:
-            client.close()
-        if database_url is not None:
-            for node in (alice, bob):
-                assert node.schema is not None
-                drop_schema(database_url, node.schema)
-        if owns_directory and ok:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return 0 if ok else 1
+        return 1
+    for result in run.results[:3]:
+        print(f"  result      PingFlow -> {result!r}")
+    print(
+        f"  summary     {flows} flows in {run.seconds:.2f} s ({flows / run.seconds:,.1f} "
+        f"flows/s), {run.checkpoints_written} checkpoints written, {run.messages_sent} "
+        f"messages sent; completed Alice {run.completed[0]}, Bob {run.completed[1]}; "
+        f"nodes exited with {list(run.exit_codes)}"
+    )
+    print("  all flows returned 'Pong'" if run.ok else "  SOME FLOWS OR NODES FAILED")
+    if owns_directory and run.ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if run.ok else 1

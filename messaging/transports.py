@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from messaging.service import MessagingService
 
 SQL_QUEUE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
@@ -47,3 +49,22 @@ def open_transport(url: str, address: str, *, synchronous: str = "FULL") -> Mess
     from messaging.sqlqueue import SqlQueueMessaging
 
     return SqlQueueMessaging(url, address, synchronous=synchronous)
+
+
+def purge_queues(url: str, addresses: Sequence[str]) -> None:
+    """Delete the queues of ``addresses`` and everything in them (demos, benchmarks, tests)."""
+    scheme = transport_scheme(url)
+    if scheme in AMQP_SCHEMES:
+        from messaging.amqp import delete_queues
+
+        for address in addresses:
+            delete_queues(url, address)
+        return
+    from messaging.sqlqueue import SqlQueueBroker
+
+    broker = SqlQueueBroker(url)
+    try:
+        for address in addresses:
+            broker.purge(address)
+    finally:
+        broker.close()
