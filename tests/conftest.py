@@ -78,3 +78,25 @@ def _reset_test_behaviour() -> Iterator[None]:
     cordapp.BEHAVIOUR.clear()
     yield
     cordapp.BEHAVIOUR.clear()
+
+
+RABBITMQ_URL = os.environ.get(
+    "FIBERFLOW_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"
+)
+
+
+@functools.cache
+def rabbitmq_problem() -> str | None:
+    """Why RabbitMQ cannot be used for tests, or None if it can."""
+    try:
+        import pika
+    except ImportError:
+        return "pika is not installed (pip install -e '.[dev,amqp]')"
+    try:
+        parameters = pika.URLParameters(RABBITMQ_URL)
+        parameters.socket_timeout = 5
+        connection = pika.BlockingConnection(parameters)
+        connection.close()
+    except Exception as error:  # any connection failure is a reason to skip
+        return f"cannot connect to {RABBITMQ_URL}: {error!r}"
+    return None

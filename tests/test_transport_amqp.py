@@ -1,0 +1,53 @@
+"""The conformance suite on the AMQP transport (RabbitMQ)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from messaging import amqp
+from messaging.amqp import AmqpMessaging
+from messaging.service import MessagingService
+from tests.conftest import RABBITMQ_URL, rabbitmq_problem, require_service
+from tests.messaging_conformance import TransportConformance
+
+
+class AmqpHarness:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.endpoints: list[AmqpMessaging] = []
+
+    def endpoint(self, address: str) -> MessagingService:
+        endpoint = AmqpMessaging(self.url, address)  # default prefetch: above the suite's 400
+        self.endpoints.append(endpoint)
+        return endpoint
+
+    def pump(self) -> None:
+        time.sleep(0.005)
+
+    def crash(self, endpoint: MessagingService) -> None:
+        assert isinstance(endpoint, AmqpMessaging)
+        endpoint.abandon()
+
+    def inject_raw(self, address: str, raw: bytes) -> None:
+        amqp.inject_raw(self.url, address, raw)
+
+    def dead_letter_reasons(self, address: str) -> list[str]:
+        return [reason for _, reason in amqp.read_dead_letters(self.url, address)]
+
+    def close(self) -> None:
+        for endpoint in self.endpoints:
+            endpoint.stop()  # a no-op unless a failed test left it running
+        for address in {endpoint.my_address for endpoint in self.endpoints}:
+            amqp.delete_queues(self.url, address)
+
+
+class TestAmqpOnRabbitMQ(TransportConformance):
+    @pytest.fixture
+    def harness(self) -> Iterator[AmqpHarness]:
+        require_service("RabbitMQ", rabbitmq_problem())
+        harness = AmqpHarness(RABBITMQ_URL)
+        yield harness
+        harness.close()
