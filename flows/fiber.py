@@ -16,6 +16,7 @@ from typing import Any
 
 import greenlet
 
+from flows.effects import FlowEffect, FlowEffectRegistry
 from flows.errors import error_from_exception, exception_from_error
 from flows.flow_logic import FlowLogic, FlowSession
 from flows.party import Party
@@ -37,15 +38,25 @@ class _FiberRuntime:
         flow_id: str,
         our_identity: Party,
         clock_now: Callable[[], float],
+        effects: FlowEffectRegistry,
     ) -> None:
         self._fiber = fiber
         self.flow_id = flow_id
         self.our_identity = our_identity
         self.clock_now = clock_now
+        self._effects = effects
+        self._next_effect = 0
 
     def suspend(self, request: IORequest) -> Plain:
         """Switch to the scheduler with ``request``; return (or raise) what it sends back."""
         return self._fiber.suspend(request)
+
+    def register_effect(self, label: str, effect: FlowEffect) -> int:
+        """Keep ``effect`` for the transaction of this step; returns its ordinal."""
+        ordinal = self._next_effect
+        self._next_effect += 1
+        self._effects.register(self.flow_id, ordinal, label, effect)
+        return ordinal
 
 
 class GreenletFiber:
@@ -57,8 +68,9 @@ class GreenletFiber:
         flow_id: str,
         our_identity: Party,
         clock_now: Callable[[], float],
+        effects: FlowEffectRegistry,
     ) -> None:
-        self._runtime = _FiberRuntime(self, flow_id, our_identity, clock_now)
+        self._runtime = _FiberRuntime(self, flow_id, our_identity, clock_now, effects)
         self._build = build
         self._greenlet = greenlet.greenlet(self._run)
         self._resumer: greenlet.greenlet | None = None
@@ -137,7 +149,9 @@ class GreenletFiberFactory:
         our_identity: Party,
         clock_now: Callable[[], float],
         resolve: Callable[[str], type[FlowLogic[Any]] | None],
+        effects: FlowEffectRegistry | None = None,
     ) -> None:
+        self._effects = effects if effects is not None else FlowEffectRegistry()
         self._our_identity = our_identity
         self._clock_now = clock_now
         self._resolve = resolve
@@ -162,4 +176,4 @@ class GreenletFiberFactory:
             flow._ff_bind(runtime, None)
             return flow
 
-        return GreenletFiber(build, flow_id, self._our_identity, self._clock_now)
+        return GreenletFiber(build, flow_id, self._our_identity, self._clock_now, self._effects)

@@ -13,7 +13,7 @@ import datetime
 import functools
 import random as _random
 import uuid as _uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from flows.decorators import InitiatingInfo, initiating_info
@@ -28,6 +28,7 @@ from statemachine.iorequests import (
     Plain,
     Receive,
     RecordValue,
+    RunInTransaction,
     Send,
     SessionPayload,
     Sleep,
@@ -48,6 +49,9 @@ class FlowRuntime(Protocol):
 
     def clock_now(self) -> float:
         """The node clock's current time (a candidate for ``FlowLogic.now``)."""
+
+    def register_effect(self, label: str, effect: Callable[[Any], None]) -> int:
+        """Keep a side effect for the transaction of the current step; returns its ordinal."""
 
 
 class FlowNotRunningError(RuntimeError):
@@ -160,6 +164,24 @@ class FlowLogic(Generic[T]):
         return [
             s._check(receive_type, cast(bytes, p)) for s, p in zip(sessions, payloads, strict=True)
         ]
+
+    def in_transaction(self, effect: Callable[[Any], None], label: str = "effect") -> None:
+        """Write to the node's own database exactly once, with this step's checkpoint.
+
+        ``effect(connection)`` is called with the SQLAlchemy ``Connection`` of the
+        transaction that commits the current step (the one that also writes the checkpoint,
+        the consumed message ids and the outbound messages), when that step commits: not at
+        once. If the node dies before the commit, the step is redone after the restart and
+        the effect runs then; once committed, a replay never runs it again. So a table row
+        the effect inserts appears exactly once per flow.
+
+        The effect must only use the connection it is given (no commits, no other
+        connections), must not raise for expected conditions (an exception rolls back the
+        whole transaction, the node's round fails), and must not depend on anything that
+        differs between runs. ``label`` names it in errors and the journal.
+        """
+        ordinal = self._runtime().register_effect(label, effect)
+        self._runtime().suspend(RunInTransaction(label, ordinal))
 
     def now(self) -> datetime.datetime:
         """The current time (UTC), journaled: a replay sees the same time."""

@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 
 from flows.cordapps import Cordapps
+from flows.effects import FlowEffectRegistry
 from flows.errors import (
     FiberflowError,
     FlowArgumentError,
@@ -152,7 +153,10 @@ class Node:
         )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
-        fibers = GreenletFiberFactory(self.party, self.clock.now, self.cordapps.flow_class)
+        self.effects = FlowEffectRegistry()
+        fibers = GreenletFiberFactory(
+            self.party, self.clock.now, self.cordapps.flow_class, self.effects
+        )
         self.manager = StateMachineManager(
             our_identity=config.name,
             store=self.database,
@@ -164,7 +168,9 @@ class Node:
             acknowledge=messaging.acknowledge,
             clock=self.clock,
             on_boundary=on_boundary,
+            effects=self.effects,
         )
+        self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
         self.resent_messages = 0

@@ -79,6 +79,11 @@ class _MemoryTransaction:
         outcomes = [StoredOutcome(a.flow_id, a.flow_class, None, a.error) for a in actions]
         self._writes.append(lambda t: t.outcomes.update((o.flow_id, o) for o in outcomes))
 
+    @property
+    def handle(self) -> None:
+        """No database: flow side effects cannot run here."""
+        return None
+
     def commit(self) -> None:
         """Apply every buffered write."""
         for write in self._writes:

@@ -204,6 +204,11 @@ class SqlTransaction:
             ],
         )
 
+    @property
+    def handle(self) -> Connection:
+        """The transaction's connection (flow side effects write through it)."""
+        return self._connection
+
     def commit(self) -> None:
         """Commit and return the connection to the pool."""
         try:

@@ -63,6 +63,15 @@ class WriteOutbox:
 
 
 @attrs.frozen
+class RunFlowEffects:
+    """Run a flow's side effects (by ordinal) inside the transaction."""
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    flow_id: str
+    ordinals: tuple[int, ...]
+
+
+@attrs.frozen
 class StoreFlowResult:
     """Keep a finished flow's serialized result."""
 
@@ -114,6 +123,7 @@ Action = Union[
     RemoveCheckpoint,
     RecordInboundMessages,
     WriteOutbox,
+    RunFlowEffects,
     StoreFlowResult,
     StoreFlowError,
     AcknowledgeMessages,

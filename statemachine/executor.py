@@ -29,12 +29,19 @@ from statemachine.actions import (
     Phase,
     RecordInboundMessages,
     RemoveCheckpoint,
+    RunFlowEffects,
     ScheduleWakeUp,
     StoreFlowError,
     StoreFlowResult,
     WriteOutbox,
 )
-from statemachine.ports import CheckpointStore, Outbound, OutboxRow, StoreTransaction
+from statemachine.ports import (
+    CheckpointStore,
+    FlowEffects,
+    Outbound,
+    OutboxRow,
+    StoreTransaction,
+)
 from statemachine.session_messages import OutboundSessionMessage
 
 BoundaryHook = Callable[[str], None]
@@ -44,6 +51,7 @@ IN_TRANSACTION_ORDER: tuple[type, ...] = (
     RemoveCheckpoint,
     RecordInboundMessages,
     WriteOutbox,
+    RunFlowEffects,
     StoreFlowResult,
     StoreFlowError,
 )
@@ -61,8 +69,10 @@ class ActionExecutor:
         acknowledge: Callable[[Sequence[str]], None],
         schedule_wake_up: Callable[[str, float], None],
         on_boundary: BoundaryHook | None = None,
+        effects: FlowEffects | None = None,
     ) -> None:
         self._store = store
+        self._effects = effects
         self._encode = encode_message
         self._outbound = outbound
         self._acknowledge = acknowledge
@@ -124,6 +134,10 @@ class ActionExecutor:
                     rows[row.message_id] = row
                     timed.append((row, action.at))
             transaction.write_outbox(timed)
+        elif kind is RunFlowEffects:
+            if self._effects is None:
+                raise RuntimeError("flows asked for side effects but the node runs none")
+            self._effects.run(actions, transaction)
         elif kind is StoreFlowResult:
             transaction.store_results(actions)
         elif kind is StoreFlowError:

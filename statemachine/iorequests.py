@@ -142,7 +142,30 @@ class RecordValue:
         return f"{self.name}()"
 
 
-IORequest = Union[InitiateSession, Send, Receive, CloseSessions, Sleep, RecordValue]
+@attrs.frozen
+class RunInTransaction:
+    """Run the flow's ``ordinal``-th side effect in the transaction that commits this step.
+
+    The effect itself (a callable) stays with the fiber; the journal records that it was
+    asked for, so a replay never runs it again, and a step that never committed runs it
+    once when it is redone.
+    """
+
+    label: str
+    ordinal: int
+
+    def signature(self) -> tuple[Plain, ...]:
+        """The journal signature: kind, label and ordinal."""
+        return ("RunInTransaction", self.label, self.ordinal)
+
+    def describe(self) -> str:
+        """Human-readable form for error messages."""
+        return f"in_transaction({self.label!r}, #{self.ordinal})"
+
+
+IORequest = Union[
+    InitiateSession, Send, Receive, CloseSessions, Sleep, RecordValue, RunInTransaction
+]
 """Every kind of request a flow can suspend with."""
 
 BLOCKING_REQUESTS = (Receive, Sleep)

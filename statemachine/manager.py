@@ -43,6 +43,7 @@ from statemachine.ports import (
     Fiber,
     FiberFactory,
     FiberOutcome,
+    FlowEffects,
     InboundMessage,
     Outbound,
     OutboxRow,
@@ -129,6 +130,7 @@ class StateMachineManager:
         acknowledge: Callable[[str], None],
         clock: Clock,
         on_boundary: BoundaryHook | None = None,
+        effects: FlowEffects | None = None,
     ) -> None:
         self.our_identity = our_identity
         self._store = store
@@ -145,6 +147,7 @@ class StateMachineManager:
             self._acknowledge,
             self._schedule_wake_up,
             on_boundary,
+            effects,
         )
         self._flows: dict[str, _FlowRuntime] = {}
         self._ready: deque[str] = deque()

@@ -16,6 +16,7 @@ from statemachine.actions import (
     PersistCheckpoint,
     RecordInboundMessages,
     RemoveCheckpoint,
+    RunFlowEffects,
     StoreFlowError,
     StoreFlowResult,
 )
@@ -63,11 +64,22 @@ class StoreTransaction(Protocol):
     def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
         """Keep the errors of failed flows."""
 
+    @property
+    def handle(self) -> object:
+        """What flow side effects get to write with (a SQLAlchemy Connection, or None)."""
+
     def commit(self) -> None:
         """Make everything written durable, atomically."""
 
     def rollback(self) -> None:
         """Discard everything written."""
+
+
+class FlowEffects(Protocol):
+    """Runs the side effects flows asked for (``FlowLogic.in_transaction``)."""
+
+    def run(self, actions: Sequence[RunFlowEffects], transaction: StoreTransaction) -> None:
+        """Run each action's effects, in order, inside ``transaction``."""
 
 
 class CheckpointStore(Protocol):

@@ -196,6 +196,8 @@ class FlowState:
     replay_cursor: int = 0
     unrecorded_inbound: tuple[InboundRecord, ...] = ()
     unsent_outbound: tuple[OutboundSessionMessage, ...] = ()
+    unrun_effects: tuple[int, ...] = ()
+    """Ordinals of side effects asked for since the last commit (run in its transaction)."""
     uncommitted_steps: int = 0
 
     @property
@@ -210,4 +212,9 @@ class FlowState:
 
     def is_dirty(self) -> bool:
         """True if anything happened since the last commit that a commit would record."""
-        return bool(self.uncommitted_steps or self.unrecorded_inbound or self.unsent_outbound)
+        return bool(
+            self.uncommitted_steps
+            or self.unrecorded_inbound
+            or self.unsent_outbound
+            or self.unrun_effects
+        )

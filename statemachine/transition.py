@@ -30,6 +30,7 @@ from statemachine.actions import (
     PersistCheckpoint,
     RecordInboundMessages,
     RemoveCheckpoint,
+    RunFlowEffects,
     ScheduleWakeUp,
     StoreFlowError,
     StoreFlowResult,
@@ -55,6 +56,7 @@ from statemachine.iorequests import (
     Plain,
     Receive,
     RecordValue,
+    RunInTransaction,
     Send,
     Sleep,
 )
@@ -128,8 +130,14 @@ def _commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]
     in_transaction: list[Action] = [PersistCheckpoint(state.checkpoint, at)]
     after_commit: list[Action] = []
     in_transaction.extend(_record_and_send(state, at, after_commit))
-    committed = attrs.evolve(state, unrecorded_inbound=(), unsent_outbound=(), uncommitted_steps=0)
-    return committed, tuple(in_transaction + after_commit)
+    return _clean(state), tuple(in_transaction + after_commit)
+
+
+def _clean(state: FlowState) -> FlowState:
+    """``state`` once everything since the last commit is in the transaction's actions."""
+    return attrs.evolve(
+        state, unrecorded_inbound=(), unsent_outbound=(), unrun_effects=(), uncommitted_steps=0
+    )
 
 
 def _record_and_send(state: FlowState, at: float, after_commit: list[Action]) -> list[Action]:
@@ -143,6 +151,8 @@ def _record_and_send(state: FlowState, at: float, after_commit: list[Action]) ->
     if state.unsent_outbound:
         actions.append(WriteOutbox(state.unsent_outbound, at))
         after_commit.append(HandOffMessages(state.unsent_outbound))
+    if state.unrun_effects:
+        actions.append(RunFlowEffects(state.flow_id, state.unrun_effects))
     return actions
 
 
@@ -257,6 +267,9 @@ def _suspend_live(state: FlowState, event: Suspend) -> TransitionResult:
         state, outcome = send_payloads(state, request.payloads)
     elif isinstance(request, CloseSessions):
         state, outcome = close_sessions(state, request.session_ids)
+    elif isinstance(request, RunInTransaction):
+        state = attrs.evolve(state, unrun_effects=(*state.unrun_effects, request.ordinal))
+        outcome = Value(None)
     else:
         assert isinstance(request, RecordValue)
         outcome = Value(request.candidate)
@@ -391,8 +404,7 @@ def _finish(state: FlowState, event: FlowFinished) -> TransitionResult:
         StoreFlowResult(flow_id, flow_class, event.result, event.at),
     ]
     actions.extend(_record_and_send(state, event.at, after_commit))
-    state = attrs.evolve(state, unrecorded_inbound=(), unsent_outbound=(), uncommitted_steps=0)
-    return TransitionResult(state, tuple(actions + after_commit), Abort("completed"))
+    return TransitionResult(_clean(state), tuple(actions + after_commit), Abort("completed"))
 
 
 def _fail(state: FlowState, event: FlowFailed) -> TransitionResult:
@@ -408,8 +420,7 @@ def _fail(state: FlowState, event: FlowFailed) -> TransitionResult:
         StoreFlowError(flow_id, flow_class, event.error, event.at),
     ]
     actions.extend(_record_and_send(state, event.at, after_commit))
-    state = attrs.evolve(state, unrecorded_inbound=(), unsent_outbound=(), uncommitted_steps=0)
-    return TransitionResult(state, tuple(actions + after_commit), Abort("failed"))
+    return TransitionResult(_clean(state), tuple(actions + after_commit), Abort("failed"))
 
 
 # --- the table ------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Side effects that flows write to the node's own database, exactly once.
+
+``FlowLogic.in_transaction(effect)`` asks for ``effect(connection)`` to run inside the
+database transaction that commits the current step of the flow: the same transaction as the
+checkpoint, the dedup ids and the outbox rows of that step. The request is journaled, so:
+
+* if the node dies before that commit, nothing of the step happened: when the step is
+  redone after the restart, the effect is asked for, and run, again: once in all;
+* once the commit happened, a replay finds the request in the journal and never runs the
+  effect again.
+
+The callables stay in memory with the node (:class:`FlowEffectRegistry`), keyed by flow id
+and the ordinal of the request within the flow's run, which is the same on every replay
+because flow code is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flows.errors import FiberflowError
+from statemachine.actions import RunFlowEffects
+from statemachine.ports import StoreTransaction
+
+FlowEffect = Callable[[Any], None]
+"""A side effect: called with the transaction's SQLAlchemy ``Connection``."""
+
+
+class FlowEffectError(FiberflowError):
+    """A flow's side effect could not run; the step's transaction was rolled back."""
+
+
+class FlowEffectRegistry:
+    """The effects flows asked for and not yet run (implements ``ports.FlowEffects``)."""
+
+    def __init__(self) -> None:
+        self._effects: dict[tuple[str, int], tuple[str, FlowEffect]] = {}
+
+    def register(self, flow_id: str, ordinal: int, label: str, effect: FlowEffect) -> None:
+        """Keep ``effect`` until the transaction of its step runs it."""
+        self._effects[(flow_id, ordinal)] = (label, effect)
+
+    def run(self, actions: Sequence[RunFlowEffects], transaction: StoreTransaction) -> None:
+        """Run the effects of ``actions`` in order, with the transaction's handle."""
+        handle = transaction.handle
+        for action in actions:
+            for ordinal in action.ordinals:
+                found = self._effects.pop((action.flow_id, ordinal), None)
+                if found is None:
+                    raise FlowEffectError(
+                        f"flow {action.flow_id}: side effect #{ordinal} was asked for but is "
+                        "not known to this node (was the flow's code changed?)"
+                    )
+                label, effect = found
+                if handle is None:
+                    raise FlowEffectError(
+                        f"flow {action.flow_id}: in_transaction({label!r}) needs a database; "
+                        "this node runs with checkpoints off"
+                    )
+                effect(handle)
+
+    def forget(self, flow_id: str) -> None:
+        """Drop what is left of a finished flow (effects registered again during replay)."""
+        for key in [k for k in self._effects if k[0] == flow_id]:
+            del self._effects[key]
+
+    def __len__(self) -> int:
+        return len(self._effects)
