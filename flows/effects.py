@@ -36,6 +36,7 @@ class FlowEffectRegistry:
 
     def __init__(self) -> None:
         self._effects: dict[tuple[str, int], tuple[str, FlowEffect]] = {}
+        self._ended: set[str] = set()
 
     def register(self, flow_id: str, ordinal: int, label: str, effect: FlowEffect) -> None:
         """Keep ``effect`` until the transaction of its step runs it."""
@@ -59,11 +60,22 @@ class FlowEffectRegistry:
                         "this node runs with checkpoints off"
                     )
                 effect(handle)
+        self._purge_ended()
 
     def forget(self, flow_id: str) -> None:
-        """Drop what is left of a finished flow (effects registered again during replay)."""
-        for key in [k for k in self._effects if k[0] == flow_id]:
-            del self._effects[key]
+        """The flow ended: drop what is left of it once its last transaction has run.
+
+        (A flow ends before the round's transaction runs its last effects, so the entries
+        left over, effects registered again during a replay, are dropped by the next
+        :meth:`run`, after its effects.)
+        """
+        self._ended.add(flow_id)
+
+    def _purge_ended(self) -> None:
+        if self._ended:
+            ended, self._ended = self._ended, set()
+            for key in [k for k in self._effects if k[0] in ended]:
+                del self._effects[key]
 
     def __len__(self) -> int:
         return len(self._effects)

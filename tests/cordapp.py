@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
 
 from flows import (
     FlowException,
@@ -253,3 +256,81 @@ class JournaledValuesFlow(FlowLogic[tuple[float, str, float]]):
         values = (self.now().timestamp(), self.uuid(), self.random())
         self.sleep(5)
         return values
+
+
+# --- side effects in the node's own database -----------------------------------------------
+
+LEDGER_METADATA = MetaData()
+LEDGER = Table(
+    "app_ledger",
+    LEDGER_METADATA,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("flow_id", String(64), nullable=False),
+    Column("entry", String(100), nullable=False),
+)
+"""A user table in the node database that flows write to through ``in_transaction``."""
+
+
+def ledger_entries(engine: Any) -> list[tuple[str, str]]:
+    """(flow id, entry) of every ledger row, in insertion order."""
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(LEDGER.c.flow_id, LEDGER.c.entry).order_by(LEDGER.c.id)
+        ).all()
+    return [(row.flow_id, row.entry) for row in rows]
+
+
+@initiating_flow
+class PaymentFlow(FlowLogic[str]):
+    """Debit locally, pay the payee, record the receipt: two effects, each exactly once."""
+
+    def __init__(self, payee: Party, amount: int) -> None:
+        self.payee = payee
+        self.amount = amount
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.payee)
+        flow_id = self.flow_id
+        amount = self.amount
+        self.in_transaction(
+            lambda db: db.execute(LEDGER.insert().values(flow_id=flow_id, entry=f"debit {amount}")),
+            "debit",
+        )
+        receipt = session.send_and_receive(str, amount).unwrap(lambda r: r)
+        self.in_transaction(
+            lambda db: db.execute(LEDGER.insert().values(flow_id=flow_id, entry=receipt)),
+            "receipt",
+        )
+        return receipt
+
+
+@initiated_by(PaymentFlow)
+class PayeeFlow(FlowLogic[int]):
+    """Credit the payment received and answer with a receipt."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> int:
+        amount = self.session.receive(int).unwrap(lambda a: a)
+        flow_id = self.flow_id
+        self.in_transaction(
+            lambda db: db.execute(
+                LEDGER.insert().values(flow_id=flow_id, entry=f"credit {amount}")
+            ),
+            "credit",
+        )
+        self.session.send(f"receipt {amount}")
+        return amount
+
+
+@initiating_flow
+class FailingEffectFlow(FlowLogic[str]):
+    """Asks for an effect that raises."""
+
+    def call(self) -> str:
+        def broken(_: Any) -> None:
+            raise RuntimeError("the effect is broken")
+
+        self.in_transaction(broken, "broken")
+        return "unreachable"

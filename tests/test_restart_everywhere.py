@@ -23,6 +23,7 @@ from persistence.serialization import PAYLOADS
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
 from tests.conftest import CORDAPPS
+from tests.cordapp import LEDGER_METADATA, PaymentFlow, ledger_entries
 from tests.helpers import assert_drained, results_by_class, stored_results
 
 NAMES = ["O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH"]
@@ -72,9 +73,29 @@ def _check_trade(net: MockNetwork, handles: list[FlowHandle[Any]]) -> None:
     assert PAYLOADS.decode(seller_result) == outcome
 
 
+def _start_payments(net: MockNetwork) -> list[FlowHandle[Any]]:
+    payer, payee = net.nodes
+    for node in net.nodes:
+        LEDGER_METADATA.create_all(node.node.database.engine)  # type: ignore[union-attr]
+    return [payer.start_flow(PaymentFlow(payee.party, amount)) for amount in (7, 8)]
+
+
+def _check_payments(net: MockNetwork, handles: list[FlowHandle[Any]]) -> None:
+    payer, payee = net.nodes
+    assert [h.result() for h in handles] == ["receipt 7", "receipt 8"]
+    rows = ledger_entries(payer.node.database.engine)  # type: ignore[union-attr]
+    for handle, amount in zip(handles, (7, 8), strict=True):
+        mine = [entry for flow_id, entry in rows if flow_id == handle.flow_id]
+        assert mine == [f"debit {amount}", f"receipt {amount}"], rows
+    payee_rows = ledger_entries(payee.node.database.engine)  # type: ignore[union-attr]
+    assert sorted(entry for _, entry in payee_rows) == ["credit 7", "credit 8"], payee_rows
+    assert results_by_class(payee) == {"PayeeFlow": 2}
+
+
 SCENARIOS = {
     "pingpong": Scenario("pingpong", 2, _start_pingpong, _check_pingpong),
     "trade": Scenario("trade", 3, _start_trade, _check_trade),
+    "payments": Scenario("payments", 2, _start_payments, _check_payments),
 }
 
 
@@ -117,6 +138,7 @@ def test_every_kind_of_crash_point_is_exercised() -> None:
         "after_PersistCheckpoint",
         "after_RecordInboundMessages",
         "after_WriteOutbox",
+        "after_RunFlowEffects",
         "after_RemoveCheckpoint",
         "after_StoreFlowResult",
         "after_StoreFlowError",
