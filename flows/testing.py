@@ -10,11 +10,12 @@ when that is all that is left, unless told not to).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -92,6 +93,21 @@ class MockNode:
             raise ValueError("nth counts from 1")
         self._armed = (point, nth)
         self.boundary_counts.clear()
+
+    def disarm(self) -> tuple[str, int] | None:
+        """Cancel the armed crash (if any); returns what was armed."""
+        armed, self._armed = self._armed, None
+        return armed
+
+    @contextlib.contextmanager
+    def crashes_paused(self) -> Iterator[None]:
+        """No armed crash fires inside this block (the arming, and the counts, stay)."""
+        armed = self.disarm()
+        try:
+            yield
+        finally:
+            if armed is not None and self._armed is None:
+                self._armed = armed
 
     def _on_boundary(self, point: str) -> None:
         self.boundary_counts[point] += 1
