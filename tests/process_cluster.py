@@ -1,0 +1,285 @@
+"""Node processes for crash tests: start, SIGKILL and restart real ``fiberflow node run``s.
+
+:class:`Cluster` writes a config per node into a directory, runs each node as a child
+process (logs in ``<node>.log``), and talks to the nodes through their databases
+(:class:`~flows.client.NodeClient`). :func:`run_kill_campaign` is the SIGKILL driver used by
+``tests/test_sigkill.py`` and ``python -m tests.kill_campaign``: it streams ping/pong,
+three-party trade and payment flows into Alice while killing a seeded-random node with
+SIGKILL at seeded-random moments and restarting it, then checks that every flow completed
+exactly once on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from sqlalchemy import select
+
+from flows.client import NodeClient, decode_outcome
+from flows.flow_logic import FlowLogic
+from flows.party import Party
+from messaging.transports import purge_queues
+from persistence import schema
+from persistence.store import drop_schema
+from samples.pingpong import PingFlow
+from samples.trade import BuyerFlow, TradeOutcome
+from tests.cordapp import LEDGER_METADATA, PaymentFlow, ledger_entries
+
+NAMES = ("O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH")
+CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp"]
+
+
+class ClusterNode:
+    """One node process of a :class:`Cluster`."""
+
+    def __init__(self, name: str, directory: Path, database_url: str | None, transport: str):
+        self.name = name
+        self.short = Party(name).organisation.lower()
+        self.schema: str | None = None
+        if database_url is None:
+            self.database_url = f"sqlite:///{directory / (self.short + '.db')}"
+        else:
+            self.database_url = database_url
+            self.schema = f"ffkill_{self.short}_{uuid.uuid4().hex[:8]}"
+        self.config_path = directory / f"{self.short}.toml"
+        self.log_path = directory / f"{self.short}.log"
+        fields: dict[str, Any] = {
+            "name": name,
+            "database_url": self.database_url,
+            "transport_url": transport,
+            "cordapps": CORDAPPS,
+            "synchronous": "NORMAL",
+            "log_level": "INFO",
+        }
+        if self.schema is not None:
+            fields["database_schema"] = self.schema
+        lines = [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
+        self.config_path.write_text("\n".join(lines) + "\n")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client = NodeClient(self.database_url, database_schema=self.schema)
+        LEDGER_METADATA.create_all(self.client.database.engine)
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start the node process (its log is appended to)."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flows.cli",
+                    "node",
+                    "run",
+                    "--config",
+                    str(self.config_path),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Wait until the node logged its start (this incarnation)."""
+        deadline = time.monotonic() + timeout
+        while self.log_path.read_text(errors="replace").count("started (pid") < self.starts:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not start within {timeout} s")
+            time.sleep(0.02)
+
+    def check_alive(self) -> None:
+        """Raise with the end of the log if the process exited on its own."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+            raise AssertionError(f"{self.name} exited ({self.process.returncode}):\n{tail}")
+
+    def kill(self) -> None:
+        """SIGKILL the process and reap it."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> int | None:
+        """SIGTERM the process (if running); returns its exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def counts(self, table: Any) -> Counter[str]:
+        """Flow classes (short names) of the rows of ``table`` (results or exceptions)."""
+        with self.client.database.engine.connect() as connection:
+            names = connection.execute(select(table.c.flow_class)).scalars().all()
+        return Counter(name.rsplit(".", 1)[-1] for name in names)
+
+
+class Cluster:
+    """Alice, Bob and Carol as node processes on one transport (see the module docstring)."""
+
+    def __init__(self, directory: Path, transport: str, database_url: str | None) -> None:
+        self.directory = directory
+        self.transport = transport
+        self.database_url = database_url
+        self.nodes = [ClusterNode(name, directory, database_url, transport) for name in NAMES]
+
+    def start(self) -> None:
+        """Start every node and wait until each has started."""
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes:
+            node.wait_started()
+
+    def close(self) -> None:
+        """Stop every node, release connections, drop PostgreSQL schemas and the queues."""
+        for node in self.nodes:
+            node.stop()
+            node.client.close()
+        if self.database_url is not None:
+            for node in self.nodes:
+                assert node.schema is not None
+                drop_schema(self.database_url, node.schema)
+        purge_queues(self.transport, list(NAMES))
+
+
+@attrs.frozen
+class KillReport:
+    """What a kill campaign did."""
+
+    flows: int
+    kills: int
+    kills_by_node: dict[str, int]
+    seconds: float
+
+
+def _flows(count: int, rng: random.Random) -> list[tuple[str, FlowLogic[Any]]]:
+    _, bob, carol = (Party(name) for name in NAMES)
+    flows: list[tuple[str, FlowLogic[Any]]] = []
+    for index in range(count):
+        kind = ("ping", "trade", "payment")[index % 3]
+        if kind == "ping":
+            flows.append((kind, PingFlow(bob)))
+        elif kind == "trade":
+            flows.append((kind, BuyerFlow(bob, carol, "widget", 2, rng.randint(1, 5000))))
+        else:
+            flows.append((kind, PaymentFlow(carol, rng.randint(1, 1000))))
+    return flows
+
+
+def run_kill_campaign(
+    directory: Path,
+    transport: str,
+    database_url: str | None,
+    flows: int,
+    kills: int,
+    seed: int,
+    say: Callable[[str], None] = lambda _: None,
+) -> KillReport:
+    """Stream ``flows`` flows into Alice while killing nodes ``kills`` times; check all."""
+    rng = random.Random(seed)
+    cluster = Cluster(directory, transport, database_url)
+    try:
+        cluster.start()
+        alice = cluster.nodes[0]
+        planned = _flows(flows, rng)
+        ids: list[str] = []
+        kills_by_node: Counter[str] = Counter()
+        began = time.perf_counter()
+        batch = max(1, flows // max(kills, 1))
+        submitted = 0
+        while submitted < flows or sum(kills_by_node.values()) < kills:
+            if submitted < flows:
+                chunk = planned[submitted : submitted + batch]
+                ids += alice.client.start_flows([flow for _, flow in chunk])
+                submitted += len(chunk)
+            time.sleep(rng.uniform(0.02, 0.3))
+            if sum(kills_by_node.values()) < kills:
+                victim = rng.choice(cluster.nodes)
+                victim.kill()
+                kills_by_node[victim.short] += 1
+                time.sleep(rng.uniform(0.0, 0.2))  # the others keep working meanwhile
+                victim.start()
+                victim.wait_started()
+                done = sum(kills_by_node.values())
+                say(f"kill {done}/{kills}: {victim.name} (SIGKILL, restarted)")
+            for node in cluster.nodes:
+                node.check_alive()
+        outcomes = alice.client.wait(ids, timeout=300)
+        seconds = time.perf_counter() - began
+        _check(cluster, planned, ids, outcomes)
+        return KillReport(flows, sum(kills_by_node.values()), dict(kills_by_node), seconds)
+    finally:
+        cluster.close()
+
+
+def _check(
+    cluster: Cluster,
+    planned: list[tuple[str, FlowLogic[Any]]],
+    ids: list[str],
+    outcomes: dict[str, Any],
+) -> None:
+    alice, bob, carol = cluster.nodes
+    kinds = Counter(kind for kind, _ in planned)
+    for (kind, flow), flow_id in zip(planned, ids, strict=True):
+        result = decode_outcome(outcomes[flow_id])
+        if kind == "ping":
+            assert result == "Pong"
+        elif kind == "trade":
+            assert isinstance(result, TradeOutcome) and result.decision.approved
+            assert result.proposal.unit_price_cents == flow.unit_price_cents  # type: ignore[attr-defined]
+        else:
+            assert result == f"receipt {flow.amount}"  # type: ignore[attr-defined]
+    # Exactly once on every node: one responder per initiated session, no flow twice.
+    deadline = time.monotonic() + 120
+    expected = {
+        alice.short: Counter(
+            {
+                "PingFlow": kinds["ping"],
+                "BuyerFlow": kinds["trade"],
+                "PaymentFlow": kinds["payment"],
+            }
+        ),
+        bob.short: Counter({"PongFlow": kinds["ping"], "SellerFlow": kinds["trade"]}),
+        carol.short: Counter({"ApproverFlow": kinds["trade"], "PayeeFlow": kinds["payment"]}),
+    }
+    while True:  # responders finish a moment after the initiators' outcomes are in
+        found = {node.short: node.counts(schema.node_flow_results) for node in cluster.nodes}
+        if found == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert found == expected, f"results per node {found}, expected {expected}"
+    for node in cluster.nodes:
+        assert node.counts(schema.node_flow_exceptions) == Counter(), node.name
+    payments = [(flow, fid) for (k, flow), fid in zip(planned, ids, strict=True) if k == "payment"]
+    alice_rows = ledger_entries(alice.client.database.engine)
+    carol_rows = Counter(entry for _, entry in ledger_entries(carol.client.database.engine))
+    for flow, flow_id in payments:
+        amount = flow.amount  # type: ignore[attr-defined]
+        mine = [entry for fid, entry in alice_rows if fid == flow_id]
+        assert mine == [f"debit {amount}", f"receipt {amount}"], (flow_id, mine)
+    assert carol_rows == Counter(f"credit {f.amount}" for f, _ in payments)  # type: ignore[attr-defined]
+    while time.monotonic() < deadline:  # relays empty their outboxes shortly after
+        if all(node.client.database.count("node_outbox") == 0 for node in cluster.nodes):
+            break
+        time.sleep(0.1)
+    for node in cluster.nodes:
+        assert node.client.database.count("node_outbox") == 0, f"{node.name} outbox not empty"
+        assert node.client.database.count("node_checkpoints") == 0, f"{node.name} checkpoints"
