@@ -84,7 +84,9 @@ class MockNode:
         Points are the executor's action boundaries (``before_transaction``,
         ``after_PersistCheckpoint``, ``after_RecordInboundMessages``, ``after_WriteOutbox``,
         ``after_commit``, ``after_AcknowledgeMessages``, ``after_HandOffMessages``, ...), the
-        relay's ``after_hand_off`` and ``after_outbox_delete``, and ``flow_suspended``. Dying
+        relay's ``after_hand_off`` and ``after_outbox_delete``, ``flow_suspended`` (every
+        suspension of a flow) and ``during_replay`` (a suspension answered from the journal
+        while a restored flow replays). Dying
         means: the open transaction is rolled back, everything in memory is dropped, and the
         network restarts the node from its database. ``boundary_counts`` tells how often each
         point was reached.

@@ -444,6 +444,8 @@ class StateMachineManager:
         self._queue_event(flow_id, self._event_for(outcome))
         if isinstance(outcome, Suspended) and self._on_boundary is not None:
             self._on_boundary("flow_suspended")
+            if runtime.state.status is FlowStatus.REPLAYING:
+                self._on_boundary("during_replay")
 
     def _event_for(self, outcome: FiberOutcome) -> Event:
         at = self._clock.now()

@@ -203,3 +203,40 @@ def test_restart_between_rounds(
         assert_drained(net)
     finally:
         net.stop_nodes()
+
+
+@pytest.mark.parametrize(("scenario_name", "node_index", "after_rounds"), ROUND_CASES)
+def test_crash_during_replay_after_a_restart(
+    scenario_name: str, node_index: int, after_rounds: int, tmp_path: Path, backend: str
+) -> None:
+    scenario = SCENARIOS[scenario_name]
+    net = _network(scenario, tmp_path, backend)
+    try:
+        handles = scenario.start(net)
+        for _ in range(after_rounds):
+            net.run_once()
+        victim = net.nodes[node_index]
+        victim.restart()
+        victim.crash_at("during_replay", 1)  # if anything replays, die in the middle of it
+        net.run_network()
+        scenario.check(net, handles)
+        assert_drained(net)
+    finally:
+        net.stop_nodes()
+
+
+def test_a_crash_during_replay_replays_again(tmp_path: Path) -> None:
+    net = _network(SCENARIOS["trade"], tmp_path)
+    try:
+        handles = SCENARIOS["trade"].start(net)
+        seller = net.nodes[1]
+        while not any(status == "SUSPENDED" for _, _, status in seller.checkpoints()):
+            net.run_once()  # until the seller waits (for the approval) with a journal
+        seller.restart()
+        seller.crash_at("during_replay", 1)
+        net.run_network()
+        assert seller.crashes == 1, "the seller had a suspended flow to replay"
+        _check_trade(net, handles)
+        assert_drained(net)
+    finally:
+        net.stop_nodes()
