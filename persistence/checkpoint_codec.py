@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from persistence.serialization import SerializationError, Serializer, TypeRegistry
+from persistence.serialization import (
+    SerializationError,
+    SerializationLimits,
+    Serializer,
+    TypeRegistry,
+)
 from statemachine import flow_error, iorequests, session_messages, state
 
 CHECKPOINT_FORMAT = 1
@@ -32,7 +37,15 @@ CHECKPOINT_TYPES = TypeRegistry(
     ]
 )
 
-_SERIALIZER = Serializer(CHECKPOINT_TYPES, "checkpoint")
+CHECKPOINT_LIMITS = SerializationLimits(
+    max_bytes=256 * 1024 * 1024,
+    max_collection_length=10_000_000,
+    max_string_length=16 * 1024 * 1024,
+    max_bytes_length=64 * 1024 * 1024,
+)
+"""Checkpoints are written by the node itself and grow with the journal: wider limits."""
+
+_SERIALIZER = Serializer(CHECKPOINT_TYPES, "checkpoint", CHECKPOINT_LIMITS)
 
 
 def encode_checkpoint(checkpoint: state.Checkpoint) -> bytes:

@@ -27,9 +27,41 @@ EXT_ENUM = 3
 EXT_BIG_INT = 4
 
 _MSGPACK_INT_RANGE = (-(2**63), 2**64 - 1)
+_MSGPACK_LIMIT_RULES = {
+    "max_str_len": "max_string_length",
+    "max_bin_len": "max_bytes_length",
+    "max_array_len": "max_collection_length",
+    "max_map_len": "max_collection_length",
+    "max_ext_len": "max_bytes",
+}
 
 MAX_DEPTH = 64
-"""Deepest nesting accepted when encoding (deeper data is refused, never truncated)."""
+"""Deepest nesting accepted by default (deeper data is refused, never truncated)."""
+
+
+@attrs.frozen
+class SerializationLimits:
+    """What a serializer accepts, both ways; data over a limit is refused naming the rule."""
+
+    max_bytes: int = 16 * 1024 * 1024
+    """Size of the encoded value."""
+    max_depth: int = MAX_DEPTH
+    """Nesting of lists, tuples, dicts and objects."""
+    max_collection_length: int = 100_000
+    """Items in one list, tuple or dict."""
+    max_string_length: int = 4 * 1024 * 1024
+    """Characters in one string (bytes of its UTF-8 form when decoding)."""
+    max_bytes_length: int = 16 * 1024 * 1024
+    """Bytes in one ``bytes`` value."""
+
+    def __attrs_post_init__(self) -> None:
+        for field in attrs.fields(type(self)):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"serialization limit {field.name} must be a positive int")
+
+
+DEFAULT_LIMITS = SerializationLimits()
 
 
 class SerializationError(ValueError):
@@ -79,38 +111,108 @@ class TypeRegistry:
 class Serializer:
     """Encodes and decodes values restricted to the types its registry allows."""
 
-    def __init__(self, registry: TypeRegistry, what: str = "value") -> None:
+    def __init__(
+        self,
+        registry: TypeRegistry,
+        what: str = "value",
+        limits: SerializationLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.registry = registry
         self.what = what
+        self.limits = limits
+        """Replace to configure (for example from a node's config at start)."""
+
+    def _broken(self, rule: str, detail: str, encoding: bool) -> SerializationError:
+        verb = "serialize" if encoding else "deserialize"
+        limit = getattr(self.limits, rule)
+        return SerializationError(
+            f"cannot {verb} {self.what}: it breaks the rule {rule} ({limit}): {detail}"
+        )
 
     def encode(self, value: Any) -> bytes:
         """Serialize ``value``; raises :class:`SerializationError` naming a disallowed type."""
         try:
-            return self._pack(self._to_plain(value, 0, "value"))
+            packed = self._pack(self._to_plain(value, 0, "value"))
         except SerializationError:
             raise
         except (TypeError, ValueError, OverflowError) as error:
             raise SerializationError(f"cannot serialize {self.what}: {error}") from error
+        if len(packed) > self.limits.max_bytes:
+            raise self._broken("max_bytes", f"{len(packed)} bytes encoded", True)
+        return packed
 
     def decode(self, data: bytes) -> Any:
         """Deserialize bytes made by :meth:`encode`; never constructs an unregistered type."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise SerializationError(f"cannot deserialize {self.what}: not bytes")
+        if len(data) > self.limits.max_bytes:
+            raise self._broken("max_bytes", f"{len(data)} bytes received", False)
         try:
-            return msgpack.unpackb(
-                data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
-            )
+            value = self._unpack(bytes(data))
         except SerializationError:
             raise
+        except ValueError as error:
+            text = str(error)
+            for option, rule in _MSGPACK_LIMIT_RULES.items():
+                if option in text:
+                    raise self._broken(rule, text, False) from None
+            if "recursion limit" in text:
+                raise self._broken("max_depth", text, False) from None
+            raise SerializationError(f"cannot deserialize {self.what}: {error}") from error
         except Exception as error:  # msgpack raises several unrelated exception types
             raise SerializationError(f"cannot deserialize {self.what}: {error}") from error
+        self._check_depth(value)
+        return value
+
+    def _unpack(self, data: bytes) -> Any:
+        limits = self.limits
+        return msgpack.unpackb(
+            data,
+            ext_hook=self._ext_hook,
+            raw=False,
+            strict_map_key=False,
+            use_list=True,
+            max_str_len=limits.max_string_length * 4,  # UTF-8 takes up to 4 bytes a character
+            max_bin_len=limits.max_bytes_length,
+            max_array_len=limits.max_collection_length,
+            max_map_len=limits.max_collection_length,
+            max_ext_len=limits.max_bytes,
+        )
+
+    def _check_depth(self, value: Any) -> None:
+        """Refuse decoded data nested deeper than the limit (walks it without recursion)."""
+        stack: list[tuple[Any, int]] = [(value, 0)]
+        limit = self.limits.max_depth
+        while stack:
+            item, depth = stack.pop()
+            if depth > limit:
+                raise self._broken("max_depth", f"nested {depth} deep", False)
+            if isinstance(item, list | tuple):
+                stack.extend((child, depth + 1) for child in item)
+            elif isinstance(item, dict):
+                stack.extend((child, depth + 1) for child in item.values())
+            elif attrs.has(type(item)):
+                stack.extend((getattr(item, f.name), depth + 1) for f in attrs.fields(type(item)))
+            elif isinstance(item, str) and len(item) > self.limits.max_string_length:
+                raise self._broken("max_string_length", f"{len(item)} characters", False)
 
     def _to_plain(self, value: Any, depth: int, path: str) -> Any:
-        if depth > MAX_DEPTH:
-            raise SerializationError(f"{self.what} nests deeper than {MAX_DEPTH} at {path}")
+        limits = self.limits
+        if depth > limits.max_depth:
+            raise self._broken(
+                "max_depth", f"nested deeper than {limits.max_depth} at {path}", True
+            )
         if type(value) is int and not _MSGPACK_INT_RANGE[0] <= value <= _MSGPACK_INT_RANGE[1]:
             size = (value.bit_length() + 8) // 8
             return msgpack.ExtType(EXT_BIG_INT, value.to_bytes(size, "big", signed=True))
+        if type(value) is str and len(value) > limits.max_string_length:
+            raise self._broken("max_string_length", f"{len(value)} characters at {path}", True)
+        if type(value) is bytes and len(value) > limits.max_bytes_length:
+            raise self._broken("max_bytes_length", f"{len(value)} bytes at {path}", True)
         if value is None or type(value) in (bool, int, float, str, bytes):
             return value
+        if type(value) in (list, tuple, dict) and len(value) > limits.max_collection_length:
+            raise self._broken("max_collection_length", f"{len(value)} items at {path}", True)
         if type(value) is list:
             return [self._to_plain(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
         if type(value) is tuple:
@@ -147,9 +249,7 @@ class Serializer:
     def _ext_hook(self, code: int, data: bytes) -> Any:
         if code == EXT_BIG_INT:
             return int.from_bytes(data, "big", signed=True)
-        items = msgpack.unpackb(
-            data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
-        )
+        items = self._unpack(data)
         if code == EXT_TUPLE:
             return tuple(items)
         if code in (EXT_OBJECT, EXT_ENUM):

@@ -15,8 +15,11 @@ from flows.node import encode_arguments
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.serialization import (
     EXT_OBJECT,
+    PAYLOAD_TYPES,
     PAYLOADS,
     SerializationError,
+    SerializationLimits,
+    Serializer,
 )
 from samples.pingpong import PingFlow
 from samples.trade import TradeProposal
@@ -117,3 +120,46 @@ def test_party_names_are_validated() -> None:
         Party("O=Alice")
     with pytest.raises(ValueError, match="unknown attribute 'X'"):
         Party("O=Alice,L=London,C=GB,X=1")
+
+
+LIMITS = SerializationLimits(
+    max_bytes=10_000,
+    max_depth=8,
+    max_collection_length=50,
+    max_string_length=100,
+    max_bytes_length=200,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        ("x" * 101, "max_string_length"),
+        (b"x" * 201, "max_bytes_length"),
+        (list(range(51)), "max_collection_length"),
+        (tuple(range(51)), "max_collection_length"),
+        ({i: i for i in range(51)}, "max_collection_length"),
+        ([[[[[[[[[[1]]]]]]]]]], "max_depth"),
+        ([["y" * 100] * 45] * 3, "max_bytes"),
+    ],
+)
+def test_a_value_over_a_limit_is_refused_both_ways_naming_the_rule(
+    value: object, rule: str
+) -> None:
+    strict = Serializer(PAYLOAD_TYPES, "payload", LIMITS)
+    with pytest.raises(SerializationError, match=f"breaks the rule {rule}"):
+        strict.encode(value)
+    data = PAYLOADS.encode(value)  # made by a sender with the default (wider) limits
+    with pytest.raises(SerializationError, match=f"breaks the rule {rule}"):
+        strict.decode(data)
+
+
+def test_values_within_the_limits_round_trip() -> None:
+    strict = Serializer(PAYLOAD_TYPES, "payload", LIMITS)
+    value = {"name": "x" * 100, "blob": b"y" * 200, "items": list(range(50))}
+    assert strict.decode(strict.encode(value)) == value
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_depth must be a positive int"):
+        SerializationLimits(max_depth=0)
