@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from persistence.serialization import SerializationError, Serializer, TypeRegistry
 from statemachine import flow_error, session_messages
 from statemachine.session_messages import (
@@ -32,9 +34,80 @@ def encode_session_message(message: SessionMessage) -> bytes:
     return _SERIALIZER.encode(message)
 
 
+_FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
+    InitialSessionMessage: {
+        "initiator_session_id": (str,),
+        "initiator_flow_class": (str,),
+        "flow_version": (int,),
+        "app_name": (str,),
+        "first_payload": (bytes, type(None)),
+    },
+    ExistingSessionMessage: {
+        "recipient_session_id": (str,),
+        "sequence": (int,),
+        "body": (
+            session_messages.ConfirmSession,
+            session_messages.SessionData,
+            session_messages.SessionEnd,
+            session_messages.SessionErrorBody,
+            session_messages.SessionReject,
+        ),
+    },
+    session_messages.ConfirmSession: {"flow_version": (int,), "app_name": (str,)},
+    session_messages.SessionData: {"payload": (bytes,)},
+    session_messages.SessionEnd: {},
+    session_messages.SessionErrorBody: {"error": (flow_error.FlowError,)},
+    session_messages.SessionReject: {"reason": (str,)},
+    flow_error.FlowError: {
+        "kind": (flow_error.ErrorKind,),
+        "exception_class": (str,),
+        "message": (str,),
+        "error_id": (str,),
+    },
+}
+
+MAX_ID_LENGTH = 200
+"""Longest session id or flow class name accepted from the wire."""
+MAX_SEQUENCE = 2**40
+"""Largest sequence number accepted from the wire."""
+
+
+def _check_fields(value: object, path: str) -> None:
+    expected = _FIELD_TYPES.get(type(value))
+    if expected is None:
+        raise SerializationError(f"{path} is a {type(value).__name__}, not a session message part")
+    for field in attrs.fields(type(value)):  # type: ignore[arg-type]
+        item = getattr(value, field.name)
+        allowed = expected[field.name]
+        if isinstance(item, bool) or not isinstance(item, allowed):
+            names = " or ".join(t.__name__ for t in allowed)
+            raise SerializationError(
+                f"{path}.{field.name} must be {names}, not {type(item).__name__}"
+            )
+        if type(item) in _FIELD_TYPES:
+            _check_fields(item, f"{path}.{field.name}")
+
+
 def decode_session_message(data: bytes) -> SessionMessage:
-    """Parse bytes from the wire; raises SerializationError if they are not a session message."""
+    """Parse bytes from the wire; raises SerializationError naming what is wrong with them.
+
+    Beyond decoding with the allow-list, every field must have its declared type, ids must
+    be non-empty and at most ``MAX_ID_LENGTH`` long, and a sequence number must be in
+    ``0..MAX_SEQUENCE`` (each side of a session counts its own messages from 0).
+    """
     decoded = _SERIALIZER.decode(data)
     if not isinstance(decoded, (InitialSessionMessage, ExistingSessionMessage)):
         raise SerializationError(f"not a session message: {type(decoded).__name__}")
+    _check_fields(decoded, type(decoded).__name__)
+    if isinstance(decoded, InitialSessionMessage):
+        ids = [decoded.initiator_session_id, decoded.initiator_flow_class]
+    else:
+        ids = [decoded.recipient_session_id]
+        if not 0 <= decoded.sequence <= MAX_SEQUENCE:
+            raise SerializationError(
+                f"sequence number {decoded.sequence} is out of range 0..{MAX_SEQUENCE}"
+            )
+    for text in ids:
+        if not 0 < len(text) <= MAX_ID_LENGTH:
+            raise SerializationError(f"id {text[:40]!r} must have 1 to {MAX_ID_LENGTH} characters")
     return decoded

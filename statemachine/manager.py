@@ -59,6 +59,7 @@ from statemachine.session_messages import (
     SessionMessage,
     is_responder_session_id,
     message_id,
+    peer_session_id,
 )
 from statemachine.state import FlowState, FlowStatus, StartedLocally
 from statemachine.transition import reject_initial_session, transition
@@ -66,6 +67,12 @@ from statemachine.transition import reject_initial_session, transition
 log = logging.getLogger("fiberflow.statemachine")
 
 _RESPONDER_NAMESPACE = uuid.UUID("6f1d3c1e-8a43-4e0f-9a57-1f6b2a7d0c11")
+
+MAX_REORDER_WINDOW = 1024
+"""A message further ahead of its session's next expected sequence number is refused."""
+MAX_PARKED_PER_SESSION = 64
+MAX_PARKED = 10_000
+"""Bounds on messages held while waiting for their session's initial message."""
 
 
 @attrs.frozen
@@ -156,6 +163,7 @@ class StateMachineManager:
         self._in_process: set[str] = set()
         self._parked: dict[str, list[InboundMessage]] = {}
         self._inbox: deque[InboundMessage] = deque()
+        self._parked_total = 0
         self._timers: list[tuple[float, int, str]] = []
         self._timer_sequence = 0
         self._end_listeners: list[Callable[[FlowEnd], None]] = []
@@ -285,6 +293,14 @@ class StateMachineManager:
 
     def _route_existing(self, message: InboundMessage, decoded: ExistingSessionMessage) -> None:
         session_id = decoded.recipient_session_id
+        expected_id = message_id(peer_session_id(session_id), decoded.sequence)
+        if message.message_id != expected_id:
+            self._dead_letter(
+                message,
+                f"message id {message.message_id} does not match its session and sequence "
+                f"(expected {expected_id})",
+            )
+            return
         owner = self._session_owner.get(session_id)
         if owner is None:
             self._route_unknown_session(message, session_id)
@@ -294,6 +310,13 @@ class StateMachineManager:
         if session is None or session.counterparty != message.sender:
             self._dead_letter(
                 message, f"session {session_id} does not belong to sender {message.sender}"
+            )
+            return
+        if decoded.sequence >= session.next_receive_sequence + MAX_REORDER_WINDOW:
+            self._dead_letter(
+                message,
+                f"sequence number {decoded.sequence} is too far ahead of session {session_id} "
+                f"(expecting {session.next_receive_sequence}, window {MAX_REORDER_WINDOW})",
             )
             return
         self._in_process.add(message.message_id)
@@ -314,8 +337,20 @@ class StateMachineManager:
         if is_responder_session_id(session_id):
             initiator_session = session_id[: -len(".r")]
             if not self._store.is_consumed(message_id(initiator_session, 0)):
-                # The initial message has not been taken in yet: wait for it (unacknowledged).
-                self._parked.setdefault(session_id, []).append(message)
+                # The initial message has not been taken in yet: wait for it (unacknowledged),
+                # within bounds, so that a sender cannot fill our memory with such messages.
+                parked = self._parked.setdefault(session_id, [])
+                if len(parked) >= MAX_PARKED_PER_SESSION or self._parked_total >= MAX_PARKED:
+                    if not parked:
+                        del self._parked[session_id]
+                    self._dead_letter(
+                        message,
+                        f"too many messages waiting for session {session_id} to open "
+                        f"(at most {MAX_PARKED_PER_SESSION} per session, {MAX_PARKED} in all)",
+                    )
+                    return
+                parked.append(message)
+                self._parked_total += 1
                 return
         log.info("dropping message %s for ended session %s", message.message_id, session_id)
         self.statistics.late_messages_dropped += 1
@@ -326,6 +361,7 @@ class StateMachineManager:
             if session.session_id not in self._session_owner:
                 self._session_owner[session.session_id] = state.flow_id
                 for parked in self._parked.pop(session.session_id, []):
+                    self._parked_total -= 1
                     self._inbox.append(parked)
 
     def _acknowledge(self, message_ids: Sequence[str]) -> None:

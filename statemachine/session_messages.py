@@ -34,6 +34,13 @@ def responder_session_id(initiator_session: str) -> str:
     return initiator_session + RESPONDER_SUFFIX
 
 
+def peer_session_id(session_id: str) -> str:
+    """The other end's session id: the initiator's for a responder's, and back."""
+    if is_responder_session_id(session_id):
+        return session_id[: -len(".r")]
+    return responder_session_id(session_id)
+
+
 def is_responder_session_id(session_id: str) -> bool:
     """True for the responder's side of a session (ids made by :func:`responder_session_id`)."""
     return session_id.endswith(RESPONDER_SUFFIX)
