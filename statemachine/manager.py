@@ -72,6 +72,8 @@ MAX_REORDER_WINDOW = 1024
 """A message further ahead of its session's next expected sequence number is refused."""
 MAX_PARKED_PER_SESSION = 64
 MAX_PARKED = 10_000
+PARKED_TIMEOUT_SECONDS = 600.0
+"""Messages for a session that has not opened after this long are dead-lettered."""
 """Bounds on messages held while waiting for their session's initial message."""
 
 
@@ -164,6 +166,7 @@ class StateMachineManager:
         self._parked: dict[str, list[InboundMessage]] = {}
         self._inbox: deque[InboundMessage] = deque()
         self._parked_total = 0
+        self._parked_since: dict[str, float] = {}
         self._timers: list[tuple[float, int, str]] = []
         self._timer_sequence = 0
         self._end_listeners: list[Callable[[FlowEnd], None]] = []
@@ -351,6 +354,7 @@ class StateMachineManager:
                     return
                 parked.append(message)
                 self._parked_total += 1
+                self._parked_since.setdefault(session_id, self._clock.now())
                 return
         log.info("dropping message %s for ended session %s", message.message_id, session_id)
         self.statistics.late_messages_dropped += 1
@@ -360,6 +364,7 @@ class StateMachineManager:
         for session in state.checkpoint.sessions:
             if session.session_id not in self._session_owner:
                 self._session_owner[session.session_id] = state.flow_id
+                self._parked_since.pop(session.session_id, None)
                 for parked in self._parked.pop(session.session_id, []):
                     self._parked_total -= 1
                     self._inbox.append(parked)
@@ -376,8 +381,27 @@ class StateMachineManager:
         heapq.heappush(self._timers, (deadline, self._timer_sequence, flow_id))
 
     def next_deadline(self) -> float | None:
-        """The earliest pending wake-up, or None."""
-        return self._timers[0][0] if self._timers else None
+        """The earliest pending wake-up (or expiry of parked messages), or None."""
+        deadlines = [self._timers[0][0]] if self._timers else []
+        if self._parked_since:
+            deadlines.append(min(self._parked_since.values()) + PARKED_TIMEOUT_SECONDS)
+        return min(deadlines) if deadlines else None
+
+    def _expire_parked(self) -> bool:
+        """Dead-letter messages whose session did not open within the timeout."""
+        if not self._parked_since:
+            return False
+        cutoff = self._clock.now() - PARKED_TIMEOUT_SECONDS
+        expired = [s for s, since in self._parked_since.items() if since <= cutoff]
+        for session_id in expired:
+            del self._parked_since[session_id]
+            for message in self._parked.pop(session_id, []):
+                self._parked_total -= 1
+                self._dead_letter(
+                    message,
+                    f"session {session_id} did not open within {PARKED_TIMEOUT_SECONDS:.0f} s",
+                )
+        return bool(expired)
 
     def _fire_due_timers(self) -> bool:
         now = self._clock.now()
@@ -414,6 +438,7 @@ class StateMachineManager:
     def run_once(self) -> bool:
         """One round: route, transition, commit once, continue fibers. True if it did work."""
         did_work = self._fire_due_timers()
+        did_work = self._expire_parked() or did_work
         if self._inbox:
             self._route_all()
             did_work = True
