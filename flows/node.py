@@ -26,11 +26,13 @@ from flows.errors import (
 )
 from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
+from flows.identity import NodeIdentity, PeerKeys
 from flows.party import Party
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import decode_session_message, encode_session_message
 from messaging.outbox_relay import OutboxRelay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
+from messaging.signing import verification_problem
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.serialization import PAYLOADS, SerializationError, qualified_name
 from persistence.store import CheckpointSummary, NodeDatabase
@@ -120,19 +122,27 @@ class Node:
         clock: Clock | None = None,
         on_boundary: Callable[[str], None] | None = None,
         *,
+        identity: NodeIdentity,
+        peers: PeerKeys,
         background_relay: bool = False,
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
-        The test network drives everything from one thread (``background_relay=False``);
-        a node process sets it so the scheduler never waits for the transport.
+        ``identity`` signs every message the node sends; ``peers`` gives the public keys
+        every received message is verified against. The test network drives everything
+        from one thread (``background_relay=False``); a node process sets it so the
+        scheduler never waits for the transport.
         """
+        if identity.name != config.name:
+            raise ValueError(f"node {config.name}: its identity is {identity.name!r}")
         if messaging.my_address != config.name:
             raise ValueError(
                 f"node {config.name}: its transport address is {messaging.my_address!r}; "
                 "they must be the same"
             )
         self.config = config
+        self.identity = identity
+        self.peers = peers
         self.party = Party(config.name)
         self.clock: Clock = clock or SystemClock()
         self.cordapps = Cordapps(config.cordapps)
@@ -147,9 +157,9 @@ class Node:
         )
         self.messaging = messaging
         self.relay: OutboxRelay | BackgroundOutboxRelay = (
-            BackgroundOutboxRelay(messaging, self.database)
+            BackgroundOutboxRelay(messaging, self.database, sign=identity.sign)
             if background_relay
-            else OutboxRelay(messaging, self.database, on_boundary)
+            else OutboxRelay(messaging, self.database, on_boundary, sign=identity.sign)
         )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
@@ -181,7 +191,12 @@ class Node:
             raise NodeStoppedError(f"node {self.party} was stopped")
 
     def _on_message(self, message: Message) -> None:
-        self.manager.deliver(InboundMessage(message.message_id, message.sender, message.data))
+        problem = verification_problem(
+            message, self.messaging.my_address, self.peers.public_key(message.sender)
+        )
+        self.manager.deliver(
+            InboundMessage(message.message_id, message.sender, message.data, problem)
+        )
         self.wakeup.set()
 
     def start(self) -> None:

@@ -35,7 +35,8 @@ from typing import Any
 import attrs
 
 from flows.cordapps import CordappError, Cordapps
-from flows.network_map import NetworkMap, NetworkMapError, NodeInfo
+from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
+from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
 from flows.node import Node, NodeConfig
 from flows.party import Party
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
@@ -58,6 +59,7 @@ _FIELDS = {
     "synchronous": str,
     "status_file": str,
     "log_level": str,
+    "key_file": str,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -79,6 +81,8 @@ class RuntimeConfig:
     synchronous: str = "FULL"
     status_file: Path | None = None
     log_level: str = "INFO"
+    key_file: Path | None = None
+    """The node's Ed25519 key pair (PEM, mode 0600), created at first start."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -150,6 +154,7 @@ def config_from_mapping(
         raise fail("database_schema", "is for PostgreSQL databases only")
     network_map = base / document.get("network_map", "network-map")
     status_file = document.get("status_file")
+    key_file = base / document.get("key_file", f"{node_key(document['name'])}.key.pem")
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -160,6 +165,7 @@ def config_from_mapping(
         synchronous=synchronous,
         status_file=None if status_file is None else base / status_file,
         log_level=level,
+        key_file=key_file,
     )
 
 
@@ -206,8 +212,16 @@ class NodeProcess:
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        identity = self._identity()
+        network_map = NetworkMap(config.network_map or Path("network-map"))
         transport = open_transport(config.transport_url, config.name)
-        node = Node(config.node_config(), transport, background_relay=True)
+        node = Node(
+            config.node_config(),
+            transport,
+            identity=identity,
+            peers=NetworkMapPeerKeys(network_map),
+            background_relay=True,
+        )
         self.node = node
         if self._stop.is_set():
             node.wakeup.set()
@@ -231,6 +245,19 @@ class NodeProcess:
             node.stop()
             log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
 
+    def _identity(self) -> NodeIdentity:
+        path = self.config.key_file or Path(f"{node_key(self.config.name)}.key.pem")
+        created = not path.exists()
+        identity = load_or_create_identity(path, self.config.name)
+        log.info(
+            "%s: %s key pair %s (public key %s)",
+            self.config.name,
+            "created" if created else "loaded",
+            path,
+            identity.public_key_hex[:16] + "...",
+        )
+        return identity
+
     def _publish(self, node: Node) -> None:
         if self.config.network_map is None:
             return
@@ -240,6 +267,7 @@ class NodeProcess:
                 name=self.config.name,
                 address=node.messaging.my_address,
                 transport=_safe_url(self.config.transport_url),
+                public_key=node.identity.public_key_hex,
             )
         )
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flows.flow_logic import FlowLogic
+from flows.identity import NodeIdentity, StaticPeerKeys
 from flows.node import FlowHandle, Node, NodeConfig
 from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
@@ -70,6 +71,9 @@ class MockNode:
         self.party = Party(config.name)
         self.boundary_counts: Counter[str] = Counter()
         self.crashes = 0
+        self.identity = NodeIdentity.generate(config.name)
+        """The node's key pair (kept across restarts, as its key file would be)."""
+        network.peer_keys.add(config.name, self.identity.public_key)
         self._armed: tuple[str, int] | None = None
         self.node = self._build()
 
@@ -120,7 +124,14 @@ class MockNode:
     def _build(self) -> Node:
         while True:
             endpoint = self._network.messaging.endpoint(self.config.name)
-            node = Node(self.config, endpoint, self._network.clock, self._on_boundary)
+            node = Node(
+                self.config,
+                endpoint,
+                self._network.clock,
+                self._on_boundary,
+                identity=self.identity,
+                peers=self._network.peer_keys,
+            )
             try:
                 node.start()
             except SimulatedCrash:
@@ -210,6 +221,8 @@ class MockNetwork:
         self._schemas: list[str] = []
         self.cordapps = tuple(cordapps)
         self.messaging = InMemoryNetwork(seed, faults)
+        self.peer_keys = StaticPeerKeys()
+        """Every node's public key (the test network's network map)."""
         self.clock = MockClock()
         self.synchronous = synchronous
         self._owns_directory = directory is None

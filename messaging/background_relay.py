@@ -17,7 +17,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from messaging.outbox_relay import OutboxStore
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
@@ -39,8 +39,10 @@ class BackgroundOutboxRelay:
         store: OutboxStore,
         *,
         seed: int | None = None,
+        sign: Callable[[Message, str], Message] | None = None,
     ) -> None:
         self._transport = transport
+        self._sign = sign
         self._store = store
         self._incoming: queue.SimpleQueue[Sequence[OutboxRow] | None] = queue.SimpleQueue()
         self._retries: list[tuple[float, int, OutboxRow]] = []  # a heap of (due, n, row)
@@ -144,6 +146,8 @@ class BackgroundOutboxRelay:
 
     def _send(self, rows: list[OutboxRow]) -> None:
         messages = [(self._message(row), row.target) for row in rows]
+        if self._sign is not None:
+            messages = [(self._sign(message, target), target) for message, target in messages]
         try:
             self._transport.send_batch(messages)
             taken = rows

@@ -1,10 +1,10 @@
 """The frame: how a :class:`~messaging.service.Message` travels on a durable transport.
 
-Every transport (the in-memory test double included) carries a message as one byte string,
-``msgpack([FRAME_VERSION, message_id, topic, sender, data])``. A receiver that cannot decode
-a frame (garbage bytes, truncated msgpack, wrong field types, an unknown version, over the
-size limit) does not hand it to the node: it moves it to the transport's dead-letter store
-with the reason and acknowledges it, so it never loops.
+Every transport (the in-memory test double included) carries a message as one byte
+string, ``msgpack([FRAME_VERSION, message_id, topic, sender, data, signature])``. A receiver
+that cannot decode a frame (garbage bytes, truncated msgpack, wrong field types, an unknown
+version, over the size limit) does not hand it to the node: it moves it to the transport's
+dead-letter store with the reason and acknowledges it, so it never loops.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ class MalformedFrameError(ValueError):
 def encode_frame(message: Message) -> bytes:
     """The bytes ``message`` travels as."""
     frame: bytes = msgpack.packb(
-        [FRAME_VERSION, message.message_id, message.topic, message.sender, message.data],
+        [
+            FRAME_VERSION,
+            message.message_id,
+            message.topic,
+            message.sender,
+            message.data,
+            message.signature,
+        ],
         use_bin_type=True,
     )
     if len(frame) > MAX_FRAME_BYTES:
@@ -57,9 +64,9 @@ def decode_frame(raw: bytes) -> Message:
         )
     except Exception as error:  # msgpack raises several types for bad input
         raise MalformedFrameError(f"undecodable frame: {type(error).__name__}: {error}") from None
-    if not isinstance(fields, list) or len(fields) != 5:
-        raise MalformedFrameError("undecodable frame: not a list of 5 fields")
-    version, message_id, topic, sender, data = fields
+    if not isinstance(fields, list) or len(fields) != 6:
+        raise MalformedFrameError("undecodable frame: not a list of 6 fields")
+    version, message_id, topic, sender, data, signature = fields
     if version != FRAME_VERSION:
         raise MalformedFrameError(f"undecodable frame: unknown frame version {version!r}")
     for name, value in zip(_FIELDS, (message_id, topic, sender), strict=True):
@@ -67,7 +74,9 @@ def decode_frame(raw: bytes) -> Message:
             raise MalformedFrameError(f"undecodable frame: field {name} is not a non-empty string")
     if not isinstance(data, bytes):
         raise MalformedFrameError("undecodable frame: field data is not bytes")
-    return Message(message_id, topic, sender, data)
+    if not isinstance(signature, bytes):
+        raise MalformedFrameError("undecodable frame: field signature is not bytes")
+    return Message(message_id, topic, sender, data, signature)
 
 
 def peek_message_id(raw: bytes) -> str | None:

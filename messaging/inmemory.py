@@ -101,6 +101,16 @@ class InMemoryNetwork:
         self._endpoints[address] = endpoint
         return endpoint
 
+    def queued(self, address: str) -> list[Message]:
+        """The messages ready for ``address``, decoded (tests look at what travels)."""
+        found = []
+        for raw in self._queues[address].ready:
+            try:
+                found.append(decode_frame(raw))
+            except MalformedFrameError:
+                continue
+        return found
+
     def inject_raw(self, target: str, raw: bytes) -> None:
         """Queue raw bytes for ``target`` as if a broken or hostile sender had sent them."""
         self._queues[target].ready.append(raw)

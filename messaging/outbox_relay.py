@@ -47,8 +47,10 @@ class OutboxRelay:
         transport: MessagingService,
         store: OutboxStore,
         on_boundary: Callable[[str], None] | None = None,
+        sign: Callable[[Message, str], Message] | None = None,
     ) -> None:
         self._transport = transport
+        self._sign = sign
         self._store = store
         self._on_boundary = on_boundary
         self._taken: list[str] = []
@@ -70,6 +72,8 @@ class OutboxRelay:
 
     def _try(self, row: OutboxRow, attempts: int) -> bool:
         message = Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
+        if self._sign is not None:
+            message = self._sign(message, row.target)
         try:
             self._transport.send(message, row.target)
         except TransportError as error:

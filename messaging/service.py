@@ -36,12 +36,17 @@ SESSION_TOPIC = "platform.session"
 
 @attrs.frozen
 class Message:
-    """A transport message: an id for dedup, a topic, the sending node and opaque bytes."""
+    """A transport message: an id for dedup, a topic, the sending node and opaque bytes.
+
+    ``signature`` is the sender's Ed25519 signature (see :mod:`messaging.signing`); empty
+    on messages that are not signed (transport tests).
+    """
 
     message_id: str
     topic: str
     sender: str
     data: bytes
+    signature: bytes = b""
 
 
 MessageHandler = Callable[[Message], None]

@@ -228,6 +228,9 @@ class StateMachineManager:
 
     def _route(self, message: InboundMessage, consumed: bool) -> None:
         self.statistics.messages_received += 1
+        if message.rejection is not None:  # refused even if its id was seen: it is forged
+            self._dead_letter(message, message.rejection)
+            return
         if consumed or message.message_id in self._in_process:
             self.statistics.duplicates_dropped += 1
             self._acknowledge_one(message.message_id)

@@ -41,6 +41,8 @@ class InboundMessage:
     message_id: str
     sender: str
     data: bytes
+    rejection: str | None = None
+    """Set when the node refused the message before routing (a bad signature, say)."""
 
 
 class StoreTransaction(Protocol):

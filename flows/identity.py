@@ -1,0 +1,146 @@
+"""A node's Ed25519 key pair, and where it finds its peers' public keys.
+
+Every node signs every message it sends (:mod:`messaging.signing`) and verifies every message
+it receives against the public key of the node the message claims to come from. The key pair
+lives in a PEM file the node creates on its first start, with mode 0600 (readable by its
+owner only); a node refuses to start with a key file others can read or write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from flows.errors import FiberflowError
+from flows.network_map import NetworkMap, NetworkMapError
+from messaging.service import Message
+from messaging.signing import sign
+
+
+class KeyFileError(FiberflowError):
+    """The node's key file cannot be used; the message says why."""
+
+
+class NodeIdentity:
+    """A node's name and private key: it signs what the node sends."""
+
+    def __init__(self, name: str, private_key: Ed25519PrivateKey) -> None:
+        self.name = name
+        self._key = private_key
+        self.public_key: bytes = private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        """The raw 32-byte public key."""
+
+    @classmethod
+    def generate(cls, name: str) -> NodeIdentity:
+        """A fresh identity held in memory only (test networks)."""
+        return cls(name, Ed25519PrivateKey.generate())
+
+    @property
+    def public_key_hex(self) -> str:
+        """The public key as hex (what the network map stores)."""
+        return self.public_key.hex()
+
+    def sign(self, message: Message, target: str) -> Message:
+        """``message`` signed for ``target``."""
+        return sign(message, target, self._key)
+
+    def mac_key(self) -> bytes:
+        """A node-local secret for checkpoint MACs, derived from the private key."""
+        raw = self._key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        return hashlib.sha256(b"fiberflow-checkpoint-mac-v1" + raw).digest()
+
+
+def load_or_create_identity(path: Path, name: str) -> NodeIdentity:
+    """The identity in ``path``, creating the file (mode 0600) on first use."""
+    if not path.exists():
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it just now: use theirs
+            return load_or_create_identity(path, name)
+        with os.fdopen(descriptor, "wb") as output:
+            output.write(pem)
+        return NodeIdentity(name, key)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise KeyFileError(
+            f"key file {path} has mode {mode:o}: others may read or change it; "
+            f"make it readable by its owner only (chmod 600 {path})"
+        )
+    try:
+        loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError) as error:
+        raise KeyFileError(f"key file {path} is not a PEM private key: {error}") from error
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise KeyFileError(f"key file {path} holds a {type(loaded).__name__}, not an Ed25519 key")
+    return NodeIdentity(name, loaded)
+
+
+class PeerKeys(Protocol):
+    """Where a node looks up the public key of a sender."""
+
+    def public_key(self, name: str) -> bytes | None:
+        """The raw public key of node ``name``, or None if it is not known."""
+
+
+class StaticPeerKeys:
+    """Public keys held in memory (the test network registers each node's)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, bytes] = {}
+
+    def add(self, name: str, public_key: bytes) -> None:
+        """Know ``name`` by ``public_key``."""
+        self._keys[name] = public_key
+
+    def public_key(self, name: str) -> bytes | None:
+        """See :class:`PeerKeys`."""
+        return self._keys.get(name)
+
+
+class NetworkMapPeerKeys:
+    """Public keys from the network map directory, re-read (at most every second) on a miss."""
+
+    RELOAD_SECONDS = 1.0
+
+    def __init__(self, network_map: NetworkMap) -> None:
+        self._map = network_map
+        self._keys: dict[str, bytes] = {}
+        self._loaded_at = -1e9
+
+    def public_key(self, name: str) -> bytes | None:
+        """See :class:`PeerKeys`."""
+        key = self._keys.get(name)
+        if key is None and time.monotonic() - self._loaded_at > self.RELOAD_SECONDS:
+            self._reload()
+            key = self._keys.get(name)
+        return key
+
+    def _reload(self) -> None:
+        self._loaded_at = time.monotonic()
+        try:
+            nodes = self._map.nodes()
+        except NetworkMapError:
+            return
+        self._keys = {
+            info.name: bytes.fromhex(info.public_key) for info in nodes.values() if info.public_key
+        }

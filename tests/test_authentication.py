@@ -1,0 +1,139 @@
+"""Every message is signed by its sender and verified by its receiver; forgeries are refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from flows.identity import KeyFileError, NodeIdentity, load_or_create_identity
+from flows.testing import MockNetwork, MockNode
+from messaging.codec import encode_session_message
+from messaging.frame import encode_frame
+from messaging.service import SESSION_TOPIC, Message
+from persistence import schema
+from samples.pingpong import PingFlow
+from statemachine.session_messages import InitialSessionMessage, message_id
+from tests.helpers import assert_drained
+
+ALICE, BOB, CAROL = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH"
+PING = "samples.pingpong.flows.PingFlow"
+
+
+def dead_letter_reasons(node: MockNode) -> list[str]:
+    table = schema.node_dead_letters
+    with node.node.database.engine.connect() as connection:  # type: ignore[union-attr]
+        return list(connection.execute(select(table.c.reason)).scalars())
+
+
+def initial_ping(session: str) -> bytes:
+    return encode_session_message(InitialSessionMessage(session, PING, 1, "samples", None))
+
+
+@pytest.fixture
+def network(tmp_path: Path) -> MockNetwork:
+    net = MockNetwork(cordapps=["samples.pingpong"], directory=tmp_path)
+    for name in (ALICE, BOB, CAROL):
+        net.create_node(name)
+    return net
+
+
+def test_genuine_messages_are_signed_and_accepted(network: MockNetwork) -> None:
+    alice, bob, _ = network.nodes
+    handle = alice.start_flow(PingFlow(bob.party))
+    alice.run_once()
+    (initial,) = network.messaging.queued(BOB)
+    assert len(initial.signature) == 64
+    network.run_network()
+    assert handle.result() == "Pong"
+    assert dead_letter_reasons(bob) == []
+    network.stop_nodes()
+
+
+def test_a_forged_sender_is_refused(network: MockNetwork) -> None:
+    _, bob, _ = network.nodes
+    mallory = NodeIdentity.generate(ALICE)  # claims to be Alice, with its own key
+    session = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0.s0"
+    forged = mallory.sign(
+        Message(message_id(session, 0), SESSION_TOPIC, ALICE, initial_ping(session)), BOB
+    )
+    network.messaging.inject_raw(BOB, encode_frame(forged))
+    network.run_network()
+    assert bob.checkpoints() == [] and bob.node.manager.statistics.flows_started == 0
+    (reason,) = dead_letter_reasons(bob)
+    assert "bad signature" in reason
+    assert_drained(network)
+    network.stop_nodes()
+
+
+def test_unsigned_messages_and_unknown_senders_are_refused(network: MockNetwork) -> None:
+    _, bob, _ = network.nodes
+    session = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1.s0"
+    unsigned = Message(message_id(session, 0), SESSION_TOPIC, ALICE, initial_ping(session))
+    stranger = NodeIdentity.generate("O=Mallory,L=Nowhere,C=XX")
+    session2 = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2.s0"
+    unknown = stranger.sign(
+        Message(message_id(session2, 0), SESSION_TOPIC, stranger.name, initial_ping(session2)), BOB
+    )
+    for message in (unsigned, unknown):
+        network.messaging.inject_raw(BOB, encode_frame(message))
+    network.run_network()
+    reasons = dead_letter_reasons(bob)
+    assert any("is not signed" in r for r in reasons)
+    assert any("unknown sender" in r and "Mallory" in r for r in reasons)
+    assert bob.node.manager.statistics.flows_started == 0
+    network.stop_nodes()
+
+
+def test_tampered_payloads_and_messages_moved_elsewhere_are_refused(network: MockNetwork) -> None:
+    alice, bob, carol = network.nodes
+    handle = alice.start_flow(PingFlow(bob.party))
+    alice.run_once()
+    (genuine,) = network.messaging.queued(BOB)
+    tampered = Message(
+        genuine.message_id,
+        genuine.topic,
+        genuine.sender,
+        genuine.data.replace(b"Ping", b"Pong"),
+        genuine.signature,
+    )
+    other_session = message_id("c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3.s0", 0)
+    moved = Message(other_session, genuine.topic, genuine.sender, genuine.data, genuine.signature)
+    network.messaging.inject_raw(BOB, encode_frame(tampered))
+    network.messaging.inject_raw(BOB, encode_frame(moved))
+    network.messaging.inject_raw(CAROL, encode_frame(genuine))  # meant for Bob, replayed to Carol
+    network.run_network()
+    assert handle.result() == "Pong"  # the genuine one still went through, once
+    bob_reasons = dead_letter_reasons(bob)
+    assert len(bob_reasons) == 2 and all("bad signature" in r for r in bob_reasons)
+    (carol_reason,) = dead_letter_reasons(carol)
+    assert "bad signature" in carol_reason
+    assert carol.node.manager.statistics.flows_started == 0
+    assert bob.node.manager.statistics.flows_started == 1
+    network.stop_nodes()
+
+
+def test_the_key_file_is_created_owner_only_and_reused(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "alice.key.pem"
+    first = load_or_create_identity(path, ALICE)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    again = load_or_create_identity(path, ALICE)
+    assert again.public_key == first.public_key
+
+
+def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "alice.key.pem"
+    load_or_create_identity(path, ALICE)
+    os.chmod(path, 0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        load_or_create_identity(path, ALICE)
+
+
+def test_a_key_file_that_is_not_a_key_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "alice.key.pem"
+    path.write_text("not a key")
+    os.chmod(path, 0o600)
+    with pytest.raises(KeyFileError, match="not a PEM private key"):
+        load_or_create_identity(path, ALICE)
