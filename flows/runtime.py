@@ -246,7 +246,9 @@ class NodeProcess:
             log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
 
     def _identity(self) -> NodeIdentity:
-        path = self.config.key_file or Path(f"{node_key(self.config.name)}.key.pem")
+        if self.config.key_file is None:
+            raise ConfigError(f"node {self.config.name}: field 'key_file': not set")
+        path = self.config.key_file
         created = not path.exists()
         identity = load_or_create_identity(path, self.config.name)
         log.info(

@@ -155,6 +155,7 @@ def two_nodes(tmp_path: Path, backend: str) -> tuple[RuntimeConfig, RuntimeConfi
                 database_schema=schema,
                 synchronous="NORMAL",
                 status_file=tmp_path / f"{short}.status.json",
+                key_file=tmp_path / f"{short}.key.pem",
             )
         )
     return configs[0], configs[1], schemas
