@@ -153,6 +153,7 @@ class Node:
                 config.database_url,
                 synchronous=config.synchronous,
                 schema_name=config.database_schema,
+                mac_key=identity.mac_key(),
             )
         )
         self.messaging = messaging

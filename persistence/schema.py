@@ -17,7 +17,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
 metadata = MetaData()
@@ -50,6 +50,7 @@ node_checkpoint_blobs = Table(
     metadata,
     Column("flow_id", String(64), primary_key=True),
     Column("blob", LargeBinary, nullable=False),
+    Column("mac", LargeBinary, nullable=True),
 )
 
 node_flow_results = Table(

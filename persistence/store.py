@@ -7,7 +7,9 @@ commit survives power loss); PostgreSQL works through the same code.
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +34,7 @@ from sqlalchemy.schema import CreateSchema, DropSchema
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.schema import millis
+from persistence.serialization import SerializationError
 from statemachine.actions import (
     PersistCheckpoint,
     RecordInboundMessages,
@@ -42,9 +45,14 @@ from statemachine.actions import (
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import Receive, Sleep
 from statemachine.ports import InboundMessage, OutboxRow
-from statemachine.state import Checkpoint
+from statemachine.state import Checkpoint, FlowStatus, StartedLocally
 
 QUERY_CHUNK = 500
+
+CHECKPOINT_INTEGRITY_ERROR = "persistence.store.CheckpointIntegrityError"
+"""The error class recorded for a flow whose checkpoint could not be trusted."""
+
+log = logging.getLogger("fiberflow.store")
 """Ids per ``IN (...)`` query (well under every backend's bound-parameter limit)."""
 
 
@@ -130,7 +138,13 @@ class SqlTransaction:
                     "updated_at": millis(action.at),
                 }
             )
-            blobs.append({"flow_id": checkpoint.flow_id, "blob": blob})
+            blobs.append(
+                {
+                    "flow_id": checkpoint.flow_id,
+                    "blob": blob,
+                    "mac": self._database.checkpoint_mac(checkpoint.flow_id, blob),
+                }
+            )
         self._database.upsert(self._connection, schema.node_checkpoints, rows, "flow_id")
         self._database.upsert(self._connection, schema.node_checkpoint_blobs, blobs, "flow_id")
 
@@ -228,9 +242,16 @@ class NodeDatabase:
     """A node's database: opens (and if new, creates) the schema at ``url``."""
 
     def __init__(
-        self, url: str, *, synchronous: str = "FULL", schema_name: str | None = None
+        self,
+        url: str,
+        *,
+        synchronous: str = "FULL",
+        schema_name: str | None = None,
+        mac_key: bytes | None = None,
     ) -> None:
+        """Open the database; with ``mac_key``, checkpoint blobs carry and need a MAC."""
         self.url = normalize_url(url)
+        self._mac_key = mac_key
         self.schema_name = schema_name
         self.checkpoints_written = 0
         """Checkpoints written (inserted or replaced) through this object."""
@@ -313,16 +334,69 @@ class NodeDatabase:
                 found.update(connection.execute(query).scalars())
         return found
 
+    def checkpoint_mac(self, flow_id: str, blob: bytes) -> bytes | None:
+        """The MAC of a flow's checkpoint blob (None when the database has no MAC key)."""
+        if self._mac_key is None:
+            return None
+        return hmac.new(self._mac_key, flow_id.encode() + b"\0" + blob, "sha256").digest()
+
     def load_checkpoints(self) -> list[Checkpoint]:
-        """Every stored checkpoint, oldest first."""
+        """Every stored checkpoint, oldest first.
+
+        A blob whose MAC does not match, or that does not decode, is not trusted: the flow
+        comes back HOSPITALIZED with the reason (its row says so too; the blob is kept as
+        found, for the operator).
+        """
         rows, blobs = schema.node_checkpoints, schema.node_checkpoint_blobs
         query = (
-            select(blobs.c.blob)
+            select(rows.c.flow_id, rows.c.flow_class, rows.c.created_at, blobs.c.blob, blobs.c.mac)
             .join(rows, rows.c.flow_id == blobs.c.flow_id)
             .order_by(rows.c.created_at, rows.c.flow_id)
         )
         with self.engine.connect() as connection:
-            return [decode_checkpoint(blob) for blob in connection.execute(query).scalars()]
+            found = connection.execute(query).all()
+        checkpoints = []
+        for row in found:
+            checkpoint, problem = self._trusted_checkpoint(row.flow_id, row.blob, row.mac)
+            if problem is not None:
+                checkpoint = self._hospitalize_untrusted(row, problem)
+            assert checkpoint is not None
+            checkpoints.append(checkpoint)
+        return checkpoints
+
+    def _trusted_checkpoint(
+        self, flow_id: str, blob: bytes, mac: bytes | None
+    ) -> tuple[Checkpoint | None, str | None]:
+        expected = self.checkpoint_mac(flow_id, blob)
+        if expected is not None and (mac is None or not hmac.compare_digest(expected, mac)):
+            return None, (
+                "checkpoint MAC does not match: the blob was changed outside this node "
+                "(or written with another key)"
+            )
+        try:
+            checkpoint = decode_checkpoint(blob)
+        except SerializationError as error:
+            return None, f"undecodable checkpoint: {error}"
+        if checkpoint.flow_id != flow_id:
+            return None, f"the checkpoint stored for {flow_id} is flow {checkpoint.flow_id}'s"
+        return checkpoint, None
+
+    def _hospitalize_untrusted(self, row: Any, reason: str) -> Checkpoint:
+        log.error("flow %s kept in the hospital: %s", row.flow_id, reason)
+        table = schema.node_checkpoints
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(table)
+                .where(table.c.flow_id == row.flow_id)
+                .values(status=FlowStatus.HOSPITALIZED.value, error_message=reason)
+            )
+        return Checkpoint(
+            flow_id=row.flow_id,
+            origin=StartedLocally(row.flow_class, b""),
+            status=FlowStatus.HOSPITALIZED,
+            created_at=row.created_at / 1000,
+            error=FlowError(ErrorKind.INTERNAL, CHECKPOINT_INTEGRITY_ERROR, reason),
+        )
 
     def checkpoint_summaries(self) -> list[CheckpointSummary]:
         """(flow id, flow class, status) of every stored checkpoint, oldest first."""
