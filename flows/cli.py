@@ -35,7 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_run = node_commands.add_parser("run", help="run a node process until SIGTERM")
     node_run.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    amqp = commands.add_parser("amqp-setup", help="set up RabbitMQ for nodes with own users")
+    amqp.add_argument("--admin-url", required=True, help="amqp:// URL of an administrator")
+    amqp.add_argument(
+        "--node", action="append", required=True, metavar="NAME=USER", help="a node and its user"
+    )
     args = parser.parse_args(argv)
+    if args.command == "amqp-setup":
+        return run_amqp_setup(args.admin_url, args.node)
     if args.command == "node":
         return run_node(args.config)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
@@ -51,6 +58,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def run_amqp_setup(admin_url: str, nodes: list[str]) -> int:
+    """Create the exchanges, queues and bindings; print each node user's rabbitmqctl commands."""
+    from messaging.amqp import permission_commands, setup_topology
+
+    pairs = []
+    for item in nodes:
+        name, separator, user = item.rpartition("=")
+        if not separator or not name or not user:
+            print(f"fiberflow amqp-setup: --node {item!r} must be NAME=USER", file=sys.stderr)
+            return 2
+        pairs.append((name, user))
+    setup_topology(admin_url, [name for name, _ in pairs])
+    print("# topology created; now give each node its own broker user:")
+    for name, user in pairs:
+        print(f"# {name}")
+        for command in permission_commands(name, user, "<password>"):
+            print(command)
+    print("# then use amqp://USER:PASSWORD@HOST:5672/%2F?declare=false as each transport_url")
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Queues (durable, ``x-queue-type: classic``), named after the node key (:func:`no
 * ``p2p.deadletter.<node key>``: frames the node could not decode, each with the reason in
   its ``x-fiberflow-reason`` header.
 
-Sending publishes to the default exchange (routing key: the target's queue), ``mandatory``, on
+Both are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
+queue name as routing key. Sending publishes to ``p2p.inbound`` (routing key: the target's
+queue), ``mandatory``, on
 a channel in publisher-confirm mode: ``send`` returns once the broker has confirmed, that is, has
 written the message to disk. Publishing has its own connection, used under a lock (a pika
 connection is not thread-safe).
@@ -53,6 +55,10 @@ Connection: TypeAlias = Any
 Channel: TypeAlias = Any
 """A ``pika.adapters.blocking_connection.BlockingChannel``."""
 
+INBOUND_EXCHANGE = "p2p.inbound"
+"""The direct exchange every node's inbound queue is bound to (routing key: the queue name)."""
+DEAD_LETTER_EXCHANGE = "p2p.deadletter"
+"""The direct exchange of the dead-letter queues."""
 INBOUND_PREFIX = "p2p.inbound."
 """Prefix of a node's inbound queue name."""
 DEAD_LETTER_PREFIX = "p2p.deadletter."
@@ -153,9 +159,15 @@ def close_quietly(connection: Connection) -> None:
 
 
 def declare_queues(channel: Channel, address: str) -> None:
-    """Make sure the inbound and dead-letter queues of ``address`` exist."""
-    for name in (queue_name(address), dead_letter_queue_name(address)):
+    """Make sure the exchanges, the two queues of ``address`` and their bindings exist."""
+    for exchange in (INBOUND_EXCHANGE, DEAD_LETTER_EXCHANGE):
+        channel.exchange_declare(exchange, exchange_type="direct", durable=True)
+    for exchange, name in (
+        (INBOUND_EXCHANGE, queue_name(address)),
+        (DEAD_LETTER_EXCHANGE, dead_letter_queue_name(address)),
+    ):
         channel.queue_declare(name, durable=True, arguments=QUEUE_ARGUMENTS)
+        channel.queue_bind(name, exchange, routing_key=name)
 
 
 def publish(
@@ -165,18 +177,61 @@ def publish(
     *,
     message_id: str | None = None,
     headers: dict[str, str] | None = None,
+    exchange: str = INBOUND_EXCHANGE,
 ) -> None:
-    """Publish ``body`` persistently to ``queue``; returns once confirmed.
+    """Publish ``body`` persistently to ``queue`` through ``exchange``; returns once confirmed.
 
-    Raises ``pika.exceptions.UnroutableError`` if ``queue`` does not exist (``channel`` must be
-    in publisher-confirm mode).
+    Raises ``pika.exceptions.UnroutableError`` if ``queue`` is not bound to the exchange
+    (``channel`` must be in publisher-confirm mode).
     """
     properties = pika.BasicProperties(
         delivery_mode=pika.DeliveryMode.Persistent, message_id=message_id, headers=headers
     )
     channel.basic_publish(
-        exchange="", routing_key=queue, body=body, properties=properties, mandatory=True
+        exchange=exchange, routing_key=queue, body=body, properties=properties, mandatory=True
     )
+
+
+def split_options(url: str) -> tuple[str, bool]:
+    """``url`` without fiberflow's own query option, and whether the node declares its queues.
+
+    ``?declare=false`` says the queues, exchanges and bindings were set up by an administrator
+    (:func:`setup_topology`): a node whose broker user may not configure anything needs it.
+    """
+    parts = urlsplit(url)
+    kept, declare = [], True
+    for item in filter(None, parts.query.split("&")):
+        key, _, value = item.partition("=")
+        if key == "declare":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"declare must be true or false, not {value!r}")
+            declare = value.lower() in ("true", "1")
+        else:
+            kept.append(item)
+    return urlunsplit(parts._replace(query="&".join(kept))), declare
+
+
+def setup_topology(admin_url: str, addresses: Sequence[str]) -> None:
+    """As an administrator: create the exchanges and each node's queues and bindings."""
+    with _tool_channel(admin_url, "setting up the topology") as channel:
+        for address in addresses:
+            declare_queues(channel, address)
+
+
+def permission_commands(address: str, user: str, password: str) -> list[str]:
+    """The ``rabbitmqctl`` commands giving ``user`` exactly what node ``address`` needs.
+
+    Configure: nothing (the administrator set the topology up). Write: the two exchanges
+    (publishing to any node's inbound queue, and to dead-letter queues, goes through them;
+    the default exchange, which reaches every queue, is not allowed). Read: the node's own
+    two queues only (consuming; other nodes' queues are refused, and so is binding anything
+    to the exchanges, which needs read on them).
+    """
+    own = f"^p2p\\.(inbound|deadletter)\\.{node_key(address)}$"
+    return [
+        f"rabbitmqctl add_user '{user}' '{password}'",
+        f"rabbitmqctl set_permissions -p / '{user}' '^$' '^p2p\\.(inbound|deadletter)$' '{own}'",
+    ]
 
 
 @attrs.frozen
@@ -296,7 +351,8 @@ class AmqpMessaging:
     """A node's ``MessagingService`` on the RabbitMQ broker at ``url`` (see the module docstring).
 
     Building one declares the node's queues (raising TransportError if the broker cannot be
-    reached within ``reconnect_timeout`` seconds). ``prefetch`` bounds the deliveries the node
+    reached within ``reconnect_timeout`` seconds), unless the URL says ``?declare=false``
+    (see :func:`split_options`). ``prefetch`` bounds the deliveries the node
     holds unacknowledged (0: no bound); once it holds that many, the broker sends no more until
     some are acknowledged.
     """
@@ -309,6 +365,7 @@ class AmqpMessaging:
         prefetch: int = DEFAULT_PREFETCH,
         reconnect_timeout: float = DEFAULT_RECONNECT_SECONDS,
     ) -> None:
+        url, self._declare = split_options(url)
         self._url = url
         self._address = address
         self._prefetch = prefetch
@@ -330,7 +387,8 @@ class AmqpMessaging:
         self.reconnects = 0
         """Consumer connections opened after one was lost."""
         self._publisher = _Publisher(url, f"fiberflow publisher {address}", reconnect_timeout)
-        self._publisher.declare(address)
+        if self._declare:
+            self._publisher.declare(address)
 
     @property
     def my_address(self) -> str:
@@ -449,7 +507,8 @@ class AmqpMessaging:
     def _open_consumer(self) -> tuple[Connection, Channel]:
         connection, channel = open_channel(self._url, f"fiberflow consumer {self._address}")
         try:
-            declare_queues(channel, self._address)
+            if self._declare:
+                declare_queues(channel, self._address)
             channel.basic_qos(prefetch_count=self._prefetch)
             channel.basic_consume(queue_name(self._address), self._on_delivery, auto_ack=False)
         except BaseException:
@@ -522,7 +581,11 @@ class AmqpMessaging:
         """Move a delivery to the dead-letter queue (confirmed), then ack it."""
         log.warning("%s: dead-lettering delivery %d: %s", self._address, tag, reason)
         publish(
-            channel, dead_letter_queue_name(self._address), raw, headers={REASON_HEADER: reason}
+            channel,
+            dead_letter_queue_name(self._address),
+            raw,
+            headers={REASON_HEADER: reason},
+            exchange=DEAD_LETTER_EXCHANGE,
         )
         channel.basic_ack(delivery_tag=tag)
         self.dead_lettered += 1
@@ -535,6 +598,7 @@ class AmqpMessaging:
 @contextlib.contextmanager
 def _tool_channel(url: str, what: str) -> Iterator[Channel]:
     """A confirm-mode channel on a short-lived connection; pika errors become TransportError."""
+    url, _ = split_options(url)
     try:
         connection, channel = open_channel(url, f"fiberflow tool: {what}")
     except _AMQP_ERRORS as error:
