@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -560,6 +561,24 @@ def create_tables(engine: Engine, metadata: MetaData) -> None:
         metadata.create_all(connection)
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    """Set WAL mode; retried, since SQLite does not wait on the lock this needs.
+
+    (Two processes opening a new database file at once: one converts it to WAL while the
+    other gets "database is locked" at once, busy timeout or not.)
+    """
+    delay = 0.005
+    for attempt in range(12):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or attempt == 11:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 def configure_sqlite(engine: Engine, synchronous: str) -> None:
     """WAL, the given ``synchronous`` level, a 10 s busy timeout, and explicit BEGIN."""
     if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -570,7 +589,7 @@ def configure_sqlite(engine: Engine, synchronous: str) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves, below
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA busy_timeout=10000")  # first: the others may wait for a lock
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.close()
 

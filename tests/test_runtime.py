@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,13 +109,13 @@ def test_node_run_with_a_bad_config_exits_2_and_names_the_field(tmp_path: Path) 
 @contextmanager
 def running(configs: list[RuntimeConfig]) -> Iterator[list[NodeProcess]]:
     processes = [NodeProcess(config) for config in configs]
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def run(process: NodeProcess) -> None:
         try:
             process.run(install_signal_handlers=False)
-        except BaseException as error:
-            errors.append(error)
+        except BaseException:
+            errors.append(traceback.format_exc())
 
     threads = [threading.Thread(target=run, args=(p,)) for p in processes]
     for thread in threads:
@@ -127,7 +128,7 @@ def running(configs: list[RuntimeConfig]) -> Iterator[list[NodeProcess]]:
         for thread in threads:
             thread.join(60)
         assert not any(thread.is_alive() for thread in threads)
-        assert not errors, errors
+        assert not errors, "\n".join(errors)
 
 
 def two_nodes(tmp_path: Path, backend: str) -> tuple[RuntimeConfig, RuntimeConfig, list[str]]:
