@@ -8,11 +8,12 @@ its peers. Share the directory between the nodes of a host, or copy the files to
 A node-info file::
 
     {"name": "O=Bob,L=New York,C=US", "node_key": "3f...", "address": "O=Bob,L=New York,C=US",
-     "transport": "sqlite:///.../queue.db", "public_key": null, "platform_version": 1,
+     "transport": "sqlite:///.../queue.db", "public_key": "9c1f...", "platform_version": 1,
      "updated_at": "2026-11-22T19:30:00+00:00"}
 
 ``node_key`` is the first 32 hex digits of the SHA-256 of the name (the AMQP transport names
-queues after it); ``public_key`` is null until nodes sign their messages.
+queues after it); ``public_key`` is the hex of the node's Ed25519 public key, against which
+every message claiming to come from the node is verified.
 """
 
 from __future__ import annotations
