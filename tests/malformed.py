@@ -4,7 +4,9 @@
 bytes that are not a frame; frames whose data is garbage or truncated msgpack; well-framed
 session messages with wrong field types, unknown session ids, ids that do not match their
 session, sequence numbers out of range, unknown message kinds; and copies of real messages
-aimed at sessions that exist. :func:`survives` injects them into Bob's queue while Alice
+aimed at sessions that exist. Inputs claiming to come from Alice are signed with her key (a
+buggy or compromised peer), so they get past authentication and reach the decoder; others
+are refused as unknown senders. :func:`survives` injects them into Bob's queue while Alice
 and Bob run ping/pong and checks that the node kept serving: every ping got its pong, every
 injected message was acknowledged (nothing loops), nothing reached a flow, and each
 rejection was counted.
@@ -151,9 +153,10 @@ def survives(injections: list[Injection], pings: int = 3) -> dict[str, Any]:
             live = _live_session(net)
             if live is not None:
                 data = data.replace(b"LIVE", live.encode())
-            sender.send_batch(
-                [(Message(injection.message_id, SESSION_TOPIC, injection.sender, data), BOB)]
-            )
+            message = Message(injection.message_id, SESSION_TOPIC, injection.sender, data)
+            if injection.sender == ALICE:  # a buggy or compromised peer: signed garbage
+                message = alice.identity.sign(message, BOB)
+            sender.send_batch([(message, BOB)])
         net.run_network()
         assert [h.result() for h in handles] == ["Pong"] * pings
         assert network.in_flight(BOB) == 0 and network.pending(BOB) == 0, "an input loops"
