@@ -12,14 +12,16 @@ from flows.errors import (
     FlowFailedError,
     FlowNonDeterminismError,
     FlowStillRunningError,
+    FlowTimeoutException,
     UnexpectedFlowEndException,
 )
-from flows.flow_logic import FlowLogic, FlowSession
+from flows.flow_logic import FOREVER, FlowLogic, FlowSession
 from flows.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
 
 __all__ = [
+    "FOREVER",
     "FiberflowError",
     "FlowArgumentError",
     "FlowDefinitionError",
@@ -31,6 +33,7 @@ __all__ = [
     "FlowNonDeterminismError",
     "FlowSession",
     "FlowStillRunningError",
+    "FlowTimeoutException",
     "Node",
     "NodeConfig",
     "Party",

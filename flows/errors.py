@@ -36,6 +36,10 @@ class FlowFailedError(FiberflowError):
     """A flow failed with an error whose original class cannot be rebuilt here."""
 
 
+class FlowTimeoutException(FlowException):
+    """A receive waited longer than its timeout (``receive(type, timeout=...)``)."""
+
+
 class FlowStillRunningError(FiberflowError):
     """``FlowHandle.result()`` was asked for a flow that has not finished yet."""
 

@@ -39,11 +39,13 @@ class _FiberRuntime:
         our_identity: Party,
         clock_now: Callable[[], float],
         effects: FlowEffectRegistry,
+        default_receive_timeout: float | None = None,
     ) -> None:
         self._fiber = fiber
         self.flow_id = flow_id
         self.our_identity = our_identity
         self.clock_now = clock_now
+        self.default_receive_timeout = default_receive_timeout
         self._effects = effects
         self._next_effect = 0
 
@@ -69,8 +71,11 @@ class GreenletFiber:
         our_identity: Party,
         clock_now: Callable[[], float],
         effects: FlowEffectRegistry,
+        default_receive_timeout: float | None = None,
     ) -> None:
-        self._runtime = _FiberRuntime(self, flow_id, our_identity, clock_now, effects)
+        self._runtime = _FiberRuntime(
+            self, flow_id, our_identity, clock_now, effects, default_receive_timeout
+        )
         self._build = build
         self._greenlet = greenlet.greenlet(self._run)
         self._resumer: greenlet.greenlet | None = None
@@ -150,8 +155,10 @@ class GreenletFiberFactory:
         clock_now: Callable[[], float],
         resolve: Callable[[str], type[FlowLogic[Any]] | None],
         effects: FlowEffectRegistry | None = None,
+        default_receive_timeout: float | None = None,
     ) -> None:
         self._effects = effects if effects is not None else FlowEffectRegistry()
+        self._default_receive_timeout = default_receive_timeout
         self._our_identity = our_identity
         self._clock_now = clock_now
         self._resolve = resolve
@@ -176,4 +183,11 @@ class GreenletFiberFactory:
             flow._ff_bind(runtime, None)
             return flow
 
-        return GreenletFiber(build, flow_id, self._our_identity, self._clock_now, self._effects)
+        return GreenletFiber(
+            build,
+            flow_id,
+            self._our_identity,
+            self._clock_now,
+            self._effects,
+            self._default_receive_timeout,
+        )

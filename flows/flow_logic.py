@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Sequence
@@ -50,8 +51,26 @@ class FlowRuntime(Protocol):
     def clock_now(self) -> float:
         """The node clock's current time (a candidate for ``FlowLogic.now``)."""
 
+    @property
+    def default_receive_timeout(self) -> float | None:
+        """The node's receive timeout in seconds (None: wait forever)."""
+
     def register_effect(self, label: str, effect: Callable[[Any], None]) -> int:
         """Keep a side effect for the transaction of the current step; returns its ordinal."""
+
+
+FOREVER = math.inf
+"""``receive(..., timeout=FOREVER)`` waits without limit, whatever the node's default."""
+
+
+def _resolve_timeout(runtime: FlowRuntime, timeout: float | None) -> float | None:
+    if timeout is None:
+        return runtime.default_receive_timeout
+    if timeout == FOREVER:
+        return None
+    if not timeout > 0:
+        raise ValueError(f"a receive timeout must be positive seconds, not {timeout!r}")
+    return float(timeout)
 
 
 class FlowNotRunningError(RuntimeError):
@@ -153,12 +172,20 @@ class FlowLogic(Generic[T]):
         self._runtime().suspend(Sleep(float(seconds)))
 
     def receive_all(
-        self, receive_type: type[R], sessions: Sequence[FlowSession]
+        self,
+        receive_type: type[R],
+        sessions: Sequence[FlowSession],
+        timeout: float | None = None,
     ) -> list[UntrustworthyData[R]]:
-        """Receive one message from each session; results are in the order of ``sessions``."""
+        """Receive one message from each session; results are in the order of ``sessions``.
+
+        ``timeout`` as in :meth:`FlowSession.receive`.
+        """
         if not sessions:
             raise ValueError("receive_all needs at least one session")
-        request = Receive(tuple(s.session_id for s in sessions))
+        request = Receive(
+            tuple(s.session_id for s in sessions), _resolve_timeout(self._runtime(), timeout)
+        )
         payloads = self._runtime().suspend(request)
         assert isinstance(payloads, tuple)
         return [
@@ -220,16 +247,24 @@ class FlowSession:
         data = PAYLOADS.encode(payload)
         self._runtime.suspend(Send((SessionPayload(self.session_id, data),)))
 
-    def receive(self, receive_type: type[T]) -> UntrustworthyData[T]:
-        """Wait for the next message; raises ``FlowException`` if it is not a ``receive_type``."""
-        payloads = self._runtime.suspend(Receive((self.session_id,)))
+    def receive(self, receive_type: type[T], timeout: float | None = None) -> UntrustworthyData[T]:
+        """Wait for the next message; raises ``FlowException`` if it is not a ``receive_type``.
+
+        If nothing arrives within ``timeout`` seconds (the node's default when None;
+        ``FOREVER`` to wait without limit), raises ``FlowTimeoutException``. The deadline is
+        durable: it survives restarts.
+        """
+        request = Receive((self.session_id,), _resolve_timeout(self._runtime, timeout))
+        payloads = self._runtime.suspend(request)
         assert isinstance(payloads, tuple) and len(payloads) == 1
         return self._check(receive_type, cast(bytes, payloads[0]))
 
-    def send_and_receive(self, receive_type: type[T], payload: object) -> UntrustworthyData[T]:
-        """Send ``payload``, then wait for the reply."""
+    def send_and_receive(
+        self, receive_type: type[T], payload: object, timeout: float | None = None
+    ) -> UntrustworthyData[T]:
+        """Send ``payload``, then wait for the reply (``timeout`` as in :meth:`receive`)."""
         self.send(payload)
-        return self.receive(receive_type)
+        return self.receive(receive_type, timeout)
 
     def close(self) -> None:
         """End the session: the counterparty's next receive on it fails as ended."""

@@ -47,6 +47,9 @@ T = TypeVar("T")
 
 log = logging.getLogger("fiberflow.node")
 
+DEFAULT_RECEIVE_TIMEOUT = 3600.0
+"""A receive waits at most an hour unless the flow or the node config says otherwise."""
+
 
 class SystemClock:
     """The real clock."""
@@ -69,8 +72,15 @@ class NodeConfig:
     cordapps: tuple[str, ...] = ()
     synchronous: str = "FULL"
     database_schema: str | None = None
+    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
+    """Seconds a receive waits when the flow gives no timeout (None: forever)."""
 
     def __attrs_post_init__(self) -> None:
+        if self.receive_timeout is not None and not self.receive_timeout > 0:
+            raise ValueError(
+                f"node {self.name}: receive_timeout must be positive seconds or None, "
+                f"not {self.receive_timeout!r}"
+            )
         Party(self.name)  # validates the name, naming the problem
         if not self.database_url or "://" not in self.database_url:
             raise ValueError(
@@ -166,7 +176,11 @@ class Node:
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
         self.effects = FlowEffectRegistry()
         fibers = GreenletFiberFactory(
-            self.party, self.clock.now, self.cordapps.flow_class, self.effects
+            self.party,
+            self.clock.now,
+            self.cordapps.flow_class,
+            self.effects,
+            config.receive_timeout,
         )
         self.manager = StateMachineManager(
             our_identity=config.name,

@@ -37,7 +37,7 @@ import attrs
 from flows.cordapps import CordappError, Cordapps
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
-from flows.node import Node, NodeConfig
+from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
 
@@ -49,7 +49,7 @@ IDLE_WAIT_SECONDS = 0.05
 STATUS_SECONDS = 1.0
 REPORT_SECONDS = 10.0
 
-_FIELDS = {
+_FIELDS: dict[str, type | tuple[type, ...]] = {
     "name": str,
     "database_url": str,
     "transport_url": str,
@@ -60,6 +60,7 @@ _FIELDS = {
     "status_file": str,
     "log_level": str,
     "key_file": str,
+    "receive_timeout": (int, float, str),
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -83,6 +84,8 @@ class RuntimeConfig:
     log_level: str = "INFO"
     key_file: Path | None = None
     """The node's Ed25519 key pair (PEM, mode 0600), created at first start."""
+    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
+    """Seconds a receive waits when the flow gives no timeout (None: forever)."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -92,6 +95,7 @@ class RuntimeConfig:
             cordapps=self.cordapps,
             synchronous=self.synchronous,
             database_schema=self.database_schema,
+            receive_timeout=self.receive_timeout,
         )
 
 
@@ -123,7 +127,10 @@ def config_from_mapping(
             raise fail(field, "missing (required)")
     for field, expected in _FIELDS.items():
         if field in document and not isinstance(document[field], expected):
-            raise fail(field, f"must be a {expected.__name__}, not {document[field]!r}")
+            names = " or ".join(
+                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
+            )
+            raise fail(field, f"must be a {names}, not {document[field]!r}")
     try:
         Party(document["name"])
     except ValueError as error:
@@ -155,6 +162,15 @@ def config_from_mapping(
     network_map = base / document.get("network_map", "network-map")
     status_file = document.get("status_file")
     key_file = base / document.get("key_file", f"{node_key(document['name'])}.key.pem")
+    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
+    if "receive_timeout" in document:
+        value = document["receive_timeout"]
+        if value == "forever":
+            receive_timeout = None
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            receive_timeout = float(value)
+        else:
+            raise fail("receive_timeout", 'must be positive seconds or "forever"')
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -166,6 +182,7 @@ def config_from_mapping(
         status_file=None if status_file is None else base / status_file,
         log_level=level,
         key_file=key_file,
+        receive_timeout=receive_timeout,
     )
 
 

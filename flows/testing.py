@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from flows.flow_logic import FlowLogic
 from flows.identity import NodeIdentity, StaticPeerKeys
-from flows.node import FlowHandle, Node, NodeConfig
+from flows.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
 from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
 from persistence.memory_store import MEMORY_URL
@@ -210,6 +210,7 @@ class MockNetwork:
         directory: str | Path | None = None,
         synchronous: str = "NORMAL",
         database: str = "sqlite",
+        receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT,
     ) -> None:
         if database not in ("sqlite", "memory") and not database.startswith("postgres"):
             raise ValueError(
@@ -217,6 +218,7 @@ class MockNetwork:
                 f"not {database!r}"
             )
         self.database = database
+        self.receive_timeout = receive_timeout
         self._schema_prefix = f"ff_{uuid.uuid4().hex[:12]}"
         self._schemas: list[str] = []
         self.cordapps = tuple(cordapps)
@@ -252,6 +254,7 @@ class MockNetwork:
             database_schema=schema_name,
             cordapps=tuple(self.cordapps if cordapps is None else cordapps),
             synchronous=self.synchronous,
+            receive_timeout=self.receive_timeout,
         )
         node = MockNode(self, config)
         self.nodes.append(node)

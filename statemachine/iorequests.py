@@ -72,10 +72,17 @@ class Receive:
     """Wait for the next message on each of the given sessions (results in list order)."""
 
     session_ids: tuple[str, ...]
+    timeout: float | None = None
+    """Seconds to wait before the flow gets ``FlowTimeoutException``; None waits forever.
+
+    Not part of the signature: a node's default may change between a run and its replay.
+    """
 
     def __attrs_post_init__(self) -> None:
         if not self.session_ids:
             raise ValueError("Receive needs at least one session")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"a receive timeout must be positive, not {self.timeout}")
         if len(set(self.session_ids)) != len(self.session_ids):
             raise ValueError(f"Receive names a session twice: {self.session_ids}")
 

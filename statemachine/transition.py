@@ -95,8 +95,12 @@ from statemachine.state import (
     JournalEntry,
     Outcome,
     Pending,
+    Raised,
     Value,
 )
+
+FLOW_TIMEOUT_EXCEPTION = "flows.errors.FlowTimeoutException"
+"""The exception a flow gets when a receive outlives its timeout."""
 
 MAX_UNCOMMITTED_STEPS = 32
 """A live flow that keeps running without blocking commits after this many requests."""
@@ -276,11 +280,15 @@ def _suspend_live(state: FlowState, event: Suspend) -> TransitionResult:
     return _complete(state, request, outcome, at)
 
 
-def _receive(state: FlowState, request: Receive, at: float) -> TransitionResult:
+def _receive(
+    state: FlowState, request: Receive, at: float, deadline: float | None = None
+) -> TransitionResult:
     state = ensure_initiated(state, request.session_ids)
     state, outcome = try_receive(state, request)
     if outcome is None:
-        return _block(state, Pending(request), at)
+        if deadline is None and request.timeout is not None:
+            deadline = at + request.timeout
+        return _block(state, Pending(request, deadline), at)
     return _complete(state, request, outcome, at)
 
 
@@ -315,8 +323,9 @@ def _suspend_replaying(state: FlowState, event: Suspend) -> TransitionResult:
     if isinstance(request, Sleep):
         assert pending.deadline is not None
         return _sleep(state, request, event.at, pending.deadline)
-    assert isinstance(request, Receive)
-    return _receive(state, request, event.at)
+    assert isinstance(request, Receive) and isinstance(pending.request, Receive)
+    # The deadline is the one first set (durable), not one counted again from now.
+    return _receive(state, pending.request, event.at, pending.deadline)
 
 
 def _finish_replaying(state: FlowState, event: FlowFinished | FlowFailed) -> TransitionResult:
@@ -378,8 +387,17 @@ def _wake_up(state: FlowState, event: WakeUp) -> TransitionResult:
     pending = state.checkpoint.pending
     if pending is None or pending.deadline is None or event.at < pending.deadline:
         return TransitionResult(state, (), ProcessEvents())
-    assert isinstance(pending.request, Sleep)
-    return _complete(state, pending.request, Value(None), event.at)
+    request = pending.request
+    if isinstance(request, Receive):
+        sessions = ", ".join(request.session_ids)
+        error = FlowError(
+            ErrorKind.FLOW_EXCEPTION,
+            FLOW_TIMEOUT_EXCEPTION,
+            f"no message on {sessions} within {request.timeout:g} s",
+        )
+        return _complete(state, request, Raised(error), event.at)
+    assert isinstance(request, Sleep)
+    return _complete(state, request, Value(None), event.at)
 
 
 def _drop_late_message(state: FlowState, event: DeliverSessionMessage) -> TransitionResult:

@@ -8,9 +8,11 @@ import attrs
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
 
 from flows import (
+    FOREVER,
     FlowException,
     FlowLogic,
     FlowSession,
+    FlowTimeoutException,
     Party,
     initiated_by,
     initiating_flow,
@@ -334,3 +336,40 @@ class FailingEffectFlow(FlowLogic[str]):
 
         self.in_transaction(broken, "broken")
         return "unreachable"
+
+
+# --- receive timeouts ----------------------------------------------------------------------
+
+
+@initiating_flow
+class PatientFlow(FlowLogic[str]):
+    """Says hello and waits for an answer that never comes, with a timeout."""
+
+    def __init__(self, peer: Party, timeout: float | None, catch: bool, linger: float = 0) -> None:
+        self.peer = peer
+        self.timeout = timeout
+        self.catch = catch
+        self.linger = linger
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        try:
+            return session.send_and_receive(str, "hello", timeout=self.timeout).unwrap(str)
+        except FlowTimeoutException as error:
+            if not self.catch:
+                raise
+            if self.linger:
+                self.sleep(self.linger)  # a checkpoint whose journal holds the timeout
+            return f"gave up: {error}"
+
+
+@initiated_by(PatientFlow)
+class SilentResponder(FlowLogic[None]):
+    """Takes the hello and then waits, without limit, for something that never comes."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str)
+        self.session.receive(str, timeout=FOREVER)
