@@ -40,6 +40,10 @@ class FlowTimeoutException(FlowException):
     """A receive waited longer than its timeout (``receive(type, timeout=...)``)."""
 
 
+class FlowKilledException(FiberflowError):
+    """The flow was killed by an operator (``Node.kill_flow``)."""
+
+
 class FlowStillRunningError(FiberflowError):
     """``FlowHandle.result()`` was asked for a flow that has not finished yet."""
 

@@ -32,6 +32,7 @@ from statemachine.iorequests import (
     RunInTransaction,
     Send,
     SessionPayload,
+    SetProgress,
     Sleep,
 )
 
@@ -209,6 +210,17 @@ class FlowLogic(Generic[T]):
         """
         ordinal = self._runtime().register_effect(label, effect)
         self._runtime().suspend(RunInTransaction(label, ordinal))
+
+    def progress(self, step: str) -> None:
+        """Report that the flow reached ``step`` (its progress tracker).
+
+        The current step is stored with the flow's checkpoint and shown by
+        ``fiberflow flow list``; name steps so an operator can tell where a flow is
+        ("Collecting signatures", "Waiting for approval").
+        """
+        if not isinstance(step, str) or not 0 < len(step) <= 200:
+            raise ValueError("a progress step is a string of 1 to 200 characters")
+        self._runtime().suspend(SetProgress(step))
 
     def now(self) -> datetime.datetime:
         """The current time (UTC), journaled: a replay sees the same time."""

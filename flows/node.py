@@ -300,6 +300,17 @@ class Node:
         database.mark_flow_requests_started([r.request_id for r in requests], self.clock.now())
         return len(to_start)
 
+    def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
+        """End a flow wherever it is (running, suspended, in the hospital).
+
+        Its counterparties get ``UnexpectedFlowEndException``; its checkpoint is removed and
+        its handle raises ``FlowKilledException`` with ``reason``. The kill happens in the
+        next round. Raises KeyError if the flow is not running on this node.
+        """
+        self._check_running()
+        self.manager.kill_flow(flow_id, reason)
+        self.wakeup.set()
+
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started earlier (also after a restart)."""
         self.flow_status(flow_id)  # raises KeyError for an unknown id

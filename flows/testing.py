@@ -164,6 +164,10 @@ class MockNode:
             self.restart()
             raise
 
+    def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
+        """See ``Node.kill_flow``."""
+        self.node.kill_flow(flow_id, reason)
+
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started on this node (also after a restart)."""
         self.node.flow_status(flow_id)  # raises KeyError for an unknown id

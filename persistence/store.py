@@ -129,7 +129,7 @@ class SqlTransaction:
                     "flow_id": checkpoint.flow_id,
                     "flow_class": checkpoint.flow_class,
                     "status": checkpoint.status.value,
-                    "progress_step": None,
+                    "progress_step": checkpoint.progress_step,
                     "suspended_on": suspended_on,
                     "waiting_for": waiting_for,
                     "journal_length": len(checkpoint.journal),

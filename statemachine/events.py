@@ -75,6 +75,14 @@ class WakeUp:
 
 
 @attrs.frozen
+class KillFlow:
+    """An operator ends the flow wherever it is; its counterparties see an unexpected end."""
+
+    reason: str
+    at: float
+
+
+@attrs.frozen
 class FlowFinished:
     """``call()`` returned; ``result`` is the serialized return value."""
 
@@ -99,6 +107,7 @@ Event = Union[
     WakeUp,
     FlowFinished,
     FlowFailed,
+    KillFlow,
 ]
 """Every event kind the transition function accepts."""
 

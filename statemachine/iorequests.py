@@ -170,8 +170,23 @@ class RunInTransaction:
         return f"in_transaction({self.label!r}, #{self.ordinal})"
 
 
+@attrs.frozen
+class SetProgress:
+    """The flow reached a named step of its progress tracker (stored in the checkpoint)."""
+
+    step: str
+
+    def signature(self) -> tuple[Plain, ...]:
+        """The journal signature: kind and step."""
+        return ("SetProgress", self.step)
+
+    def describe(self) -> str:
+        """Human-readable form for error messages."""
+        return f"progress({self.step!r})"
+
+
 IORequest = Union[
-    InitiateSession, Send, Receive, CloseSessions, Sleep, RecordValue, RunInTransaction
+    InitiateSession, Send, Receive, CloseSessions, Sleep, RecordValue, RunInTransaction, SetProgress
 ]
 """Every kind of request a flow can suspend with."""
 

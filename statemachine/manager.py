@@ -28,6 +28,7 @@ from statemachine.events import (
     Event,
     FlowFailed,
     FlowFinished,
+    KillFlow,
     RestoreFlow,
     StartFlow,
     StartInitiatedFlow,
@@ -554,6 +555,12 @@ class StateMachineManager:
             listener(end)
 
     # --- queries ------------------------------------------------------------------------
+
+    def kill_flow(self, flow_id: str, reason: str) -> None:
+        """End a live flow wherever it is (the next round does it); KeyError if not live."""
+        if flow_id not in self._flows:
+            raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
+        self._queue_event(flow_id, KillFlow(reason, self._clock.now()))
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         """The in-memory state of a live (or hospitalized) flow."""

@@ -165,6 +165,8 @@ class Checkpoint:
     pending: Pending | None = None
     next_session_index: int = 0
     error: FlowError | None = None
+    progress_step: str | None = None
+    """The step the flow last reported (``FlowLogic.progress``), for operators."""
 
     @property
     def flow_class(self) -> str:

@@ -42,6 +42,7 @@ from statemachine.events import (
     Event,
     FlowFailed,
     FlowFinished,
+    KillFlow,
     RestoreFlow,
     StartFlow,
     StartInitiatedFlow,
@@ -58,6 +59,7 @@ from statemachine.iorequests import (
     RecordValue,
     RunInTransaction,
     Send,
+    SetProgress,
     Sleep,
 )
 from statemachine.result import (
@@ -101,6 +103,9 @@ from statemachine.state import (
 
 FLOW_TIMEOUT_EXCEPTION = "flows.errors.FlowTimeoutException"
 """The exception a flow gets when a receive outlives its timeout."""
+
+FLOW_KILLED_EXCEPTION = "flows.errors.FlowKilledException"
+"""The error a killed flow's handle raises."""
 
 MAX_UNCOMMITTED_STEPS = 32
 """A live flow that keeps running without blocking commits after this many requests."""
@@ -271,6 +276,11 @@ def _suspend_live(state: FlowState, event: Suspend) -> TransitionResult:
         state, outcome = send_payloads(state, request.payloads)
     elif isinstance(request, CloseSessions):
         state, outcome = close_sessions(state, request.session_ids)
+    elif isinstance(request, SetProgress):
+        state = attrs.evolve(
+            state, checkpoint=attrs.evolve(state.checkpoint, progress_step=request.step)
+        )
+        outcome = Value(None)
     elif isinstance(request, RunInTransaction):
         state = attrs.evolve(state, unrun_effects=(*state.unrun_effects, request.ordinal))
         outcome = Value(None)
@@ -441,6 +451,12 @@ def _fail(state: FlowState, event: FlowFailed) -> TransitionResult:
     return TransitionResult(_clean(state), tuple(actions + after_commit), Abort("failed"))
 
 
+def _kill(state: FlowState, event: KillFlow) -> TransitionResult:
+    """End the flow as failed with ``FlowKilledException``; peers see an unexpected end."""
+    error = FlowError(ErrorKind.INTERNAL, FLOW_KILLED_EXCEPTION, event.reason)
+    return _fail(state, FlowFailed(error, event.at))
+
+
 # --- the table ------------------------------------------------------------------------------
 
 _S = FlowStatus
@@ -466,5 +482,11 @@ TRANSITIONS: dict[tuple[FlowStatus | None, type], Handler] = {
     (_S.RUNNABLE, FlowFailed): _fail,
     (_S.REPLAYING, FlowFinished): _finish_replaying,
     (_S.REPLAYING, FlowFailed): _finish_replaying,
+    (_S.RUNNABLE, KillFlow): _kill,
+    (_S.SUSPENDED, KillFlow): _kill,
+    (_S.REPLAYING, KillFlow): _kill,
+    (_S.HOSPITALIZED, KillFlow): _kill,
+    (_S.COMPLETED, KillFlow): _ignore,
+    (_S.FAILED, KillFlow): _ignore,
 }
 """Every legal (status, event kind) pair and the rule that handles it."""

@@ -82,11 +82,13 @@ class BuyerFlow(FlowLogic[TradeOutcome]):
 
     def call(self) -> TradeOutcome:
         """Send the proposal, check the answer matches it."""
+        self.progress("Proposing the trade")
         proposal = TradeProposal(
             self.item, self.quantity, self.unit_price_cents, self.our_identity, self.approver
         )
         session = self.initiate_flow(self.seller)
         session.send(proposal)
+        self.progress("Waiting for the seller's answer")
 
         def check(outcome: TradeOutcome) -> TradeOutcome:
             if outcome.proposal != proposal or outcome.seller != self.seller:
@@ -114,6 +116,7 @@ class SellerFlow(FlowLogic[TradeOutcome]):
             return proposal
 
         proposal = self.session.receive(TradeProposal).unwrap(check)
+        self.progress("Waiting for approval")
         decision = self.sub_flow(RequestApprovalFlow(proposal))
         if not decision.approved:
             raise FlowException(f"trade refused by {proposal.approver}: {decision.reason}")
