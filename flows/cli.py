@@ -35,6 +35,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_run = node_commands.add_parser("run", help="run a node process until SIGTERM")
     node_run.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    for action, text in (("drain", "refuse new flows"), ("undrain", "accept new flows again")):
+        sub = node_commands.add_parser(action, help=f"tell a running node to {text}")
+        sub.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+        sub.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
+    flow = commands.add_parser("flow", help="list flows, or kill/pause/resume/retry one")
+    flow_commands = flow.add_subparsers(dest="flow_command", required=True)
+    flow_list = flow_commands.add_parser("list", help="the node's flows with a checkpoint")
+    flow_list.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    for action in ("kill", "pause", "resume", "retry"):
+        sub = flow_commands.add_parser(action, help=f"{action} a flow on a running node")
+        sub.add_argument("flow_id")
+        sub.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+        sub.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
+    checkpoints = commands.add_parser("checkpoints", help="inspect stored checkpoints")
+    checkpoint_commands = checkpoints.add_subparsers(dest="checkpoints_command", required=True)
+    dump = checkpoint_commands.add_parser("dump", help="a checkpoint as readable JSON")
+    dump.add_argument("flow_id")
+    dump.add_argument("--config", type=Path, required=True, help="the node's TOML config")
     amqp = commands.add_parser("amqp-setup", help="set up RabbitMQ for nodes with own users")
     amqp.add_argument("--admin-url", required=True, help="amqp:// URL of an administrator")
     amqp.add_argument(
@@ -43,8 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "amqp-setup":
         return run_amqp_setup(args.admin_url, args.node)
-    if args.command == "node":
+    if args.command == "node" and args.node_command == "run":
         return run_node(args.config)
+    if args.command in ("node", "flow", "checkpoints"):
+        from flows.operator import run_operator_command
+
+        return run_operator_command(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     if args.command == "demo":
         if args.flows < 1:

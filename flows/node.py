@@ -99,6 +99,10 @@ class FlowOutcomes(Protocol):
         """The flow's result (or its error raised)."""
 
 
+class NodeDrainingError(FiberflowError):
+    """The node is draining: it starts no new flows until told otherwise."""
+
+
 class NodeStoppedError(FiberflowError):
     """The node was stopped; ask the node that replaced it."""
 
@@ -217,6 +221,10 @@ class Node:
     def start(self) -> None:
         """Restore every checkpointed flow, re-send the outbox, and start receiving."""
         self.restored_flows = self.manager.restore()
+        if isinstance(self.database, NodeDatabase):
+            for flow_id in self.database.paused_flows():
+                if self.manager.flow_state(flow_id) is not None:
+                    self.manager.pause_flow(flow_id)
         self.relay.start()
         self.resent_messages = self.relay.resend_pending()
         self.messaging.start()
@@ -237,6 +245,8 @@ class Node:
     def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
         """Checkpoint ``flow`` as Unstarted and schedule it; returns its handle at once."""
         self._check_running()
+        if self.manager.draining:
+            raise NodeDrainingError(f"node {self.party} is draining: it starts no new flows")
         if not isinstance(flow, FlowLogic):
             raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
         cls = type(flow)
@@ -272,8 +282,12 @@ class Node:
             )
             if known:
                 continue
-            if self.cordapps.flow_class(request.flow_class) is None:
-                reason = f"{request.flow_class} is not a flow in this node's CorDapps"
+            if self.manager.draining or self.cordapps.flow_class(request.flow_class) is None:
+                reason = (
+                    f"node {self.party} is draining: it starts no new flows"
+                    if self.manager.draining
+                    else f"{request.flow_class} is not a flow in this node's CorDapps"
+                )
                 log.error("refusing flow request %s: %s", request.request_id, reason)
                 refused.append(
                     StoreFlowError(
@@ -299,6 +313,84 @@ class Node:
             self.manager.start_flows(to_start)
         database.mark_flow_requests_started([r.request_id for r in requests], self.clock.now())
         return len(to_start)
+
+    # --- operators ------------------------------------------------------------------------
+
+    def pause_flow(self, flow_id: str) -> None:
+        """Stop running ``flow_id`` (it keeps its place and messages) until resumed."""
+        self._check_running()
+        self.manager.pause_flow(flow_id)
+        if isinstance(self.database, NodeDatabase):
+            self.database.set_paused(flow_id, True, self.clock.now())
+
+    def resume_flow(self, flow_id: str) -> None:
+        """Let a paused flow run again."""
+        self._check_running()
+        self.manager.resume_flow(flow_id)
+        if isinstance(self.database, NodeDatabase):
+            self.database.set_paused(flow_id, False, self.clock.now())
+        self.wakeup.set()
+
+    def retry_flow(self, flow_id: str) -> None:
+        """Replay a hospitalized flow from its stored checkpoint (after a fix)."""
+        self._check_running()
+        if not isinstance(self.database, NodeDatabase):
+            raise KeyError("retry needs a database (checkpoints are off)")
+        checkpoint = self.database.load_checkpoint(flow_id)
+        if checkpoint is None:
+            raise KeyError(f"flow {flow_id} has no checkpoint on {self.party}")
+        self.manager.retry_flow(checkpoint)
+        self.wakeup.set()
+
+    @property
+    def draining(self) -> bool:
+        """True while the node refuses new flows (local or from peers)."""
+        return self.manager.draining
+
+    def set_draining(self, draining: bool) -> int:
+        """Refuse (or accept again) new flows; returns how many flows are still live."""
+        self.manager.draining = draining
+        left = len(self.manager.live_flows())
+        log.info(
+            "%s: %s; %d flow(s) left",
+            self.party,
+            "draining: no new flows" if draining else "accepting new flows",
+            left,
+        )
+        return left
+
+    def process_operator_requests(self) -> int:
+        """Carry out the operator commands queued in the database; returns how many."""
+        if not isinstance(self.database, NodeDatabase):
+            return 0
+        pending = self.database.pending_operations()
+        for request_id, action, flow_id in pending:
+            outcome = self._operate(action, flow_id)
+            log.info("%s: operator %s %s: %s", self.party, action, flow_id or "", outcome)
+            self.database.finish_operation(request_id, outcome, self.clock.now())
+        return len(pending)
+
+    def _operate(self, action: str, flow_id: str | None) -> str:
+        try:
+            if action == "drain":
+                return f"draining; {self.set_draining(True)} flow(s) left"
+            if action == "undrain":
+                return f"accepting new flows; {self.set_draining(False)} flow(s) live"
+            if flow_id is None:
+                return f"error: {action} needs a flow id"
+            operations: dict[str, Callable[[str], None]] = {
+                "kill": self.kill_flow,
+                "pause": self.pause_flow,
+                "resume": self.resume_flow,
+                "retry": self.retry_flow,
+            }
+            operation = operations.get(action)
+            if operation is None:
+                return f"error: unknown action {action!r}"
+            operation(flow_id)
+            return f"ok: {action} {flow_id}"
+        except KeyError as error:
+            return f"error: {error.args[0] if error.args else error}"
 
     def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
         """End a flow wherever it is (running, suspended, in the hospital).
@@ -395,6 +487,7 @@ __all__ = [
     "FlowHospitalizedError",
     "FlowOutcomes",
     "Node",
+    "NodeDrainingError",
     "NodeStoppedError",
     "NodeConfig",
     "SystemClock",

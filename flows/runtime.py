@@ -310,6 +310,8 @@ class NodeProcess:
             worked = node.run_once()
             now = time.monotonic()
             if now >= next_poll:
+                if node.process_operator_requests():
+                    worked = True
                 started = node.start_requested_flows()
                 if started:
                     log.info("%s: started %d requested flow(s)", self.config.name, started)
@@ -348,6 +350,8 @@ class NodeProcess:
 
     def _report(self, node: Node) -> None:
         stats = self.statistics(node)
+        if node.draining:
+            log.info("%s: draining, %d flow(s) left", self.config.name, stats["live_flows"])
         log.info(
             "%s: %d live flows, %d completed, %d failed; %d messages in, %d out; "
             "%d checkpoints written",

@@ -168,6 +168,18 @@ class MockNode:
         """See ``Node.kill_flow``."""
         self.node.kill_flow(flow_id, reason)
 
+    def pause_flow(self, flow_id: str) -> None:
+        """See ``Node.pause_flow``."""
+        self.node.pause_flow(flow_id)
+
+    def resume_flow(self, flow_id: str) -> None:
+        """See ``Node.resume_flow``."""
+        self.node.resume_flow(flow_id)
+
+    def retry_flow(self, flow_id: str) -> None:
+        """See ``Node.retry_flow``."""
+        self.node.retry_flow(flow_id)
+
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started on this node (also after a restart)."""
         self.node.flow_status(flow_id)  # raises KeyError for an unknown id

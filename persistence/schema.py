@@ -17,7 +17,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
 metadata = MetaData()
@@ -113,6 +113,26 @@ node_flow_requests = Table(
     Column("started_at", BigInteger, nullable=True, index=True),
 )
 """Flows a client asked the node to start (the flow id is the request id: idempotent)."""
+
+node_operator_requests = Table(
+    "node_operator_requests",
+    metadata,
+    Column("request_id", String(64), primary_key=True),
+    Column("action", String(20), nullable=False),
+    Column("flow_id", String(64), nullable=True),
+    Column("requested_at", BigInteger, nullable=False),
+    Column("done_at", BigInteger, nullable=True, index=True),
+    Column("outcome", Text, nullable=True),
+)
+"""Operator commands for a running node (kill, pause, resume, retry a flow; drain)."""
+
+node_paused_flows = Table(
+    "node_paused_flows",
+    metadata,
+    Column("flow_id", String(64), primary_key=True),
+    Column("paused_at", BigInteger, nullable=False),
+)
+"""Flows an operator paused: they keep their place and messages but do not run."""
 
 
 def millis(seconds: float) -> int:

@@ -12,6 +12,7 @@ import json
 import logging
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -341,7 +342,7 @@ class NodeDatabase:
             return None
         return hmac.new(self._mac_key, flow_id.encode() + b"\0" + blob, "sha256").digest()
 
-    def load_checkpoints(self) -> list[Checkpoint]:
+    def load_checkpoints(self, flow_ids: Sequence[str] | None = None) -> list[Checkpoint]:
         """Every stored checkpoint, oldest first.
 
         A blob whose MAC does not match, or that does not decode, is not trusted: the flow
@@ -354,6 +355,8 @@ class NodeDatabase:
             .join(rows, rows.c.flow_id == blobs.c.flow_id)
             .order_by(rows.c.created_at, rows.c.flow_id)
         )
+        if flow_ids is not None:
+            query = query.where(rows.c.flow_id.in_(list(flow_ids)))
         with self.engine.connect() as connection:
             found = connection.execute(query).all()
         checkpoints = []
@@ -514,6 +517,70 @@ class NodeDatabase:
                 .where(table.c.request_id.in_(list(request_ids)))
                 .values(started_at=millis(at))
             )
+
+    def request_operation(self, action: str, flow_id: str | None, at: float) -> str:
+        """Queue an operator command for the node; returns its request id."""
+        request_id = uuid.uuid4().hex
+        with self.engine.begin() as connection:
+            connection.execute(
+                insert(schema.node_operator_requests).values(
+                    request_id=request_id,
+                    action=action,
+                    flow_id=flow_id,
+                    requested_at=millis(at),
+                )
+            )
+        return request_id
+
+    def pending_operations(self) -> list[tuple[str, str, str | None]]:
+        """(request id, action, flow id) of operator commands not yet carried out."""
+        table = schema.node_operator_requests
+        query = (
+            select(table.c.request_id, table.c.action, table.c.flow_id)
+            .where(table.c.done_at.is_(None))
+            .order_by(table.c.requested_at, table.c.request_id)
+        )
+        with self.engine.connect() as connection:
+            return [(r.request_id, r.action, r.flow_id) for r in connection.execute(query)]
+
+    def finish_operation(self, request_id: str, outcome: str, at: float) -> None:
+        """Record what an operator command did."""
+        table = schema.node_operator_requests
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(table)
+                .where(table.c.request_id == request_id)
+                .values(done_at=millis(at), outcome=outcome)
+            )
+
+    def operation_outcome(self, request_id: str) -> str | None:
+        """What an operator command did, or None while the node has not done it."""
+        table = schema.node_operator_requests
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                select(table.c.outcome).where(table.c.request_id == request_id)
+            ).first()
+        return None if row is None else row.outcome
+
+    def set_paused(self, flow_id: str, paused: bool, at: float) -> None:
+        """Remember (or forget) that ``flow_id`` is paused, across restarts."""
+        table = schema.node_paused_flows
+        with self.engine.begin() as connection:
+            connection.execute(delete(table).where(table.c.flow_id == flow_id))
+            if paused:
+                connection.execute(insert(table).values(flow_id=flow_id, paused_at=millis(at)))
+
+    def paused_flows(self) -> set[str]:
+        """The flows operators paused."""
+        table = schema.node_paused_flows
+        with self.engine.connect() as connection:
+            return set(connection.execute(select(table.c.flow_id)).scalars())
+
+    def load_checkpoint(self, flow_id: str) -> Checkpoint | None:
+        """One stored checkpoint (checked like :meth:`load_checkpoints`), or None."""
+        for checkpoint in self.load_checkpoints(flow_ids=[flow_id]):
+            return checkpoint
+        return None
 
     def has_checkpoint(self, flow_id: str) -> bool:
         """True if ``flow_id`` has a stored checkpoint."""

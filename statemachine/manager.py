@@ -62,7 +62,7 @@ from statemachine.session_messages import (
     message_id,
     peer_session_id,
 )
-from statemachine.state import FlowState, FlowStatus, StartedLocally
+from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally
 from statemachine.transition import reject_initial_session, transition
 
 log = logging.getLogger("fiberflow.statemachine")
@@ -167,6 +167,10 @@ class StateMachineManager:
         self._parked: dict[str, list[InboundMessage]] = {}
         self._inbox: deque[InboundMessage] = deque()
         self._parked_total = 0
+        self._paused: set[str] = set()
+        self._paused_ready: set[str] = set()
+        self.draining = False
+        """While True, initial messages from peers are rejected (no new responders)."""
         self._parked_since: dict[str, float] = {}
         self._timers: list[tuple[float, int, str]] = []
         self._timer_sequence = 0
@@ -261,9 +265,11 @@ class StateMachineManager:
             return
         at = self._clock.now()
         responder = self._responders.responder_for(initial.initiator_flow_class)
-        if responder is None:
+        if responder is None or self.draining:
             reason = (
-                f"{self.our_identity} has no flow registered to respond to "
+                f"{self.our_identity} is draining: it starts no new flows"
+                if self.draining
+                else f"{self.our_identity} has no flow registered to respond to "
                 f"{initial.initiator_flow_class} (install the CorDapp whose flow is annotated "
                 f"@initiated_by({initial.initiator_flow_class.rsplit('.', 1)[-1]}))"
             )
@@ -424,6 +430,9 @@ class StateMachineManager:
         self._mark_ready(flow_id)
 
     def _mark_ready(self, flow_id: str) -> None:
+        if flow_id in self._paused:
+            self._paused_ready.add(flow_id)
+            return
         if flow_id not in self._ready_set:
             self._ready_set.add(flow_id)
             self._ready.append(flow_id)
@@ -535,6 +544,8 @@ class StateMachineManager:
             )
             return
         del self._flows[state.flow_id]
+        self._paused.discard(state.flow_id)
+        self._paused_ready.discard(state.flow_id)
         late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]
         runtime.events.clear()
         self._acknowledge(late)
@@ -556,10 +567,61 @@ class StateMachineManager:
 
     # --- queries ------------------------------------------------------------------------
 
+    def pause_flow(self, flow_id: str) -> None:
+        """Stop running a live flow (its events wait) until :meth:`resume_flow`."""
+        if flow_id not in self._flows:
+            raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
+        self._paused.add(flow_id)
+        if flow_id in self._ready_set:
+            self._ready_set.discard(flow_id)
+            self._ready.remove(flow_id)
+            self._paused_ready.add(flow_id)
+
+    def resume_flow(self, flow_id: str) -> None:
+        """Let a paused flow run again."""
+        if flow_id not in self._paused:
+            raise KeyError(f"flow {flow_id} is not paused")
+        self._paused.discard(flow_id)
+        if flow_id in self._paused_ready:
+            self._paused_ready.discard(flow_id)
+            self._mark_ready(flow_id)
+
+    def paused(self) -> set[str]:
+        """The flows paused now."""
+        return set(self._paused)
+
+    def retry_flow(self, checkpoint: Checkpoint) -> None:
+        """Take a hospitalized flow out of the hospital: replay it from ``checkpoint``.
+
+        ``checkpoint`` is the flow's stored checkpoint, read again (the code, or the stored
+        blob, may have been fixed since). If replay still fails, it is hospitalized again.
+        """
+        runtime = self._flows.get(checkpoint.flow_id)
+        if runtime is None or runtime.state.status is not FlowStatus.HOSPITALIZED:
+            raise KeyError(f"flow {checkpoint.flow_id} is not in the hospital here")
+        if checkpoint.status is FlowStatus.HOSPITALIZED:
+            status = FlowStatus.SUSPENDED if checkpoint.pending else FlowStatus.RUNNABLE
+            if not checkpoint.journal and checkpoint.pending is None:
+                status = FlowStatus.UNSTARTED
+            checkpoint = attrs.evolve(checkpoint, status=status, error=None)
+        if runtime.fiber is not None:
+            runtime.fiber.abort()
+        del self._flows[checkpoint.flow_id]
+        result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
+        fresh = _FlowRuntime(result.state)
+        fresh.events.extend(runtime.events)
+        self._flows[checkpoint.flow_id] = fresh
+        self._index_sessions(fresh.state)
+        self._set_continuation(fresh, result.continuation)
+        if fresh.events:
+            self._mark_ready(checkpoint.flow_id)
+
     def kill_flow(self, flow_id: str, reason: str) -> None:
         """End a live flow wherever it is (the next round does it); KeyError if not live."""
         if flow_id not in self._flows:
             raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
+        self._paused.discard(flow_id)  # a kill runs even if the flow was paused
+        self._paused_ready.discard(flow_id)
         self._queue_event(flow_id, KillFlow(reason, self._clock.now()))
 
     def flow_state(self, flow_id: str) -> FlowState | None:

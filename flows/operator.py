@@ -1,0 +1,206 @@
+"""Operator commands against a node's database (``fiberflow flow ...``, ``checkpoints dump``).
+
+``flow list`` and ``checkpoints dump`` read the node's tables directly (the node may be running
+or not). ``flow kill|pause|resume|retry`` and ``node drain|undrain`` queue a command in
+``node_operator_requests``; the running node carries it out within a poll interval and
+records the outcome, which the command waits for and prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import sys
+import time
+from typing import Any
+
+import attrs
+from sqlalchemy import select
+
+from flows.identity import KeyFileError, load_or_create_identity
+from flows.runtime import ConfigError, RuntimeConfig, load_config
+from persistence import schema
+from persistence.checkpoint_codec import decode_checkpoint
+from persistence.serialization import PAYLOADS, SerializationError
+from persistence.store import NodeDatabase
+
+
+def _database(config: RuntimeConfig, with_mac: bool = False) -> NodeDatabase:
+    mac_key = None
+    if with_mac and config.key_file is not None and config.key_file.exists():
+        mac_key = load_or_create_identity(config.key_file, config.name).mac_key()
+    return NodeDatabase(config.database_url, schema_name=config.database_schema, mac_key=mac_key)
+
+
+def _age(milliseconds: int) -> str:
+    seconds = max(0, time.time() - milliseconds / 1000)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _waiting_on(suspended_on: str | None, waiting_for: str | None) -> str:
+    if suspended_on is None or waiting_for is None:
+        return "-"
+    detail = json.loads(waiting_for)
+    if suspended_on == "Sleep":
+        until = datetime.datetime.fromtimestamp(detail["until"] / 1000, tz=datetime.UTC)
+        return f"sleep until {until:%H:%M:%S}"
+    names = sorted({w["counterparty"] or "?" for w in detail})
+    return "receive from " + ", ".join(n.split(",")[0].removeprefix("O=") for n in names)
+
+
+def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
+    """One dict per flow with a checkpoint: id, class, status, waiting on, age, step."""
+    database = _database(config)
+    table = schema.node_checkpoints
+    try:
+        with database.engine.connect() as connection:
+            rows = connection.execute(select(table).order_by(table.c.created_at)).all()
+        paused = database.paused_flows()
+    finally:
+        database.close()
+    return [
+        {
+            "flow_id": row.flow_id,
+            "class": row.flow_class.rsplit(".", 1)[-1],
+            "status": "PAUSED" if row.flow_id in paused else row.status,
+            "waiting_on": _waiting_on(row.suspended_on, row.waiting_for),
+            "age": _age(row.created_at),
+            "step": row.progress_step or "-",
+            "error": row.error_message,
+        }
+        for row in rows
+    ]
+
+
+def print_flow_list(config: RuntimeConfig) -> int:
+    """``fiberflow flow list``: a table of the node's flows."""
+    flows = list_flows(config)
+    header = ("FLOW ID", "CLASS", "STATUS", "WAITING ON", "AGE", "PROGRESS STEP")
+    lines = [header] + [
+        (f["flow_id"], f["class"], f["status"], f["waiting_on"], f["age"], f["step"]) for f in flows
+    ]
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))
+    hospitalized = [f for f in flows if f["status"] == "HOSPITALIZED"]
+    for flow in hospitalized:
+        print(f"{flow['flow_id']} is in the hospital: {flow['error']}")
+    print(f"{len(flows)} flow(s) with a checkpoint on {config.name}")
+    return 0
+
+
+def request_operation(
+    config: RuntimeConfig, action: str, flow_id: str | None, timeout: float
+) -> int:
+    """Queue an operator command, wait for the node to carry it out, print the outcome."""
+    database = _database(config)
+    try:
+        request_id = database.request_operation(action, flow_id, time.time())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            outcome = database.operation_outcome(request_id)
+            if outcome is not None:
+                print(outcome)
+                return 0 if outcome.startswith(("ok", "draining", "accepting")) else 1
+            time.sleep(0.05)
+    finally:
+        database.close()
+    print(
+        f"{action} {flow_id or ''}: the node did not carry it out within {timeout:.0f} s "
+        "(is it running?); the command stays queued and runs when the node starts",
+        file=sys.stderr,
+    )
+    return 3
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of checkpoint parts (payload bytes decoded where possible)."""
+    if isinstance(value, bytes):
+        try:
+            return {"payload": repr(PAYLOADS.decode(value))}
+        except SerializationError:
+            return {"bytes_base64": base64.b64encode(value).decode()}
+    if attrs.has(type(value)):
+        document = {"type": type(value).__name__}
+        for field in attrs.fields(type(value)):
+            document[field.name] = _plain(getattr(value, field.name))
+        return document
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "value") and hasattr(value, "name"):  # an enum
+        return value.value
+    return value
+
+
+def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
+    """The checkpoint of ``flow_id`` as plain JSON data (MAC checked when the key is there)."""
+    database = _database(config, with_mac=True)
+    rows, blobs = schema.node_checkpoints, schema.node_checkpoint_blobs
+    try:
+        with database.engine.connect() as connection:
+            row = connection.execute(
+                select(rows, blobs.c.blob, blobs.c.mac)
+                .join(blobs, blobs.c.flow_id == rows.c.flow_id)
+                .where(rows.c.flow_id == flow_id)
+            ).first()
+        if row is None:
+            raise KeyError(f"no checkpoint for flow {flow_id} on {config.name}")
+        expected = database.checkpoint_mac(flow_id, row.blob)
+    finally:
+        database.close()
+    if expected is None:
+        integrity = "not checked (no key file)"
+    elif row.mac == expected:
+        integrity = "MAC ok"
+    else:
+        integrity = "MAC MISMATCH: the blob was changed outside the node"
+    document: dict[str, Any] = {
+        "flow_id": flow_id,
+        "flow_class": row.flow_class,
+        "status": row.status,
+        "progress_step": row.progress_step,
+        "error": row.error_message,
+        "checkpoint_bytes": row.checkpoint_bytes,
+        "integrity": integrity,
+    }
+    try:
+        checkpoint = decode_checkpoint(row.blob)
+    except SerializationError as error:
+        document["undecodable"] = str(error)
+        return document
+    document["origin"] = _plain(checkpoint.origin)
+    document["sessions"] = _plain(checkpoint.sessions)
+    document["journal"] = [
+        {"step": index + 1, "request": list(entry.signature), "outcome": _plain(entry.outcome)}
+        for index, entry in enumerate(checkpoint.journal)
+    ]
+    document["pending"] = _plain(checkpoint.pending)
+    return document
+
+
+def run_operator_command(args: Any) -> int:
+    """Dispatch ``fiberflow flow|checkpoints|node drain`` sub-commands."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"fiberflow: {error}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "checkpoints":
+            print(json.dumps(dump_checkpoint(config, args.flow_id), indent=2, default=str))
+            return 0
+        if args.command == "node":
+            return request_operation(config, args.node_command, None, args.timeout)
+        if args.flow_command == "list":
+            return print_flow_list(config)
+        return request_operation(config, args.flow_command, args.flow_id, args.timeout)
+    except (KeyError, KeyFileError) as error:
+        print(f"fiberflow: {error.args[0] if error.args else error}", file=sys.stderr)
+        return 1

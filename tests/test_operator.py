@@ -1,0 +1,119 @@
+"""Operator tools: pause, resume, retry, drain, and the fiberflow flow/checkpoints commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows import FOREVER, FlowKilledException
+from flows.client import NodeClient, decode_outcome
+from flows.node import NodeDrainingError
+from flows.operator import dump_checkpoint, list_flows, request_operation
+from flows.party import Party
+from flows.testing import MockNetwork
+from samples.pingpong import PingFlow
+from statemachine.state import FlowStatus
+from tests.conftest import CORDAPPS
+from tests.cordapp import BEHAVIOUR, PatientFlow, ShapeShifterFlow
+from tests.test_runtime import running, two_nodes
+
+ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
+
+
+def mock(tmp_path: Path) -> MockNetwork:
+    net = MockNetwork(cordapps=CORDAPPS, directory=tmp_path)
+    net.create_node(ALICE)
+    net.create_node(BOB)
+    return net
+
+
+def test_a_paused_flow_waits_across_a_restart_until_resumed(tmp_path: Path) -> None:
+    net = mock(tmp_path)
+    alice, bob = net.nodes
+    handle = alice.start_flow(PingFlow(bob.party))
+    alice.run_once()  # suspended, waiting for the pong
+    alice.pause_flow(handle.flow_id)
+    net.run_network()
+    assert alice.flow_status(handle.flow_id) is FlowStatus.SUSPENDED  # the pong waits
+    alice.restart()
+    net.run_network()
+    assert alice.flow_status(handle.flow_id) is not FlowStatus.COMPLETED
+    alice.resume_flow(handle.flow_id)
+    net.run_network()
+    assert handle.result() == "Pong"
+    net.stop_nodes()
+
+
+def test_a_hospitalized_flow_is_retried_after_the_fix(tmp_path: Path) -> None:
+    net = mock(tmp_path)
+    alice = net.nodes[0]
+    handle = alice.start_flow(ShapeShifterFlow())
+    net.run_network(advance_clock=False)
+    BEHAVIOUR["shape"] = "changed"
+    alice.restart()
+    net.run_network(advance_clock=False)
+    assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
+    alice.retry_flow(handle.flow_id)  # not fixed yet: back to the hospital
+    net.run_network(advance_clock=False)
+    assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
+    BEHAVIOUR.clear()  # "deploy the fix"
+    alice.retry_flow(handle.flow_id)
+    net.run_network()
+    assert handle.result() == "done"
+    net.stop_nodes()
+
+
+def test_a_draining_node_refuses_new_flows_and_sessions(tmp_path: Path) -> None:
+    net = mock(tmp_path)
+    alice, bob = net.nodes
+    assert bob.node.set_draining(True) == 0
+    with pytest.raises(NodeDrainingError):
+        bob.start_flow(PingFlow(alice.party))
+    handle = alice.start_flow(PingFlow(bob.party))
+    net.run_network()
+    with pytest.raises(Exception, match="is draining"):
+        handle.result()
+    bob.node.set_draining(False)
+    assert alice.start_flow(PingFlow(bob.party)) is not None
+    net.stop_nodes()
+
+
+def test_operator_commands_reach_a_running_node(tmp_path: Path) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    client = NodeClient(alice.database_url)
+    try:
+        with running([alice, bob]):
+            (flow_id,) = client.start_flows([PatientFlow(Party(bob.name), FOREVER, False)])
+            for _ in range(200):
+                flows = list_flows(alice)
+                if flows and flows[0]["status"] == "SUSPENDED":
+                    break
+                client.wait([], 0.05)
+            (listed,) = list_flows(alice)
+            assert listed["flow_id"] == flow_id and listed["class"] == "PatientFlow"
+            assert listed["waiting_on"] == "receive from Bob " + bob.name.split()[1].split(",")[0]
+            dumped = dump_checkpoint(alice, flow_id)
+            assert dumped["integrity"] == "MAC ok" and dumped["status"] == "SUSPENDED"
+            assert [step["request"][0] for step in dumped["journal"]] == ["InitiateSession", "Send"]
+            json.dumps(dumped)
+            assert request_operation(alice, "pause", flow_id, 30) == 0
+            assert list_flows(alice)[0]["status"] == "PAUSED"
+            assert request_operation(alice, "resume", flow_id, 30) == 0
+            assert request_operation(alice, "kill", flow_id, 30) == 0
+            with pytest.raises(FlowKilledException):
+                decode_outcome(client.wait([flow_id], 30)[flow_id])
+            assert request_operation(alice, "kill", "no-such-flow", 30) == 1
+            assert request_operation(alice, "drain", None, 30) == 0
+            (refused,) = client.start_flows([PingFlow(Party(bob.name))])
+            with pytest.raises(Exception, match="draining"):
+                decode_outcome(client.wait([refused], 30)[refused])
+    finally:
+        client.close()
+
+
+def test_a_command_for_a_node_that_is_not_running_times_out(tmp_path: Path) -> None:
+    alice, _, _ = two_nodes(tmp_path, "sqlite")
+    NodeClient(alice.database_url).close()  # creates the tables
+    assert request_operation(alice, "drain", None, 0.2) == 3
