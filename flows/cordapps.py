@@ -12,6 +12,7 @@ from flows.decorators import app_name_of, initiating_info, responder_initiator
 from flows.flow_logic import FlowLogic
 from persistence.serialization import qualified_name
 from statemachine.ports import Responder
+from statemachine.state import Checkpoint, InitiatedBy
 
 
 class CordappError(ValueError):
@@ -58,6 +59,62 @@ class Cordapps:
                 f"{qualified_name(cls)}; a node may install only one of them"
             )
         self._responders[key] = cls
+
+    def compatibility_problem(self, checkpoint: Checkpoint) -> str | None:
+        """Why the installed flows cannot resume ``checkpoint``, or None if they can.
+
+        The flow's class must be installed; every session the flow opened must have been
+        opened by an initiating flow of the version installed now (a replay would otherwise
+        speak another protocol version); a responder must still be the one installed for
+        its initiator.
+        """
+        name = checkpoint.flow_class
+        if self.resolve(name) is None:
+            return (
+                f"flow class {name} is not installed "
+                f"(cordapps: {', '.join(self.module_names) or 'none'})"
+            )
+        for session in checkpoint.sessions:
+            if not session.initiated_by_us:
+                continue
+            initiator = self.resolve(session.initiating_flow)
+            info = initiating_info(initiator) if initiator is not None else None
+            if info is None:
+                return f"initiating flow {session.initiating_flow} is not installed"
+            if info.version != session.flow_version:
+                return (
+                    f"session {session.session_id} was opened by {session.initiating_flow} "
+                    f"version {session.flow_version}; version {info.version} is installed "
+                    "(drain flows before changing a flow's version)"
+                )
+        origin = checkpoint.origin
+        if isinstance(origin, InitiatedBy):
+            started = checkpoint.session(origin.session_id)
+            initiator_class = started.initiating_flow if started is not None else None
+            responder = self.responder_for(initiator_class) if initiator_class else None
+            if responder is None or responder.flow_class != name:
+                return f"{name} is no longer the responder installed for {initiator_class}"
+        return None
+
+    def resolve(self, name: str) -> type[FlowLogic[Any]] | None:
+        """The flow class called ``name``: from the CorDapps, else imported; None if neither."""
+        found = self.flow_class(name)
+        if found is not None:
+            return found
+        module_name, _, qualname = name.rpartition(".")
+        while module_name:
+            try:
+                target: Any = importlib.import_module(module_name)
+            except ImportError:
+                module_name, _, outer = module_name.rpartition(".")
+                qualname = f"{outer}.{qualname}"
+                continue
+            for part in qualname.split("."):
+                target = getattr(target, part, None)
+            if isinstance(target, type) and issubclass(target, FlowLogic):
+                return target
+            return None
+        return None
 
     def responder_for(self, initiator_class: str) -> Responder | None:
         """The responder this node starts for ``initiator_class``, or None."""

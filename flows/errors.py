@@ -44,6 +44,10 @@ class FlowKilledException(FiberflowError):
     """The flow was killed by an operator (``Node.kill_flow``)."""
 
 
+class IncompatibleCheckpointError(FiberflowError):
+    """A stored checkpoint the installed flows cannot resume (class gone, version changed)."""
+
+
 class FlowStillRunningError(FiberflowError):
     """``FlowHandle.result()`` was asked for a flow that has not finished yet."""
 

@@ -18,7 +18,7 @@ import greenlet
 
 from flows.effects import FlowEffect, FlowEffectRegistry
 from flows.errors import error_from_exception, exception_from_error
-from flows.flow_logic import FlowLogic, FlowSession
+from flows.flow_logic import FlowInfo, FlowLogic, FlowSession
 from flows.party import Party
 from persistence.serialization import PAYLOADS
 from statemachine.flow_error import FlowError
@@ -178,7 +178,12 @@ class GreenletFiberFactory:
                 flow = self._flow_class(origin.flow_class)(*args, **kwargs)
             else:
                 assert isinstance(origin, InitiatedBy)
-                session = FlowSession(runtime, origin.session_id, Party(origin.counterparty))
+                session = FlowSession(
+                    runtime,
+                    origin.session_id,
+                    Party(origin.counterparty),
+                    FlowInfo(origin.counterparty_flow_version, origin.counterparty_app_name),
+                )
                 flow = self._flow_class(origin.flow_class)(session)  # type: ignore[call-arg]
             flow._ff_bind(runtime, None)
             return flow

@@ -17,6 +17,8 @@ import uuid as _uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
+import attrs
+
 from flows.decorators import InitiatingInfo, initiating_info
 from flows.errors import FlowException
 from flows.party import Party
@@ -241,13 +243,42 @@ class FlowLogic(Generic[T]):
         return value
 
 
+@attrs.frozen
+class FlowInfo:
+    """The version and CorDapp of the flow at the other end of a session."""
+
+    flow_version: int
+    app_name: str
+
+
 class FlowSession:
     """One end of a conversation with a flow on another node."""
 
-    def __init__(self, runtime: FlowRuntime, session_id: str, counterparty: Party) -> None:
+    def __init__(
+        self,
+        runtime: FlowRuntime,
+        session_id: str,
+        counterparty: Party,
+        counterparty_flow_info: FlowInfo | None = None,
+    ) -> None:
         self._runtime = runtime
         self.session_id = session_id
         self._counterparty = counterparty
+        self._counterparty_flow_info = counterparty_flow_info
+
+    @property
+    def counterparty_flow_info(self) -> FlowInfo:
+        """The initiating flow's version and app name, on the session that started this flow.
+
+        A responder uses it to speak the protocol of the version that called it:
+        ``if session.counterparty_flow_info.flow_version < 2: ...``.
+        """
+        if self._counterparty_flow_info is None:
+            raise FlowException(
+                "the counterparty's flow info is known on the session that started this "
+                "(initiated) flow"
+            )
+        return self._counterparty_flow_info
 
     @property
     def counterparty(self) -> Party:

@@ -47,6 +47,9 @@ T = TypeVar("T")
 
 log = logging.getLogger("fiberflow.node")
 
+INCOMPATIBLE_CHECKPOINT = "flows.errors.IncompatibleCheckpointError"
+"""The error class recorded for a flow whose checkpoint the installed code cannot resume."""
+
 DEFAULT_RECEIVE_TIMEOUT = 3600.0
 """A receive waits at most an hour unless the flow or the node config says otherwise."""
 
@@ -202,6 +205,8 @@ class Node:
         self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
+        self.incompatible_flows: dict[str, str] = {}
+        """Flows found at start that the installed CorDapps cannot resume, with why."""
         self.resent_messages = 0
         self._stopped = False
 
@@ -221,6 +226,7 @@ class Node:
     def start(self) -> None:
         """Restore every checkpointed flow, re-send the outbox, and start receiving."""
         self.restored_flows = self.manager.restore()
+        self.incompatible_flows = self._check_compatibility()
         if isinstance(self.database, NodeDatabase):
             for flow_id in self.database.paused_flows():
                 if self.manager.flow_state(flow_id) is not None:
@@ -228,6 +234,30 @@ class Node:
         self.relay.start()
         self.resent_messages = self.relay.resend_pending()
         self.messaging.start()
+
+    def _check_compatibility(self) -> dict[str, str]:
+        """Hospitalize restored flows the installed CorDapps cannot resume; report them."""
+        found: dict[str, str] = {}
+        for state in self.manager.live_flows():
+            if state.status is FlowStatus.HOSPITALIZED:
+                continue
+            problem = self.cordapps.compatibility_problem(state.checkpoint)
+            if problem is None:
+                continue
+            found[state.flow_id] = problem
+            error = FlowError(ErrorKind.INTERNAL, INCOMPATIBLE_CHECKPOINT, problem)
+            self.manager.hospitalize(state.flow_id, error)
+            if isinstance(self.database, NodeDatabase):
+                self.database.mark_hospitalized(state.flow_id, problem)
+        if found:
+            log.error(
+                "%s: %d checkpoint(s) cannot be resumed by the installed CorDapps and are kept "
+                "in the hospital: %s",
+                self.party,
+                len(found),
+                "; ".join(f"{flow_id}: {problem}" for flow_id, problem in found.items()),
+            )
+        return found
 
     def stop(self) -> None:
         """Stop receiving and relaying, close the database (flows stay checkpointed)."""

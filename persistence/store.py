@@ -385,15 +385,19 @@ class NodeDatabase:
             return None, f"the checkpoint stored for {flow_id} is flow {checkpoint.flow_id}'s"
         return checkpoint, None
 
-    def _hospitalize_untrusted(self, row: Any, reason: str) -> Checkpoint:
-        log.error("flow %s kept in the hospital: %s", row.flow_id, reason)
+    def mark_hospitalized(self, flow_id: str, reason: str) -> None:
+        """Show a flow as HOSPITALIZED with the reason in its row (its blob is not touched)."""
         table = schema.node_checkpoints
         with self.engine.begin() as connection:
             connection.execute(
                 update(table)
-                .where(table.c.flow_id == row.flow_id)
+                .where(table.c.flow_id == flow_id)
                 .values(status=FlowStatus.HOSPITALIZED.value, error_message=reason)
             )
+
+    def _hospitalize_untrusted(self, row: Any, reason: str) -> Checkpoint:
+        log.error("flow %s kept in the hospital: %s", row.flow_id, reason)
+        self.mark_hospitalized(row.flow_id, reason)
         return Checkpoint(
             flow_id=row.flow_id,
             origin=StartedLocally(row.flow_class, b""),

@@ -616,6 +616,22 @@ class StateMachineManager:
         if fresh.events:
             self._mark_ready(checkpoint.flow_id)
 
+    def hospitalize(self, flow_id: str, error: FlowError) -> None:
+        """Keep a live flow for observation (an operator retries or kills it); it does not run."""
+        runtime = self._flows[flow_id]
+        if runtime.fiber is not None:
+            runtime.fiber.abort()
+            runtime.fiber = None
+        runtime.continuation = None
+        checkpoint = attrs.evolve(
+            runtime.state.checkpoint, status=FlowStatus.HOSPITALIZED, error=error
+        )
+        runtime.state = attrs.evolve(runtime.state, checkpoint=checkpoint)
+        if flow_id in self._ready_set:
+            self._ready_set.discard(flow_id)
+            self._ready.remove(flow_id)
+        self.statistics.flows_hospitalized += 1
+
     def kill_flow(self, flow_id: str, reason: str) -> None:
         """End a live flow wherever it is (the next round does it); KeyError if not live."""
         if flow_id not in self._flows:

@@ -64,6 +64,10 @@ class InitiatedBy:
     flow_class: str
     session_id: str
     counterparty: str
+    counterparty_flow_version: int = 1
+    """The initiating flow's ``@initiating_flow(version=...)`` on the peer."""
+    counterparty_app_name: str = ""
+    """The CorDapp (top-level package) the initiating flow came from."""
 
 
 FlowOrigin = Union[StartedLocally, InitiatedBy]

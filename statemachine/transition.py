@@ -218,7 +218,13 @@ def _start_initiated_flow(_: None, event: StartInitiatedFlow) -> TransitionResul
     session = responder_session(event.initial, event.sender, event.flow_version, event.app_name)
     checkpoint = Checkpoint(
         flow_id=event.flow_id,
-        origin=InitiatedBy(event.flow_class, session.session_id, event.sender),
+        origin=InitiatedBy(
+            event.flow_class,
+            session.session_id,
+            event.sender,
+            event.initial.flow_version,
+            event.initial.app_name,
+        ),
         status=FlowStatus.RUNNABLE,
         created_at=event.at,
         sessions=(session,),

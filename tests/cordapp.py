@@ -373,3 +373,34 @@ class SilentResponder(FlowLogic[None]):
     def call(self) -> None:
         self.session.receive(str)
         self.session.receive(str, timeout=FOREVER)
+
+
+# --- versions ------------------------------------------------------------------------------
+
+
+@initiating_flow(version=3)
+class VersionedFlow(FlowLogic[list[object]]):
+    """Asks the responder what it knows of this flow's version and app."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> list[object]:
+        return (
+            self.initiate_flow(self.peer)
+            .send_and_receive(list, "which version?")
+            .unwrap(lambda answer: answer)
+        )
+
+
+@initiated_by(VersionedFlow)
+class VersionedResponder(FlowLogic[None]):
+    """Answers with the counterparty's flow version and app name."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str)
+        info = self.session.counterparty_flow_info
+        self.session.send([info.flow_version, info.app_name])
