@@ -30,6 +30,11 @@ FlowEffect = Callable[[Any], None]
 class FlowEffectError(FiberflowError):
     """A flow's side effect could not run; the step's transaction was rolled back."""
 
+    def __init__(self, message: str, flow_id: str | None = None) -> None:
+        super().__init__(message)
+        self.flow_id = flow_id
+        """The flow whose effect failed (the flow hospital counts against it)."""
+
 
 class FlowEffectRegistry:
     """The effects flows asked for and not yet run (implements ``ports.FlowEffects``)."""
@@ -51,15 +56,24 @@ class FlowEffectRegistry:
                 if found is None:
                     raise FlowEffectError(
                         f"flow {action.flow_id}: side effect #{ordinal} was asked for but is "
-                        "not known to this node (was the flow's code changed?)"
+                        "not known to this node (was the flow's code changed?)",
+                        action.flow_id,
                     )
                 label, effect = found
                 if handle is None:
                     raise FlowEffectError(
                         f"flow {action.flow_id}: in_transaction({label!r}) needs a database; "
-                        "this node runs with checkpoints off"
+                        "this node runs with checkpoints off",
+                        action.flow_id,
                     )
-                effect(handle)
+                try:
+                    effect(handle)
+                except Exception as error:
+                    raise FlowEffectError(
+                        f"flow {action.flow_id}: side effect {label!r} raised "
+                        f"{type(error).__name__}: {error}",
+                        action.flow_id,
+                    ) from error
         self._purge_ended()
 
     def forget(self, flow_id: str) -> None:

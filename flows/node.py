@@ -370,6 +370,9 @@ class Node:
         if checkpoint is None:
             raise KeyError(f"flow {flow_id} has no checkpoint on {self.party}")
         self.manager.retry_flow(checkpoint)
+        state = self.manager.flow_state(flow_id)
+        if state is not None and state.status is not FlowStatus.HOSPITALIZED:
+            self.database.mark_status(flow_id, FlowStatus.SUSPENDED, None)
         self.wakeup.set()
 
     @property
@@ -421,6 +424,16 @@ class Node:
             return f"ok: {action} {flow_id}"
         except KeyError as error:
             return f"error: {error.args[0] if error.args else error}"
+
+    def keep_in_hospital(self, flow_id: str, reason: str) -> None:
+        """Keep a live flow for observation (it does not run until retried or killed)."""
+        if self.manager.flow_state(flow_id) is None:
+            return
+        error = FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason)
+        self.manager.hospitalize(flow_id, error)
+        if isinstance(self.database, NodeDatabase):
+            self.database.mark_hospitalized(flow_id, reason)
+        log.error("%s: flow %s kept in the hospital: %s", self.party, flow_id, reason)
 
     def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
         """End a flow wherever it is (running, suspended, in the hospital).

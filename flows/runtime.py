@@ -20,6 +20,7 @@ A bad config fails at start with the file and the field named (:class:`ConfigErr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from typing import Any
 import attrs
 
 from flows.cordapps import CordappError, Cordapps
+from flows.hospital import Hospital, Treatment
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
@@ -211,6 +213,12 @@ class NodeProcess:
         self.config = config
         self._stop = threading.Event()
         self.node: Node | None = None
+        self.hospital = Hospital()
+        self.recoveries = 0
+        """Rounds that failed and were resumed from the last checkpoints."""
+        self._kept: dict[str, str] = {}
+        self._next_poll = 0.0
+        self._identity_cache: NodeIdentity | None = None
         self._started_at = time.time()
 
     def request_stop(self) -> None:
@@ -229,21 +237,9 @@ class NodeProcess:
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        identity = self._identity()
-        network_map = NetworkMap(config.network_map or Path("network-map"))
-        transport = open_transport(config.transport_url, config.name)
-        node = Node(
-            config.node_config(),
-            transport,
-            identity=identity,
-            peers=NetworkMapPeerKeys(network_map),
-            background_relay=True,
-        )
-        self.node = node
-        if self._stop.is_set():
-            node.wakeup.set()
+        self._identity_cache = self._identity()
+        node = self._build_node()
         self._publish(node)
-        node.start()
         log.info(
             "%s: started (pid %d): %d flows restored from %s, %d outbox messages re-sent; "
             "transport %s; cordapps %s",
@@ -256,11 +252,73 @@ class NodeProcess:
             ", ".join(config.cordapps) or "none",
         )
         try:
-            self._serve(node)
+            self._serve()
         finally:
-            self._write_status(node, running=False)
-            node.stop()
+            final = self.node
+            assert final is not None
+            self._write_status(final, running=False)
+            final.stop()
             log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
+
+    def _build_node(self) -> Node:
+        """A node from the config, started: flows restored, flows kept in the hospital kept."""
+        config = self.config
+        assert self._identity_cache is not None
+        network_map = NetworkMap(config.network_map or Path("network-map"))
+        transport = open_transport(config.transport_url, config.name)
+        node = Node(
+            config.node_config(),
+            transport,
+            identity=self._identity_cache,
+            peers=NetworkMapPeerKeys(network_map),
+            background_relay=True,
+        )
+        self.node = node
+        if self._stop.is_set():
+            node.wakeup.set()
+        node.start()
+        for flow_id, reason in self._kept.items():
+            node.keep_in_hospital(flow_id, reason)
+        return node
+
+    def _recover(self, error: BaseException) -> None:
+        """The flow hospital's treatment of a failed round (see :mod:`flows.hospital`)."""
+        diagnosis = self.hospital.diagnose(error)
+        delay = self.hospital.backoff_seconds()
+        self.recoveries += 1
+        level = logging.WARNING if diagnosis.rule == "transient" else logging.ERROR
+        log.log(
+            level,
+            "%s: hospital rule %s (%s): %s; resuming from the last checkpoints in %.2f s",
+            self.config.name,
+            diagnosis.rule,
+            diagnosis.treatment.value,
+            diagnosis.reason,
+            delay,
+            exc_info=diagnosis.rule == "unknown",
+        )
+        if diagnosis.treatment is Treatment.KEEP and diagnosis.flow_id is not None:
+            self._kept[diagnosis.flow_id] = diagnosis.reason
+            self.hospital.forget(diagnosis.flow_id)
+        with contextlib.suppress(Exception):  # the database may be the thing that is down
+            if self.node is not None:
+                self.node.stop()
+        if self._stop.wait(delay):
+            return
+        while not self._stop.is_set():
+            try:
+                self._build_node()
+                return
+            except Exception as rebuild_error:  # still down: keep trying, backing off
+                self.hospital.diagnose(rebuild_error)
+                delay = self.hospital.backoff_seconds()
+                log.warning(
+                    "%s: cannot resume yet (%s); next try in %.2f s",
+                    self.config.name,
+                    rebuild_error,
+                    delay,
+                )
+                self._stop.wait(delay)
 
     def _identity(self) -> NodeIdentity:
         if self.config.key_file is None:
@@ -302,21 +360,22 @@ class NodeProcess:
             "; ".join(peers) or "none yet",
         )
 
-    def _serve(self, node: Node) -> None:
-        next_poll = next_status = 0.0
+    def _serve(self) -> None:
+        self._next_poll = 0.0
+        next_status = 0.0
         next_report = time.monotonic() + REPORT_SECONDS
         while not self._stop.is_set():
+            node = self.node
+            assert node is not None
             node.wakeup.clear()
-            worked = node.run_once()
+            try:
+                worked = self._round(node)
+            except Exception as error:
+                self._recover(error)
+                continue
+            if self.hospital.consecutive:
+                self.hospital.recovered()
             now = time.monotonic()
-            if now >= next_poll:
-                if node.process_operator_requests():
-                    worked = True
-                started = node.start_requested_flows()
-                if started:
-                    log.info("%s: started %d requested flow(s)", self.config.name, started)
-                    worked = True
-                next_poll = now + REQUEST_POLL_SECONDS
             if now >= next_status:
                 self._write_status(node, running=True)
                 next_status = now + STATUS_SECONDS
@@ -325,6 +384,20 @@ class NodeProcess:
                 next_report = now + REPORT_SECONDS
             if not worked:
                 node.wakeup.wait(self._idle_wait(node))
+
+    def _round(self, node: Node) -> bool:
+        """One scheduling round, plus operator commands and flow requests when due."""
+        worked = node.run_once()
+        now = time.monotonic()
+        if now >= self._next_poll:
+            if node.process_operator_requests():
+                worked = True
+            started = node.start_requested_flows()
+            if started:
+                log.info("%s: started %d requested flow(s)", self.config.name, started)
+                worked = True
+            self._next_poll = now + REQUEST_POLL_SECONDS
+        return worked
 
     def _idle_wait(self, node: Node) -> float:
         wait = IDLE_WAIT_SECONDS

@@ -351,7 +351,15 @@ class NodeDatabase:
         """
         rows, blobs = schema.node_checkpoints, schema.node_checkpoint_blobs
         query = (
-            select(rows.c.flow_id, rows.c.flow_class, rows.c.created_at, blobs.c.blob, blobs.c.mac)
+            select(
+                rows.c.flow_id,
+                rows.c.flow_class,
+                rows.c.created_at,
+                rows.c.status,
+                rows.c.error_message,
+                blobs.c.blob,
+                blobs.c.mac,
+            )
             .join(rows, rows.c.flow_id == blobs.c.flow_id)
             .order_by(rows.c.created_at, rows.c.flow_id)
         )
@@ -365,6 +373,12 @@ class NodeDatabase:
             if problem is not None:
                 checkpoint = self._hospitalize_untrusted(row, problem)
             assert checkpoint is not None
+            hospitalized = FlowStatus.HOSPITALIZED
+            if row.status == hospitalized.value and checkpoint.status is not hospitalized:
+                # Kept for observation by the node (its row says so): it stays kept.
+                reason = row.error_message or "kept in the hospital"
+                error = FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason)
+                checkpoint = attrs.evolve(checkpoint, status=hospitalized, error=error)
             checkpoints.append(checkpoint)
         return checkpoints
 
@@ -384,6 +398,16 @@ class NodeDatabase:
         if checkpoint.flow_id != flow_id:
             return None, f"the checkpoint stored for {flow_id} is flow {checkpoint.flow_id}'s"
         return checkpoint, None
+
+    def mark_status(self, flow_id: str, status: FlowStatus, reason: str | None) -> None:
+        """Set the status (and error message) shown in a flow's row; its blob is not touched."""
+        table = schema.node_checkpoints
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(table)
+                .where(table.c.flow_id == flow_id)
+                .values(status=status.value, error_message=reason)
+            )
 
     def mark_hospitalized(self, flow_id: str, reason: str) -> None:
         """Show a flow as HOSPITALIZED with the reason in its row (its blob is not touched)."""

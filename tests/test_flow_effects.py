@@ -50,7 +50,9 @@ def test_a_restart_after_the_commit_does_not_run_an_effect_again(net: MockNetwor
 def test_an_effect_that_raises_rolls_back_its_whole_step(net: MockNetwork) -> None:
     alice = with_ledger(net.create_node(ALICE))
     handle = alice.start_flow(FailingEffectFlow())
-    with pytest.raises(RuntimeError, match="the effect is broken"):
+    with pytest.raises(
+        FlowEffectError, match="side effect 'broken' raised RuntimeError: the effect is broken"
+    ):
         net.run_network()
     # Nothing of the step committed: the flow is still at its first checkpoint.
     assert alice.checkpoints() == [(handle.flow_id, "tests.cordapp.FailingEffectFlow", "UNSTARTED")]

@@ -1,0 +1,125 @@
+"""The flow hospital: each rule with a test that injects its error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from flows.client import NodeClient, decode_outcome
+from flows.effects import FlowEffectError
+from flows.hospital import MAX_FLOW_FAILURES, Hospital, Treatment
+from flows.operator import list_flows
+from flows.party import Party
+from messaging.service import TransportError
+from persistence.store import SqlTransaction
+from samples.pingpong import PingFlow
+from tests.cordapp import FailingEffectFlow
+from tests.test_runtime import running, two_nodes
+
+
+def locked() -> OperationalError:
+    return OperationalError("COMMIT", {}, Exception("database is locked"))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        locked(),
+        TransportError("broker gone"),
+        ConnectionResetError("reset"),
+        FlowEffectError("wrapped", "f1").with_traceback(None),
+    ],
+)
+def test_transient_errors_are_resumed(error: BaseException) -> None:
+    if isinstance(error, FlowEffectError):
+        error.__cause__ = locked()  # an effect that met a locked database: not its fault
+    diagnosis = Hospital(seed=1).diagnose(error)
+    assert (diagnosis.rule, diagnosis.treatment) == ("transient", Treatment.RESUME)
+
+
+def test_a_flow_that_keeps_failing_is_kept_after_the_limit() -> None:
+    hospital = Hospital(seed=1)
+    rules = [hospital.diagnose(FlowEffectError("boom", "f1")) for _ in range(MAX_FLOW_FAILURES)]
+    assert [d.rule for d in rules] == ["flow_step_failure"] * (MAX_FLOW_FAILURES - 1) + [
+        "repeated_failure"
+    ]
+    assert rules[-1].treatment is Treatment.KEEP and rules[-1].flow_id == "f1"
+    assert "failed 3 times in a row" in rules[-1].reason
+
+
+def test_anything_else_is_an_unknown_error_that_is_resumed() -> None:
+    diagnosis = Hospital().diagnose(ValueError("bug"))
+    assert (diagnosis.rule, diagnosis.treatment) == ("unknown", Treatment.RESUME)
+
+
+def test_the_backoff_grows_is_capped_and_jittered() -> None:
+    hospital = Hospital(seed=3)
+    waits = []
+    for _ in range(12):
+        hospital.diagnose(ValueError("x"))
+        waits.append(hospital.backoff_seconds())
+    assert 0.05 <= waits[0] <= 0.1
+    assert waits[5] > waits[0]
+    assert all(w <= 30.0 for w in waits) and waits[-1] >= 15.0
+    hospital.recovered()
+    hospital.diagnose(ValueError("x"))
+    assert hospital.backoff_seconds() <= 0.1
+
+
+def test_a_transient_database_error_resumes_from_the_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    commit = SqlTransaction.commit
+    failures = {"left": 3}
+
+    def flaky_commit(self: SqlTransaction) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise locked()  # the executor rolls the transaction back
+        commit(self)
+
+    client = NodeClient(alice.database_url)
+    try:
+        with running([alice, bob]) as processes:
+            monkeypatch.setattr(SqlTransaction, "commit", flaky_commit)
+            flow_ids = client.start_flows([PingFlow(Party(bob.name)) for _ in range(5)])
+            outcomes = client.wait(flow_ids, timeout=60)
+            assert [decode_outcome(outcomes[f]) for f in flow_ids] == ["Pong"] * 5
+            assert sum(p.recoveries for p in processes) == 3
+    finally:
+        client.close()
+
+
+def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_path: Path) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    client = NodeClient(alice.database_url)
+    try:
+        with running([alice, bob]) as processes:
+            (broken,) = client.start_flows([FailingEffectFlow()])
+            pings = client.start_flows([PingFlow(Party(bob.name)) for _ in range(3)])
+            outcomes = client.wait(pings, timeout=60)
+            assert [decode_outcome(outcomes[f]) for f in pings] == ["Pong"] * 3
+            kept = _wait_for_status(alice, broken, "HOSPITALIZED")
+            assert "failed 3 times in a row" in kept["error"]
+            assert processes[0].recoveries == MAX_FLOW_FAILURES
+        with running([alice]) as again:  # a restart keeps it in the hospital
+            _wait_for_status(alice, broken, "HOSPITALIZED")
+            assert again[0].recoveries == 0
+    finally:
+        client.close()
+
+
+def _wait_for_status(config: Any, flow_id: str, status: str) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for flow in list_flows(config):
+            if flow["flow_id"] == flow_id and flow["status"] == status:
+                return flow
+        time.sleep(0.05)
+    raise AssertionError(f"{flow_id} never reached {status}: {list_flows(config)}")
