@@ -14,6 +14,9 @@ database; every flow stays checkpointed). The config file::
     synchronous = "FULL"                     # optional, SQLite durability level
     status_file = "alice.status.json"        # optional: statistics, rewritten every second
     log_level = "INFO"                       # optional
+    key_file = "alice.key.pem"               # optional: the node's Ed25519 key pair
+    receive_timeout = 3600                   # optional: seconds, or "forever"
+    limits = { max_bytes = 16777216, max_depth = 64 }   # optional: payload/message limits
 
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
 """
@@ -41,7 +44,9 @@ from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_iden
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
+from messaging.codec import configure_wire_limits
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
+from persistence.serialization import DEFAULT_LIMITS, PAYLOADS, SerializationLimits
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -63,6 +68,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "log_level": str,
     "key_file": str,
     "receive_timeout": (int, float, str),
+    "limits": dict,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -88,6 +94,8 @@ class RuntimeConfig:
     """The node's Ed25519 key pair (PEM, mode 0600), created at first start."""
     receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
     """Seconds a receive waits when the flow gives no timeout (None: forever)."""
+    limits: SerializationLimits = DEFAULT_LIMITS
+    """What payloads and session messages may be (size, depth, lengths), both ways."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -173,6 +181,16 @@ def config_from_mapping(
             receive_timeout = float(value)
         else:
             raise fail("receive_timeout", 'must be positive seconds or "forever"')
+    limits = DEFAULT_LIMITS
+    if "limits" in document:
+        known = {f.name for f in attrs.fields(SerializationLimits)}
+        unknown_limits = sorted(set(document["limits"]) - known)
+        if unknown_limits:
+            raise fail("limits", f"unknown limit {unknown_limits[0]!r} (known: {sorted(known)})")
+        try:
+            limits = SerializationLimits(**document["limits"])
+        except (TypeError, ValueError) as error:
+            raise fail("limits", str(error)) from None
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -185,6 +203,7 @@ def config_from_mapping(
         log_level=level,
         key_file=key_file,
         receive_timeout=receive_timeout,
+        limits=limits,
     )
 
 
@@ -238,6 +257,8 @@ class NodeProcess:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         self._identity_cache = self._identity()
+        PAYLOADS.limits = config.limits
+        configure_wire_limits(config.limits)
         node = self._build_node()
         self._publish(node)
         log.info(

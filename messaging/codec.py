@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import attrs
 
-from persistence.serialization import SerializationError, Serializer, TypeRegistry
+from persistence.serialization import (
+    SerializationError,
+    SerializationLimits,
+    Serializer,
+    TypeRegistry,
+)
 from statemachine import flow_error, session_messages
 from statemachine.session_messages import (
     ExistingSessionMessage,
@@ -27,6 +32,11 @@ WIRE_TYPES = TypeRegistry(
 )
 
 _SERIALIZER = Serializer(WIRE_TYPES, "session message")
+
+
+def configure_wire_limits(limits: SerializationLimits) -> None:
+    """Set the limits inbound and outbound session messages are checked against."""
+    _SERIALIZER.limits = limits
 
 
 def encode_session_message(message: SessionMessage) -> bytes:

@@ -35,8 +35,14 @@ def unique_name(organisation: str) -> str:
     return f"O={organisation} {uuid.uuid4().hex[:8]},L=London,C=GB"
 
 
+def toml_value(value: object) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
 def write_config(path: Path, **fields: object) -> Path:
-    lines = [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
+    lines = [f"{key} = {toml_value(value)}" for key, value in fields.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -56,6 +62,17 @@ def test_a_valid_config_resolves_paths_relative_to_its_file(tmp_path: Path) -> N
     assert config.transport_url == f"sqlite:///{tmp_path.resolve() / 'queue.db'}"
     assert config.network_map == tmp_path.resolve() / "network-map"
     assert config.cordapps == ("samples.pingpong",)
+    assert config.receive_timeout == 3600.0
+
+
+def test_limits_and_receive_timeout_come_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "alice.toml"
+    write_config(path, **good_fields(tmp_path))
+    with path.open("a") as config_file:
+        config_file.write('receive_timeout = "forever"\nlimits = { max_depth = 8 }\n')
+    config = load_config(path)
+    assert config.receive_timeout is None
+    assert config.limits.max_depth == 8 and config.limits.max_bytes == 16 * 1024 * 1024
 
 
 @pytest.mark.parametrize(
@@ -72,6 +89,9 @@ def test_a_valid_config_resolves_paths_relative_to_its_file(tmp_path: Path) -> N
         ({"synchronous": "SOMETIMES"}, "synchronous", "must be OFF"),
         ({"database_schema": "alice"}, "database_schema", "PostgreSQL"),
         ({"log_level": "LOUD"}, "log_level", "must be DEBUG"),
+        ({"limits": {"max_deepness": 3}}, "limits", "unknown limit 'max_deepness'"),
+        ({"limits": {"max_depth": 0}}, "limits", "max_depth must be a positive int"),
+        ({"receive_timeout": -1}, "receive_timeout", "positive seconds"),
     ],
 )
 def test_a_bad_config_fails_naming_the_field(
