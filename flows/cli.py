@@ -10,6 +10,7 @@ from pathlib import Path
 
 from flows.demo import run_in_process_demo, run_process_demo
 from flows.runtime import run_node
+from persistence.analytics.command import add_analyze_arguments, run_analyze
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,7 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     amqp.add_argument(
         "--node", action="append", required=True, metavar="NAME=USER", help="a node and its user"
     )
+    analyze = commands.add_parser("analyze", help="Spark analytics of node databases (report)")
+    add_analyze_arguments(analyze)
     args = parser.parse_args(argv)
+    if args.command == "analyze":
+        return run_analyze(args)
     if args.command == "amqp-setup":
         return run_amqp_setup(args.admin_url, args.node)
     if args.command == "node" and args.node_command == "run":

@@ -100,3 +100,31 @@ def rabbitmq_problem() -> str | None:
     except Exception as error:  # any connection failure is a reason to skip
         return f"cannot connect to {RABBITMQ_URL}: {error!r}"
     return None
+
+
+@functools.cache
+def spark_test_problem() -> str | None:
+    """Why Spark cannot run the analytics tests here (PySpark or Java missing), or None."""
+    from persistence.analytics.session import spark_problem
+
+    return spark_problem()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session for every Spark test (UI off, the JDBC jars on its class path).
+
+    Skips when PySpark or Java is missing (fails with ``FIBERFLOW_REQUIRE_SERVICES=1``); the
+    JVM is stopped at the end of the session, not only the context.
+    """
+    require_service("Spark", spark_test_problem())
+    from persistence.analytics import find_jdbc_jars, spark_session, stop_spark
+
+    session = spark_session(
+        "local[2]",
+        jars=find_jdbc_jars().paths(),
+        app_name="fiberflow-tests",
+        shuffle_partitions=2,
+    )
+    yield session
+    stop_spark(session)

@@ -1,0 +1,313 @@
+"""``fiberflow analyze``: the command line of the analytics.
+
+Only the standard library is imported at module level, so the CLI can register the
+subcommand without PySpark installed; running it without PySpark (or Java) prints what to
+install and exits with 2.
+
+Exit status: 0 when no check failed (warnings included), 1 when a consistency check
+(session consistency, exactly-once audit) failed, 2 when the analysis could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from persistence.analytics.checks import CheckSettings
+    from persistence.analytics.loading import ReadPath
+    from persistence.analytics.report import AnalysisReport
+    from persistence.analytics.sources import NodeSource
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration(text: str) -> int:
+    """``90s``, ``10m``, ``2h``, ``1d``, ``250ms`` (or plain seconds) to milliseconds."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 10m, 2h or 1d")
+    return round(float(match[1]) * _UNITS[match[2] or "s"])
+
+
+def parse_moment(text: str) -> int:
+    """An ISO-8601 time (UTC unless it says otherwise) or epoch milliseconds, to milliseconds."""
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time or epoch ms") from error
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return round(moment.timestamp() * 1000)
+
+
+def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``fiberflow analyze``."""
+    parser.add_argument(
+        "--node",
+        action="append",
+        required=True,
+        metavar="NAME=URL",
+        help="a node and its database, e.g. 'O=Alice,L=London,C=GB=sqlite:///alice.db' or "
+        "'O=Bob,L=Paris,C=FR=postgresql://user@host/db?schema=bob' (repeat for each node)",
+    )
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (local[*])")
+    parser.add_argument(
+        "--as-of",
+        type=parse_moment,
+        help="judge as of this time (ISO-8601 or epoch ms; default: the snapshot time)",
+    )
+    parser.add_argument(
+        "--stuck-after",
+        type=parse_duration,
+        default="10m",
+        help="a flow waiting longer is stuck (10m)",
+    )
+    parser.add_argument(
+        "--outbox-after",
+        type=parse_duration,
+        default="5m",
+        help="an older outbox row is undelivered (5m)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=parse_duration,
+        default="60s",
+        help="cross-node rules ignore evidence newer than this (60s)",
+    )
+    parser.add_argument("--top", type=int, default=10, help="top offenders to list (10)")
+    parser.add_argument("--bucket", type=parse_duration, help="time bucket of the status series")
+    parser.add_argument(
+        "--json", type=Path, default=Path("fiberflow-analysis.json"), help="JSON report path"
+    )
+    parser.add_argument(
+        "--html", type=Path, default=Path("fiberflow-analysis.html"), help="HTML report path"
+    )
+    parser.add_argument(
+        "--rows", type=int, default=20, help="rows per table in the printed report (20)"
+    )
+    parser.add_argument(
+        "--read",
+        choices=["auto", "jdbc", "arrow"],
+        default="auto",
+        help="JDBC, Arrow (SQLAlchemy -> Parquet), or auto: JDBC where a driver jar is found",
+    )
+    parser.add_argument(
+        "--jdbc-jars",
+        action="append",
+        metavar="DIR",
+        help="where to look for JDBC jars (default $FIBERFLOW_JDBC_JARS or /usr/share/java)",
+    )
+    parser.add_argument(
+        "--staging-dir", type=Path, help="folder for snapshots and Parquet (shared on a cluster)"
+    )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
+    )
+
+
+class Progress:
+    """A progress line on stderr while Spark works: the step, a spinner and Spark's tasks.
+
+    On a terminal the line redraws itself; elsewhere (a log, a pipe) each step is printed
+    once when it ends, with its time.
+    """
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, stream: TextIO | None = None, spark: SparkSession | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.spark = spark
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._step = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _tasks(self) -> str:
+        if self.spark is None:
+            return ""
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            done = total = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+        except Exception:  # the context may be stopping: no task counts then
+            return ""
+        return f" — Spark tasks {done}/{total}" if total else ""
+
+    def _spin(self) -> None:
+        frame = 0
+        while not self._stop.wait(0.15):
+            text = f"\r{self.FRAMES[frame % len(self.FRAMES)]} {self._step}{self._tasks()}"
+            self.stream.write(text.ljust(100)[:120])
+            self.stream.flush()
+            frame += 1
+
+    @contextmanager
+    def step(self, text: str) -> Iterator[None]:
+        """Show ``text`` while the block runs; print it with its time when it ends."""
+        self._step = text
+        started = time.perf_counter()
+        if self.live:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._spin, daemon=True)
+            self._thread.start()
+        try:
+            yield
+        finally:
+            if self._thread is not None:
+                self._stop.set()
+                self._thread.join()
+                self._thread = None
+                self.stream.write("\r" + " " * 120 + "\r")
+            self.stream.write(f"✓ {text} ({time.perf_counter() - started:.1f} s)\n")
+            self.stream.flush()
+
+
+def analyze(
+    sources: Sequence[NodeSource],
+    settings: CheckSettings,
+    *,
+    spark: SparkSession,
+    jar_search: Sequence[str | Path] | None = None,
+    read: ReadPath = "auto",
+    staging_dir: Path | None = None,
+    progress: Progress | None = None,
+    on_snapshot: Callable[[], None] | None = None,
+) -> AnalysisReport:
+    """Snapshot and load the nodes, run every check and collect the report."""
+    from persistence.analytics.checks import CHECK_TITLES, CHECKS
+    from persistence.analytics.loading import load_nodes
+    from persistence.analytics.report import collect_report
+
+    progress = progress or Progress(stream=io.StringIO())
+    started = time.perf_counter()
+    with progress.step(
+        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}"
+    ):
+        snapshot = load_nodes(
+            spark,
+            sources,
+            jar_search=jar_search,
+            path=read,
+            staging_dir=staging_dir,
+            on_snapshot=on_snapshot,
+        )
+    load_seconds = time.perf_counter() - started
+    with snapshot:
+        results = []
+        seconds: dict[str, float] = {}
+        for index, (name, check) in enumerate(CHECKS, start=1):
+            with progress.step(f"[{index}/{len(CHECKS)}] {CHECK_TITLES[name]}"):
+                began = time.perf_counter()
+                results.append(check(snapshot, settings))
+                seconds[name] = time.perf_counter() - began
+        with progress.step("collect the report"):
+            return collect_report(
+                snapshot, results, settings, seconds=seconds, load_seconds=load_seconds
+            )
+
+
+def run_analyze(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run ``fiberflow analyze`` with parsed ``args``; returns the exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    from persistence.analytics.session import spark_problem
+    from persistence.analytics.sources import (
+        NodeArgumentError,
+        check_unique_names,
+        parse_node_argument,
+    )
+
+    try:
+        sources = [parse_node_argument(item) for item in args.node]
+        check_unique_names(sources)
+        conf = dict(_key_value(item) for item in args.conf)
+    except (NodeArgumentError, ValueError) as error:
+        err.write(f"fiberflow analyze: {error}\n")
+        return 2
+    problem = spark_problem()
+    if problem is not None:
+        err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
+        return 2
+    from persistence.analytics.checks import FAIL, CheckSettings
+    from persistence.analytics.loading import AnalyticsLoadError
+    from persistence.analytics.report import render_text, write_html, write_json
+    from persistence.analytics.session import active_spark, spark_session, stop_spark
+    from persistence.analytics.sources import find_jdbc_jars
+
+    settings = CheckSettings(
+        as_of_ms=args.as_of,
+        stuck_after_ms=args.stuck_after,
+        outbox_after_ms=args.outbox_after,
+        grace_ms=args.grace,
+        top=args.top,
+        bucket_ms=args.bucket,
+    )
+    progress = Progress(stream=err)
+    running = active_spark()
+    with progress.step(
+        f"start Spark ({args.master})" if running is None else "join the running Spark session"
+    ):
+        spark = running or spark_session(
+            args.master, jars=find_jdbc_jars(args.jdbc_jars).paths(), conf=conf
+        )
+    progress.spark = spark
+    try:
+        report = analyze(
+            sources,
+            settings,
+            spark=spark,
+            jar_search=args.jdbc_jars,
+            read=args.read,
+            staging_dir=args.staging_dir,
+            progress=progress,
+        )
+    except AnalyticsLoadError as error:
+        err.write(f"fiberflow analyze: {error}\n")
+        return 2
+    finally:
+        if running is None:
+            stop_spark(spark)
+    out.write(render_text(report, max_rows=args.rows))
+    write_json(report, str(args.json))
+    write_html(report, str(args.html))
+    out.write(f"Reports: {args.json} and {args.html}\n")
+    return 1 if report.status == FAIL else 0
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, separator, value = item.partition("=")
+    if not separator or not key:
+        raise ValueError(f"--conf {item!r} must be KEY=VALUE")
+    return key, value
+
+
+def analyze_main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m persistence.analytics.command``)."""
+    parser = argparse.ArgumentParser(prog="fiberflow analyze", description=__doc__)
+    add_analyze_arguments(parser)
+    return run_analyze(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(analyze_main())

@@ -1,0 +1,304 @@
+"""Node databases for the analytics tests: real flows on MockNetwork nodes, then corruption.
+
+:func:`build_clean_network` runs a mix of flows on four MockNetwork nodes (completed ping/pong,
+echo and trade conversations, failed flows, a flow kept in the hospital, and conversations
+left open on purpose: an initiator that sleeps for a day between two messages while its
+responder waits). The node databases are then copied, so the copies are what a snapshot of
+a quiet network looks like. :func:`corrupt` damages a copy in the ways an exactly-once bug or
+an operator accident would, and returns exactly what it injected, so that each check can be
+held to flag that and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import uuid
+from pathlib import Path
+
+import attrs
+
+from flows import (
+    FOREVER,
+    FlowLogic,
+    FlowSession,
+    Party,
+    initiated_by,
+    initiating_flow,
+)
+from flows.testing import MockNetwork
+from samples.pingpong import PingFlow
+from samples.trade import BuyerFlow
+from tests.cordapp import EchoFlow, FailingInitiator, UnansweredFlow
+
+DAY = 86_400.0
+
+ALICE = "O=Alice,L=London,C=GB"
+BOB = "O=Bob,L=Paris,C=FR"
+CHARLIE = "O=Charlie,L=Rome,C=IT"
+DAVE = "O=Dave,L=Oslo,C=NO"
+NAMES = (ALICE, BOB, CHARLIE, DAVE)
+
+
+@initiating_flow
+class LingeringFlow(FlowLogic[str]):
+    """Says hello, sleeps for a day (durably), says goodbye and returns the answer."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        session.send("hello")
+        self.sleep(DAY)
+        return session.send_and_receive(str, "goodbye").unwrap(lambda m: m)
+
+
+@initiated_by(LingeringFlow)
+class LingeringResponder(FlowLogic[str]):
+    """Waits for the hello and then for the goodbye (a day later), and answers."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        hello = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        goodbye = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        self.session.send("see you")
+        return f"{hello} {goodbye}"
+
+
+CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp", "tests.analytics_data"]
+
+
+@attrs.frozen
+class Lingering:
+    """An open conversation: ``initiator`` (on ``initiator_node``) sleeps, the responder waits."""
+
+    initiator_node: str
+    initiator: str
+    responder_node: str
+    responder: str
+
+    @property
+    def session(self) -> str:
+        """The initiator's session id (its first session)."""
+        return f"{self.initiator}.s0"
+
+
+@attrs.frozen
+class NetworkData:
+    """Copies of the node databases of a quiet network, and what ran on it."""
+
+    directory: Path
+    databases: dict[str, Path]
+    """Node name to its SQLite file (a copy taken after the network went quiet)."""
+    now_ms: int
+    """The mock clock when the copies were taken (milliseconds)."""
+    finished: dict[str, dict[str, str]]
+    """Node name to {flow id: "COMPLETED" or "FAILED"} of the flows that finished there."""
+    live: dict[str, dict[str, str]]
+    """Node name to {flow id: status} of the flows with a checkpoint."""
+    lingering: list[Lingering]
+    echo_session: str
+    """The session of a finished EchoFlow from Alice to Bob (several messages each way)."""
+    hospitalized: str
+    """The flow (on Charlie) an operator kept in the hospital."""
+
+    def sources(self, names: tuple[str, ...] = NAMES) -> list[str]:
+        """``NAME=URL`` arguments for the given nodes."""
+        return [f"{name}=sqlite:///{self.databases[name]}" for name in names]
+
+    def copy_to(self, directory: Path) -> NetworkData:
+        """A copy of every database in ``directory`` (to corrupt it without touching this)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        copies = {}
+        for name, path in self.databases.items():
+            copies[name] = directory / path.name
+            shutil.copyfile(path, copies[name])
+        return attrs.evolve(self, directory=directory, databases=copies)
+
+
+def _flow_rows(path: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(finished flows, live flows with their status, session waited on -> live flow)."""
+    connection = sqlite3.connect(path)
+    try:
+        finished = {
+            row[0]: "COMPLETED"
+            for row in connection.execute("SELECT flow_id FROM node_flow_results")
+        }
+        for (flow_id,) in connection.execute("SELECT flow_id FROM node_flow_exceptions"):
+            finished[flow_id] = "FAILED"
+        live, waiting = {}, {}
+        query = "SELECT flow_id, status, suspended_on, waiting_for FROM node_checkpoints"
+        for flow_id, status, suspended_on, waiting_for in connection.execute(query):
+            live[flow_id] = status
+            if suspended_on == "Receive":
+                for wait in json.loads(waiting_for):
+                    waiting[wait["session"]] = flow_id
+    finally:
+        connection.close()
+    return finished, live, waiting
+
+
+def _copy_database(source: Path, target: Path) -> None:
+    live, copy = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        live.backup(copy)
+    finally:
+        copy.close()
+        live.close()
+
+
+def build_clean_network(directory: Path) -> NetworkData:
+    """Run the flows on Alice, Bob, Charlie and Dave and copy their databases."""
+    network = MockNetwork(cordapps=CORDAPPS, directory=directory / "run")
+    try:
+        alice, bob, charlie, dave = (network.create_node(name) for name in NAMES)
+        handles = [alice.start_flow(PingFlow(bob.party)) for _ in range(5)]
+        handles += [bob.start_flow(PingFlow(charlie.party)) for _ in range(3)]
+        echo = alice.start_flow(EchoFlow(bob.party, ["one", "two", "three", "four"]))
+        handles.append(echo)
+        handles.append(alice.start_flow(BuyerFlow(bob.party, charlie.party, "tea", 10, 250)))
+        handles.append(alice.start_flow(BuyerFlow(bob.party, charlie.party, "gold", 1, 10**8)))
+        handles.append(alice.start_flow(FailingInitiator(charlie.party, "flow_exception")))
+        handles.append(alice.start_flow(UnansweredFlow(bob.party)))
+        pairs = [(alice, bob), (alice, bob), (charlie, alice), (dave, alice), (charlie, bob)]
+        started = [(a.name, b.name, a.start_flow(LingeringFlow(b.party)).flow_id) for a, b in pairs]
+        network.run_network(advance_clock=False)
+        assert all(handle.done for handle in handles)
+        kept = started[-1][2]
+        charlie.node.keep_in_hospital(kept, "kept for observation by the test")
+        network.run_network(advance_clock=False)
+        now_ms = round(network.clock.now() * 1000)
+        copies = directory / "clean"
+        copies.mkdir(parents=True, exist_ok=True)
+        databases = {}
+        for mock in network.nodes:
+            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
+            databases[mock.name] = copies / source.name
+            _copy_database(source, databases[mock.name])
+    finally:
+        network.stop_nodes()
+    finished, live, waiting = {}, {}, {}
+    for name, path in databases.items():
+        finished[name], live[name], waiting[name] = _flow_rows(path)
+    lingering = [
+        Lingering(
+            initiator_node, flow_id, responder_node, waiting[responder_node][f"{flow_id}.s0.r"]
+        )
+        for initiator_node, responder_node, flow_id in started
+    ]
+    return NetworkData(
+        directory=copies,
+        databases=databases,
+        now_ms=now_ms,
+        finished=finished,
+        live=live,
+        lingering=lingering,
+        echo_session=f"{echo.flow_id}.s0",
+        hospitalized=kept,
+    )
+
+
+@attrs.frozen
+class Injected:
+    """What :func:`corrupt` did, as the checks should report it."""
+
+    orphan: tuple[str, str, str, str]
+    """(node, session, counterparty, missing flow): a session whose other end was deleted."""
+    consumed_twice: list[tuple[str, str, int, list[str]]]
+    """(node, session, sequence, ids) recorded twice."""
+    id_mismatch: tuple[str, str]
+    """(node, message id) of the copy recorded under a fresh id."""
+    gap: tuple[str, str, int]
+    """(node, session, sequence) whose dedup id was lost."""
+    undelivered: tuple[str, str, str]
+    """(node, message id, target) left in the outbox."""
+    stuck: tuple[str, str, str, str]
+    """(node, flow, session, counterparty): waiting for three hours on a dead node."""
+    nodes: tuple[str, ...]
+    """The nodes to analyze (Dave, the dead node, is not among them)."""
+
+
+def _one(connection: sqlite3.Connection, query: str, *parameters: object) -> tuple[object, ...]:
+    row = connection.execute(query, parameters).fetchone()
+    assert row is not None, query
+    return tuple(row)
+
+
+def corrupt(data: NetworkData, directory: Path) -> tuple[NetworkData, Injected]:
+    """Copy ``data`` to ``directory`` and damage the copy (see :class:`Injected`)."""
+    broken = data.copy_to(directory)
+    db = broken.databases
+    first, second, _, from_dave, _ = broken.lingering
+    # 1. An operator deleted a live flow: the initiator Alice's responder on Bob waits for.
+    with sqlite3.connect(db[ALICE]) as alice:
+        for table in ("node_checkpoints", "node_checkpoint_blobs"):
+            alice.execute(f"DELETE FROM {table} WHERE flow_id = ?", (first.initiator,))
+    alice.close()
+    orphan = (BOB, f"{first.session}.r", ALICE, first.initiator)
+    # 2. The same message consumed twice on Bob: recorded again under a fresh random id, as a
+    #    sender that re-sent it with a new id (not N-<session>-<sequence>) would cause.
+    bob = sqlite3.connect(db[BOB])
+    with bob:
+        message_id, sender, session, sequence, at = _one(
+            bob,
+            "SELECT message_id, sender, session_id, sequence, inserted_at FROM node_message_ids "
+            "WHERE sender = ? AND session_id NOT LIKE ? AND session_id NOT IN (?, ?) "
+            "ORDER BY message_id LIMIT 1",
+            ALICE,
+            f"{broken.echo_session}%",
+            f"{first.session}.r",
+            f"{second.session}.r",
+        )
+        fresh = uuid.UUID(int=0x5EED).hex
+        bob.execute(
+            "INSERT INTO node_message_ids VALUES (?, ?, ?, ?, ?)",
+            (fresh, sender, session, sequence, at),
+        )
+        # 3. A dedup id lost: message 2 of the echo session, with 3, 4 and 5 recorded.
+        gap_session = f"{broken.echo_session}.r"
+        bob.execute(
+            "DELETE FROM node_message_ids WHERE session_id = ? AND sequence = 2", (gap_session,)
+        )
+    bob.close()
+    twice = [(BOB, str(session), int(str(sequence)), sorted([str(message_id), fresh]))]
+    # 4. Charlie's dedup table rebuilt without its primary key (a botched restore), and one
+    #    message recorded twice under the same id.
+    charlie = sqlite3.connect(db[CHARLIE])
+    with charlie:
+        charlie.execute("CREATE TABLE dedup_copy AS SELECT * FROM node_message_ids")
+        charlie.execute("DROP TABLE node_message_ids")
+        charlie.execute("ALTER TABLE dedup_copy RENAME TO node_message_ids")
+        copied = _one(charlie, "SELECT * FROM node_message_ids ORDER BY message_id LIMIT 1")
+        charlie.execute("INSERT INTO node_message_ids VALUES (?, ?, ?, ?, ?)", copied)
+    charlie.close()
+    twice.append((CHARLIE, str(copied[2]), int(str(copied[3])), [str(copied[0])] * 2))
+    # 5. Alice's goodbye on her second lingering session committed to the outbox ten minutes
+    #    ago and never sent.
+    undelivered = f"N-{second.session}-1"
+    with sqlite3.connect(db[ALICE]) as alice:
+        alice.execute(
+            "INSERT INTO node_outbox VALUES (?, ?, ?, ?)",
+            (undelivered, BOB, b"goodbye", broken.now_ms - 10 * 60_000),
+        )
+    alice.close()
+    # 6. Dave died three hours ago (its database is gone): Alice's responder still waits.
+    with sqlite3.connect(db[ALICE]) as alice:
+        alice.execute(
+            "UPDATE node_checkpoints SET updated_at = ?, created_at = ? WHERE flow_id = ?",
+            (broken.now_ms - 3 * 3_600_000, broken.now_ms - 3 * 3_600_000, from_dave.responder),
+        )
+    alice.close()
+    injected = Injected(
+        orphan=orphan,
+        consumed_twice=sorted(twice),
+        id_mismatch=(BOB, fresh),
+        gap=(BOB, gap_session, 2),
+        undelivered=(ALICE, undelivered, BOB),
+        stuck=(ALICE, from_dave.responder, f"{from_dave.session}.r", DAVE),
+        nodes=(ALICE, BOB, CHARLIE),
+    )
+    return broken, injected

@@ -1,0 +1,502 @@
+"""Spark checkpoint analytics: real flows on MockNetwork nodes, clean and corrupted on purpose.
+
+The clean network (tests/analytics_data.py) must give no finding in the consistency checks;
+the corrupted copy (a deleted counterpart, a message consumed twice under two ids, one
+recorded twice where the primary key was lost, a lost dedup id, an undelivered outbox row, a
+flow waiting on a dead node) must give exactly those findings, through JDBC and through the
+Arrow fallback alike. Spark runs once for the whole test session (the ``spark`` fixture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from flows.cli import main as cli_main
+from flows.testing import MockNetwork
+from persistence.analytics import (
+    AnalysisReport,
+    CheckSettings,
+    NodeArgumentError,
+    analyze,
+    find_jdbc_jars,
+    load_nodes,
+    parse_node_argument,
+    session_consistency,
+)
+from persistence.analytics.checks import responder_flow_id
+from persistence.analytics.command import parse_duration, parse_moment
+from persistence.analytics.loading import range_predicates
+from persistence.analytics.report import Table, render_html, text_table
+from persistence.store import normalize_url
+from samples.pingpong import PingFlow
+from statemachine.manager import _RESPONDER_NAMESPACE
+from tests.analytics_data import (
+    ALICE,
+    BOB,
+    CHARLIE,
+    CORDAPPS,
+    NAMES,
+    Injected,
+    LingeringFlow,
+    NetworkData,
+    build_clean_network,
+    corrupt,
+)
+from tests.conftest import POSTGRES_URL, database_for, require_service
+
+SETTINGS_MINUTE = 60_000
+JARS = find_jdbc_jars()
+
+
+def settings_for(data: NetworkData) -> CheckSettings:
+    """Judge a minute after the mock clock stopped; cross-node grace 30 s."""
+    return CheckSettings(as_of_ms=data.now_ms + SETTINGS_MINUTE, grace_ms=30_000)
+
+
+def require_jdbc() -> None:
+    missing = [d for d in ("sqlite", "postgresql") if JARS.for_dialect(d) is None]
+    problem = None
+    if missing:
+        problem = (
+            f"no JDBC jar for {', '.join(missing)} "
+            "(apt-get install libpostgresql-jdbc-java libxerial-sqlite-jdbc-java)"
+        )
+    require_service("JDBC drivers", problem)
+
+
+def rows(report: AnalysisReport, check: str, extra: str | None = None) -> list[dict[str, Any]]:
+    found = report.check(check)
+    table = found.extras[extra] if extra else found.table
+    assert table.total == len(table.rows)
+    return [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+
+
+def json_rows(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
+    (found,) = [c for c in report["checks"] if c["name"] == check]
+    table = found["table"]
+    return [dict(zip(table["columns"], row, strict=True)) for row in table["rows"]]
+
+
+# --- without Spark ----------------------------------------------------------------------------
+
+
+def test_node_arguments_take_x500_names_and_postgresql_schemas() -> None:
+    source = parse_node_argument("O=Alice,L=London,C=GB=sqlite:///alice.db")
+    assert (source.name, source.url, source.schema, source.dialect) == (
+        "O=Alice,L=London,C=GB",
+        "sqlite:///alice.db",
+        None,
+        "sqlite",
+    )
+    source = parse_node_argument(
+        "O=Bob,L=Paris,C=FR=postgresql://u:secret@db:5433/nodes?schema=bob"
+    )
+    assert source.schema == "bob" and source.dialect == "postgresql"
+    assert "schema" not in source.url and "secret" in source.url
+    assert "secret" not in source.display_url() and source.display_url().endswith("?schema=bob")
+    for bad in ("sqlite:///no-name.db", "O=Alice=mysql://x/y", "O=A=sqlite:///a.db?schema=x"):
+        with pytest.raises(NodeArgumentError):
+            parse_node_argument(bad)
+
+
+def test_durations_and_moments_parse() -> None:
+    assert [parse_duration(t) for t in ("90s", "10m", "2h", "1d", "250ms", "5")] == [
+        90_000,
+        600_000,
+        7_200_000,
+        86_400_000,
+        250,
+        5_000,
+    ]
+    assert parse_moment("2027-01-15T08:00:00Z") == 1_800_000_000_000
+    assert parse_moment("1800000000000") == 1_800_000_000_000
+
+
+def test_jdbc_jars_are_found_by_name_and_missing_ones_are_none(tmp_path: Path) -> None:
+    (tmp_path / "postgresql-42.5.5.jar").write_bytes(b"")
+    (tmp_path / "xerial-sqlite-jdbc-3.40.1.0.jar").write_bytes(b"")
+    found = find_jdbc_jars([tmp_path])
+    assert found.postgresql == (tmp_path / "postgresql-42.5.5.jar").resolve()
+    assert found.sqlite == (tmp_path / "xerial-sqlite-jdbc-3.40.1.0.jar").resolve()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert find_jdbc_jars([empty]).paths() == []
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 5, 16])
+def test_key_range_predicates_cover_every_row_exactly_once(partitions: int) -> None:
+    keys = [uuid.uuid4().hex for _ in range(300)] + ["", "N-", "zzz", "N-ff", "A", "0"]
+    keys += [f"N-{uuid.uuid4().hex}.s0-{i}" for i in range(300)]
+    connection = sqlite3.connect(":memory:")
+    connection.execute("CREATE TABLE t (k TEXT)")
+    connection.executemany("INSERT INTO t VALUES (?)", [(k,) for k in keys])
+    for prefix in ("", "N-"):
+        predicates = range_predicates("k", prefix, partitions, "sqlite")
+        assert len(predicates) == partitions
+        seen: list[str] = []
+        for predicate in predicates:
+            seen += [row[0] for row in connection.execute(f"SELECT k FROM t WHERE {predicate}")]
+        assert sorted(seen) == sorted(keys)
+    connection.close()
+
+
+def test_a_missing_java_is_named_as_the_reason_to_skip(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from persistence.analytics.session import java_problem
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert java_problem() == "no Java runtime: neither $JAVA_HOME/bin/java nor java on PATH"
+
+
+def test_key_range_predicates_cover_every_row_once_on_postgresql() -> None:
+    engine = create_engine(normalize_url(database_for("postgresql")))
+    keys = [uuid.uuid4().hex for _ in range(200)] + ["", "N-", "zzz", "N-ff", "A", "0", "é"]
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("CREATE TEMP TABLE t (k text)"))
+            connection.execute(text("INSERT INTO t VALUES (:k)"), [{"k": k} for k in keys])
+            for partitions in (2, 5, 16):
+                seen: list[str] = []
+                for predicate in range_predicates("k", "", partitions, "postgresql"):
+                    query = text(f"SELECT k FROM t WHERE {predicate}")
+                    seen += list(connection.execute(query).scalars())
+                assert sorted(seen) == sorted(keys)
+    finally:
+        engine.dispose()
+
+
+def test_text_tables_clip_long_cells_and_say_how_many_rows_are_left() -> None:
+    table = Table(["node", "waited_ms", "since_ms"], [["x" * 60, 7_200_000, 1_800_000_000_000]], 3)
+    printed = text_table(table, max_width=20)
+    assert "x" * 19 + "…" in printed and "2h" in printed and "2027-01-15 08:00:00.000Z" in printed
+    assert "2 more rows" in printed
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> NetworkData:
+    return build_clean_network(tmp_path_factory.mktemp("analytics-clean"))
+
+
+@pytest.fixture(scope="module")
+def broken(
+    clean: NetworkData, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[NetworkData, Injected]:
+    return corrupt(clean, tmp_path_factory.mktemp("analytics-broken"))
+
+
+@pytest.fixture(scope="module")
+def clean_cli(
+    spark: Any, clean: NetworkData, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """``fiberflow analyze`` on the clean network: exit status, output, JSON and HTML."""
+    require_jdbc()
+    out = tmp_path_factory.mktemp("analytics-cli")
+    argv = ["analyze", "--as-of", str(clean.now_ms + SETTINGS_MINUTE), "--grace", "30s"]
+    for source in clean.sources():
+        argv += ["--node", source]
+    argv += ["--json", str(out / "report.json"), "--html", str(out / "report.html")]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = cli_main(argv)
+    return {
+        "status": status,
+        "stdout": stdout.getvalue(),
+        "stderr": stderr.getvalue(),
+        "json": json.loads((out / "report.json").read_text()),
+        "html": (out / "report.html").read_text(),
+    }
+
+
+@pytest.fixture(scope="module")
+def broken_report(spark: Any, broken: tuple[NetworkData, Injected]) -> AnalysisReport:
+    require_jdbc()
+    data, injected = broken
+    sources = [parse_node_argument(s) for s in data.sources(injected.nodes)]
+    return analyze(sources, settings_for(data), spark=spark)
+
+
+# --- Spark: the clean network -----------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_the_responder_flow_id_in_spark_is_the_managers_uuid5(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    pairs = [(ALICE, f"{uuid.uuid4().hex}.s{i}") for i in range(20)] + [("ü|x", "s.s0")]
+    frame = spark.createDataFrame(pairs, "node string, session string")
+    computed = frame.select(responder_flow_id(F.col("node"), F.col("session")).alias("id"))
+    expected = [uuid.uuid5(_RESPONDER_NAMESPACE, f"{n}|{s}").hex for n, s in pairs]
+    assert [row["id"] for row in computed.collect()] == expected
+
+
+@pytest.mark.spark
+def test_clean_network_passes_and_the_cli_exits_zero(
+    clean_cli: dict[str, Any], clean: NetworkData
+) -> None:
+    assert clean_cli["status"] == 0, clean_cli["stdout"] + clean_cli["stderr"]
+    report = clean_cli["json"]
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses == {
+        "flow_counts": "info",
+        "flows_over_time": "info",
+        "stuck_flows": "ok",
+        "session_consistency": "ok",
+        "exactly_once_audit": "ok",
+        "checkpoint_costs": "info",
+        "failed_flows": "warn",  # the flow kept in the hospital
+    }
+    for check in ("stuck_flows", "session_consistency", "exactly_once_audit"):
+        assert json_rows(report, check) == [], check
+    (consistency,) = [c for c in report["checks"] if c["name"] == "session_consistency"]
+    outcomes = dict(consistency["extras"]["summary"]["rows"])
+    assert outcomes["ok"] > 20 and outcomes["ok (refused)"] == 1  # UnansweredFlow's session
+    assert set(outcomes) == {"ok", "ok (refused)"}
+    assert all(node["path"] == "jdbc" for node in report["nodes"])
+    assert "Verdicts" in clean_cli["stdout"] and "[OK  ] Cross-node session" in clean_cli["stdout"]
+    assert "[4/7] cross-node session consistency" in clean_cli["stderr"]
+    assert clean_cli["html"].count("<svg") == 3 and "fiberflow analysis" in clean_cli["html"]
+
+
+@pytest.mark.spark
+def test_flow_counts_match_the_databases(clean_cli: dict[str, Any], clean: NetworkData) -> None:
+    expected: dict[tuple[str, str], int] = {}
+    for name in NAMES:
+        for status in [*clean.finished[name].values(), *clean.live[name].values()]:
+            expected[(name, status)] = expected.get((name, status), 0) + 1
+    counted: dict[tuple[str, str], int] = {}
+    for row in json_rows(clean_cli["json"], "flow_counts"):
+        key = (row["node"], row["status"])
+        counted[key] = counted.get(key, 0) + row["flows"]
+    assert counted == expected
+    timeline = json_rows(clean_cli["json"], "flows_over_time")
+    assert sum(row["flows"] for row in timeline) == sum(expected.values())
+    assert {row["bucket_start_ms"] for row in timeline} == {clean.now_ms}  # 64-bit, not wrapped
+
+
+@pytest.mark.spark
+def test_failed_and_hospitalized_flows_are_listed_with_their_errors(
+    clean_cli: dict[str, Any], clean: NetworkData
+) -> None:
+    found = {
+        (r["node"], r["flow_class"].rsplit(".", 1)[1], r["outcome"], r["flows"])
+        for r in json_rows(clean_cli["json"], "failed_flows")
+    }
+    assert found == {
+        (ALICE, "BuyerFlow", "flow_exception", 1),
+        (BOB, "SellerFlow", "flow_exception", 1),
+        (ALICE, "FailingInitiator", "flow_exception", 1),
+        (CHARLIE, "FailingResponder", "flow_exception", 1),
+        (ALICE, "UnansweredFlow", "internal", 1),
+        (CHARLIE, "LingeringFlow", "HOSPITALIZED", 1),
+    }
+    (failed,) = [c for c in clean_cli["json"]["checks"] if c["name"] == "failed_flows"]
+    (kept,) = failed["extras"]["hospitalized"]["rows"]
+    assert kept[1] == clean.hospitalized and kept[3] == "kept for observation by the test"
+
+
+@pytest.mark.spark
+def test_checkpoint_costs_rank_the_largest_checkpoints(
+    clean_cli: dict[str, Any], clean: NetworkData
+) -> None:
+    sizes = []
+    for path in clean.databases.values():
+        with sqlite3.connect(path) as connection:
+            sizes += [
+                r[0] for r in connection.execute("SELECT checkpoint_bytes FROM node_checkpoints")
+            ]
+        connection.close()
+    (costs,) = [c for c in clean_cli["json"]["checks"] if c["name"] == "checkpoint_costs"]
+    per_class = json_rows(clean_cli["json"], "checkpoint_costs")
+    assert sum(r["flows"] for r in per_class) == len(sizes)
+    assert max(r["max_bytes"] for r in per_class) == max(sizes)
+    offenders = costs["extras"]["offenders"]
+    by_size = [r[6] for r in offenders["rows"] if r[0] == "checkpoint_bytes"]
+    assert by_size == sorted(sizes, reverse=True)[:10]
+    histogram = costs["extras"]["size_histogram"]["rows"]
+    assert sum(r[2] for r in histogram) == len(sizes)
+    assert all(low <= size < high for low, high, _ in histogram for size in [low])
+
+
+# --- Spark: the corrupted copy ----------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_a_deleted_counterpart_is_an_orphan_named_with_both_nodes(
+    broken_report: AnalysisReport, broken: tuple[NetworkData, Injected]
+) -> None:
+    _, injected = broken
+    found = [
+        (r["node"], r["session_id"], r["counterparty"], r["counterpart_flow_id"])
+        for r in rows(broken_report, "session_consistency")
+    ]
+    assert found == [injected.orphan]
+    assert broken_report.check("session_consistency").status == "fail"
+    assert broken_report.status == "fail"
+
+
+@pytest.mark.spark
+def test_the_exactly_once_audit_flags_exactly_what_was_injected(
+    broken_report: AnalysisReport, broken: tuple[NetworkData, Injected]
+) -> None:
+    _, injected = broken
+    found = rows(broken_report, "exactly_once_audit")
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for row in found:
+        kinds.setdefault(row["kind"], []).append(row)
+    assert set(kinds) == {"consumed_twice", "id_mismatch", "sequence_gap", "undelivered"}
+    twice = sorted(
+        (r["node"], r["session_id"], r["sequence"], r["message_ids"].split(" "))
+        for r in kinds["consumed_twice"]
+    )
+    assert twice == injected.consumed_twice
+    assert [(r["node"], r["message_ids"]) for r in kinds["id_mismatch"]] == [injected.id_mismatch]
+    assert [(r["node"], r["session_id"], r["sequence"]) for r in kinds["sequence_gap"]] == [
+        injected.gap
+    ]
+    (undelivered,) = kinds["undelivered"]
+    assert (undelivered["node"], undelivered["message_ids"], undelivered["counterparty"]) == (
+        injected.undelivered
+    )
+    assert "not consumed by" in undelivered["detail"]
+
+
+@pytest.mark.spark
+def test_a_flow_waiting_on_a_dead_node_is_stuck(
+    broken_report: AnalysisReport, broken: tuple[NetworkData, Injected]
+) -> None:
+    _, injected = broken
+    (stuck,) = rows(broken_report, "stuck_flows")
+    assert (stuck["node"], stuck["flow_id"], stuck["session_id"], stuck["counterparty"]) == (
+        injected.stuck
+    )
+    assert stuck["counterpart_status"] == "not analyzed"
+    assert stuck["counterparty_has_session"] is None
+    assert stuck["waited_ms"] == 3 * 3_600_000 + SETTINGS_MINUTE
+    assert broken_report.check("stuck_flows").status == "warn"
+
+
+@pytest.mark.spark
+def test_the_arrow_fallback_finds_the_same_and_the_cli_exits_one(
+    spark: Any,
+    broken: tuple[NetworkData, Injected],
+    broken_report: AnalysisReport,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data, injected = broken
+    no_jars = tmp_path / "no-jars"
+    no_jars.mkdir()
+    argv = ["analyze", "--as-of", str(data.now_ms + SETTINGS_MINUTE), "--grace", "30s"]
+    for source in data.sources(injected.nodes):
+        argv += ["--node", source]
+    argv += ["--jdbc-jars", str(no_jars), "--json", str(tmp_path / "r.json")]
+    argv += ["--html", str(tmp_path / "r.html")]
+    assert cli_main(argv) == 1
+    printed = capsys.readouterr()
+    assert "[FAIL] Cross-node session consistency" in printed.out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [n["path"] for n in report["nodes"]] == ["arrow"] * 3
+    assert all(f"no sqlite JDBC jar in {no_jars}" in n["detail"] for n in report["nodes"])
+    for check in ("session_consistency", "exactly_once_audit", "stuck_flows", "flow_counts"):
+        table = broken_report.check(check).table
+        assert report_rows(report, check) == [list(r) for r in table.rows], check
+
+
+def report_rows(report: dict[str, Any], check: str) -> list[list[Any]]:
+    (found,) = [c for c in report["checks"] if c["name"] == check]
+    return [list(row) for row in found["table"]["rows"]]
+
+
+# --- Spark: PostgreSQL, one schema per node, read from one snapshot ---------------------------
+
+
+@pytest.mark.spark
+def test_postgresql_nodes_are_read_from_one_snapshot(spark: Any, tmp_path: Path) -> None:
+    require_jdbc()
+    url = database_for("postgresql")
+    with MockNetwork(cordapps=CORDAPPS, directory=tmp_path, database=url) as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        for _ in range(3):
+            alice.start_flow(PingFlow(bob.party))
+        lingering = alice.start_flow(LingeringFlow(bob.party)).flow_id
+        network.run_network(advance_clock=False)
+        now_ms = round(network.clock.now() * 1000)
+        schemas = {m.name: m.config.database_schema for m in network.nodes}
+        sources = [
+            parse_node_argument(f"{name}={POSTGRES_URL}?schema={schema}")
+            for name, schema in schemas.items()
+        ]
+        settings = CheckSettings(as_of_ms=now_ms + SETTINGS_MINUTE, grace_ms=30_000)
+        engine = create_engine(normalize_url(POSTGRES_URL))
+
+        def delete_the_initiator() -> None:  # after the snapshot: the reads must not see it
+            with engine.begin() as connection:
+                for table in ("node_checkpoints", "node_checkpoint_blobs"):
+                    connection.execute(
+                        text(f'DELETE FROM "{schemas[ALICE]}".{table} WHERE flow_id = :f'),
+                        {"f": lingering},
+                    )
+
+        try:
+            with load_nodes(
+                spark, sources, rows_per_partition=2, on_snapshot=delete_the_initiator
+            ) as snapshot:  # several JDBC partitions, each its own connection, one snapshot
+                assert [n.path for n in snapshot.nodes] == ["jdbc", "jdbc"]
+                assert all("partitions per table" in n.detail for n in snapshot.nodes)
+                assert "one PostgreSQL REPEATABLE READ transaction" in snapshot.nodes[0].snapshot
+                assert snapshot.spread_ms == 0
+                live = {r["flow_id"] for r in snapshot.checkpoints.collect()}
+                assert lingering in live
+                assert session_consistency(snapshot, settings).verdict.status == "ok"
+            with load_nodes(spark, sources) as snapshot:
+                result = session_consistency(snapshot, settings)
+                orphans = [(r["node"], r["counterparty"]) for r in result.frame.collect()]
+                assert orphans == [(BOB, ALICE)]
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.spark
+def test_sqlite_is_read_from_a_backup_copy_not_the_live_file(
+    spark: Any, clean: NetworkData, tmp_path: Path
+) -> None:
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "live")
+    first = data.lingering[0]
+
+    def delete_the_initiator() -> None:
+        with sqlite3.connect(data.databases[first.initiator_node]) as connection:
+            connection.execute("DELETE FROM node_checkpoints WHERE flow_id = ?", (first.initiator,))
+        connection.close()
+
+    sources = [parse_node_argument(s) for s in data.sources((ALICE, BOB))]
+    with load_nodes(spark, sources, on_snapshot=delete_the_initiator) as snapshot:
+        assert "SQLite online backup" in snapshot.nodes[0].snapshot
+        flows = {r["flow_id"] for r in snapshot.checkpoints.where(f"node = '{ALICE}'").collect()}
+        assert first.initiator in flows
+        stamps = snapshot.checkpoints.agg({"created_at": "min"}).first()
+        assert stamps is not None and stamps[0] >= 1_800_000_000_000  # not wrapped at 32 bits
+
+
+def test_html_report_escapes_what_the_tables_hold() -> None:
+    from persistence.analytics.report import CheckReport
+
+    table = Table(["node", "flow_class", "status", "flows"], [["<b>O=X</b>", "c", "FAILED", 1]], 1)
+    check = CheckReport("flow_counts", "Flows", "info", "1 flow", 0, "", table, {}, 0.1)
+    report = AnalysisReport(0, 0, "info", {}, [], 0, {"master": "m", "version": "v"}, 0.0, [check])
+    page = render_html(report)
+    assert "<b>O=X</b>" not in page and "&lt;b&gt;O=X&lt;/b&gt;" in page
