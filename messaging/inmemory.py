@@ -192,12 +192,10 @@ class InMemoryNetwork:
         return sum(len(copies) for copies in self._queues[address].in_flight.values())
 
     def _acknowledge(self, address: str, message_id: str) -> None:
-        in_flight = self._queues[address].in_flight
-        copies = in_flight.get(message_id)
-        if copies:
-            copies.pop(0)
-            if not copies:
-                del in_flight[message_id]
+        # Like the durable transports: acknowledging an id settles every delivered copy of it
+        # (a duplicate dropped while its first copy was being taken in is never acknowledged
+        # on its own).
+        self._queues[address].in_flight.pop(message_id, None)
 
     def _consumer_stopped(self, address: str) -> None:
         queue = self._queues[address]
@@ -246,7 +244,7 @@ class InMemoryMessaging:
             self._network._accept(message, target)
 
     def acknowledge(self, message_id: str) -> None:
-        """Remove a delivered message from the in-flight set."""
+        """Remove every delivered copy of ``message_id`` from the in-flight set."""
         self._network._acknowledge(self._address, message_id)
 
     def _dispatch(self, message: Message) -> None:

@@ -167,6 +167,7 @@ class StateMachineManager:
         self._parked: dict[str, list[InboundMessage]] = {}
         self._inbox: deque[InboundMessage] = deque()
         self._parked_total = 0
+        self._parked_ids: set[str] = set()
         self._paused: set[str] = set()
         self._paused_ready: set[str] = set()
         self.draining = False
@@ -236,9 +237,16 @@ class StateMachineManager:
         if message.rejection is not None:  # refused even if its id was seen: it is forged
             self._dead_letter(message, message.rejection)
             return
-        if consumed or message.message_id in self._in_process:
+        if consumed:
             self.statistics.duplicates_dropped += 1
             self._acknowledge_one(message.message_id)
+            return
+        if message.message_id in self._in_process or message.message_id in self._parked_ids:
+            # Another copy (a redelivery: an expired lease, a reconnect) is being taken in or
+            # waits for its session. It must not be acknowledged now: that would remove the
+            # only durable copy before the first one's transaction commits. The first copy's
+            # acknowledgement covers this one (transports acknowledge by message id).
+            self.statistics.duplicates_dropped += 1
             return
         try:
             decoded = self._decode(message.data)
@@ -363,6 +371,7 @@ class StateMachineManager:
                     )
                     return
                 parked.append(message)
+                self._parked_ids.add(message.message_id)
                 self._parked_total += 1
                 self._parked_since.setdefault(session_id, self._clock.now())
                 return
@@ -377,6 +386,7 @@ class StateMachineManager:
                 self._parked_since.pop(session.session_id, None)
                 for parked in self._parked.pop(session.session_id, []):
                     self._parked_total -= 1
+                    self._parked_ids.discard(parked.message_id)
                     self._inbox.append(parked)
 
     def _acknowledge(self, message_ids: Sequence[str]) -> None:
@@ -407,6 +417,7 @@ class StateMachineManager:
             del self._parked_since[session_id]
             for message in self._parked.pop(session_id, []):
                 self._parked_total -= 1
+                self._parked_ids.discard(message.message_id)
                 self._dead_letter(
                     message,
                     f"session {session_id} did not open within {PARKED_TIMEOUT_SECONDS:.0f} s",
@@ -481,9 +492,17 @@ class StateMachineManager:
         awaiting_commit = False
         while True:
             if runtime.continuation is not None and not awaiting_commit:
-                self._continue(runtime)
+                if any(isinstance(event, KillFlow) for event in runtime.events):
+                    # The flow is being killed: its fiber must not run another step (what it
+                    # would do next is moot, and its outcome would arrive after the kill).
+                    if not isinstance(runtime.continuation, Abort):
+                        runtime.continuation = None
+                else:
+                    self._continue(runtime)
             if not runtime.events or self._flows.get(runtime.state.flow_id) is not runtime:
                 break
+            if isinstance(runtime.continuation, Abort):
+                break  # the flow has ended: what is still queued is dropped by _abort
             result = transition(runtime.state, runtime.events.popleft())
             runtime.state = result.state
             self._index_sessions(result.state)

@@ -8,6 +8,7 @@ import pytest
 
 from flows import FOREVER, FlowKilledException
 from flows.testing import MockNetwork
+from samples.pingpong import PingFlow
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import BEHAVIOUR, PatientFlow, ShapeShifterFlow
@@ -77,4 +78,34 @@ def test_killing_an_unknown_or_finished_flow_says_so(tmp_path: Path) -> None:
     alice = net.nodes[0]
     with pytest.raises(KeyError, match="not running here"):
         alice.kill_flow("no-such-flow")
+    net.stop_nodes()
+
+
+def test_a_flow_killed_before_its_next_step_runs_does_not_take_it(
+    tmp_path: Path, backend: str
+) -> None:
+    net = network(tmp_path, backend)
+    alice, bob = net.nodes
+    handle = alice.start_flow(PatientFlow(bob.party, FOREVER, False))
+    alice.kill_flow(handle.flow_id, "changed my mind")  # its first step is still pending
+    net.run_network()
+    with pytest.raises(FlowKilledException, match="changed my mind"):
+        handle.result()
+    assert alice.checkpoints() == [] and bob.checkpoints() == []
+    assert results_by_class(bob) == {}
+    net.stop_nodes()
+
+
+def test_a_flow_killed_while_an_answer_is_queued_ends_cleanly(tmp_path: Path) -> None:
+    net = network(tmp_path)
+    alice, bob = net.nodes
+    handle = alice.start_flow(PingFlow(bob.party))
+    while not bob.node.manager.statistics.flows_completed:
+        net.run_once()  # Bob has answered; Alice has not taken the answer in yet
+    alice.kill_flow(handle.flow_id, "too late")
+    net.run_network()
+    with pytest.raises(FlowKilledException, match="too late"):
+        handle.result()
+    assert alice.checkpoints() == []
+    assert net.messaging.in_flight(alice.node.messaging.my_address) == 0
     net.stop_nodes()
