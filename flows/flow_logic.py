@@ -23,6 +23,7 @@ from flows.decorators import InitiatingInfo, initiating_info
 from flows.errors import FlowException
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
+from messaging.codec import ENVELOPE_HEADROOM, max_payload_bytes
 from persistence.serialization import PAYLOADS, SerializationError
 from statemachine.iorequests import (
     CloseSessions,
@@ -286,8 +287,19 @@ class FlowSession:
         return self._counterparty
 
     def send(self, payload: object) -> None:
-        """Send ``payload`` (it must be serializable: see ``FlowLogic``)."""
+        """Send ``payload`` (it must be serializable: see ``FlowLogic``).
+
+        Raises ``SerializationError`` (in the flow, before anything is sent) if the payload
+        breaks a serialization rule or is too large to fit in a session message.
+        """
         data = PAYLOADS.encode(payload)
+        limit = max_payload_bytes()
+        if len(data) > limit:
+            raise SerializationError(
+                f"payload of {len(data)} bytes to {self._counterparty} breaks the rule "
+                f"max_payload_bytes: at most {limit} bytes fit in a session message (the "
+                f"wire limits less {ENVELOPE_HEADROOM} bytes for the envelope)"
+            )
         self._runtime.suspend(Send((SessionPayload(self.session_id, data),)))
 
     def receive(self, receive_type: type[T], timeout: float | None = None) -> UntrustworthyData[T]:

@@ -44,7 +44,7 @@ from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_iden
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
-from messaging.codec import configure_wire_limits
+from messaging.codec import configure_wire_limits, wire_limits_problem
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
 from persistence.serialization import DEFAULT_LIMITS, PAYLOADS, SerializationLimits
 
@@ -191,6 +191,9 @@ def config_from_mapping(
             limits = SerializationLimits(**document["limits"])
         except (TypeError, ValueError) as error:
             raise fail("limits", str(error)) from None
+        problem = wire_limits_problem(limits)
+        if problem is not None:
+            raise fail("limits", problem)
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,

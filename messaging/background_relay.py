@@ -116,9 +116,13 @@ class BackgroundOutboxRelay:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            rows = self._next_batch()
-            if rows and not self._stopping.is_set():
-                self._send(rows)
+            try:
+                rows = self._next_batch()
+                if rows and not self._stopping.is_set():
+                    self._send(rows)
+            except Exception:  # never let the thread die: rows stay in the outbox regardless
+                log.exception("outbox relay error; carrying on (unsent rows are resent at start)")
+                time.sleep(MIN_BACKOFF_SECONDS)
 
     def _next_batch(self) -> list[OutboxRow]:
         with self._lock:
@@ -145,23 +149,33 @@ class BackgroundOutboxRelay:
         return rows
 
     def _send(self, rows: list[OutboxRow]) -> None:
-        messages = [(self._message(row), row.target) for row in rows]
-        if self._sign is not None:
-            messages = [(self._sign(message, target), target) for message, target in messages]
         try:
-            self._transport.send_batch(messages)
+            self._transport.send_batch([self._prepare(row) for row in rows])
             taken = rows
-        except TransportError as error:
+        except Exception as error:  # a refusal, or a row that cannot be framed or signed
             log.info("transport refused a batch of %d (%s); sending one by one", len(rows), error)
             taken = []
-            for row, item in zip(rows, messages, strict=True):
+            for row in rows:
                 try:
-                    self._transport.send_batch([item])
+                    self._transport.send_batch([self._prepare(row)])
                     taken.append(row)
-                except TransportError as single_error:
+                except Exception as single_error:
+                    if not isinstance(single_error, TransportError):
+                        log.error(
+                            "message %s for %s cannot be sent (%s); it stays in the outbox",
+                            row.message_id,
+                            row.target,
+                            single_error,
+                        )
                     self._schedule_retry(row, single_error)
         if taken:
             self._delete([row.message_id for row in taken])
+
+    def _prepare(self, row: OutboxRow) -> tuple[Message, str]:
+        message = self._message(row)
+        if self._sign is not None:
+            message = self._sign(message, row.target)
+        return message, row.target
 
     def _message(self, row: OutboxRow) -> Message:
         return Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)

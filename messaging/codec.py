@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from messaging.frame import MAX_FRAME_BYTES
 from persistence.serialization import (
     SerializationError,
     SerializationLimits,
@@ -34,9 +35,36 @@ WIRE_TYPES = TypeRegistry(
 _SERIALIZER = Serializer(WIRE_TYPES, "session message")
 
 
+ENVELOPE_HEADROOM = 64 * 1024
+"""Bytes kept free, beside a payload, for its session message and frame (ids, names, a
+signature): a payload that fits under the limits less this always fits on the wire."""
+
+
 def configure_wire_limits(limits: SerializationLimits) -> None:
     """Set the limits inbound and outbound session messages are checked against."""
+    problem = wire_limits_problem(limits)
+    if problem is not None:
+        raise ValueError(problem)
     _SERIALIZER.limits = limits
+
+
+def wire_limits_problem(limits: SerializationLimits) -> str | None:
+    """Why ``limits`` leave no room for a session message's envelope, or None if they do."""
+    smallest = 2 * ENVELOPE_HEADROOM
+    for name in ("max_bytes", "max_bytes_length"):
+        value = getattr(limits, name)
+        if value < smallest:
+            return (
+                f"limits.{name} is {value}: session messages need at least {smallest} bytes "
+                f"(a payload plus {ENVELOPE_HEADROOM} for the envelope)"
+            )
+    return None
+
+
+def max_payload_bytes() -> int:
+    """The largest payload a flow may send: it fits in a session message and in a frame."""
+    limits = _SERIALIZER.limits
+    return min(limits.max_bytes, limits.max_bytes_length, MAX_FRAME_BYTES) - ENVELOPE_HEADROOM
 
 
 def encode_session_message(message: SessionMessage) -> bytes:

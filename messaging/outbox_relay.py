@@ -71,12 +71,19 @@ class OutboxRelay:
             self._try(row, attempts=0)
 
     def _try(self, row: OutboxRow, attempts: int) -> bool:
-        message = Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
-        if self._sign is not None:
-            message = self._sign(message, row.target)
         try:
+            message = Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
+            if self._sign is not None:
+                message = self._sign(message, row.target)
             self._transport.send(message, row.target)
-        except TransportError as error:
+        except Exception as error:  # a refusal, or a row that cannot be framed or signed
+            if not isinstance(error, TransportError):
+                log.error(
+                    "message %s for %s cannot be sent (%s); it stays in the outbox",
+                    row.message_id,
+                    row.target,
+                    error,
+                )
             backoff = min(2**attempts, MAX_BACKOFF_ROUNDS)
             log.info(
                 "transport refused %s (%s); retry in %d rounds", row.message_id, error, backoff

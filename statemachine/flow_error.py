@@ -25,11 +25,30 @@ class ErrorKind(enum.Enum):
     """Any other exception in flow code: kept locally, never sent to a counterparty."""
 
 
+MAX_ERROR_MESSAGE_CHARS = 8192
+"""Longer error messages are cut to this (so an error always fits in a session message)."""
+
+
+def _bounded_message(message: str) -> str:
+    """``message``, or its start and how much was cut: never over MAX_ERROR_MESSAGE_CHARS.
+
+    Cutting a cut message changes nothing.
+    """
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    kept = MAX_ERROR_MESSAGE_CHARS - 64  # room for the note below
+    return f"{message[:kept]}... ({len(message) - kept} more characters cut)"
+
+
 @attrs.frozen
 class FlowError:
-    """An error as the state machine stores and transmits it."""
+    """An error as the state machine stores and transmits it.
+
+    Messages longer than ``MAX_ERROR_MESSAGE_CHARS`` are cut, so an error always fits in a
+    session message.
+    """
 
     kind: ErrorKind
     exception_class: str
-    message: str
+    message: str = attrs.field(converter=_bounded_message)
     error_id: str = ""

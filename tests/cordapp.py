@@ -404,3 +404,36 @@ class VersionedResponder(FlowLogic[None]):
         self.session.receive(str)
         info = self.session.counterparty_flow_info
         self.session.send([info.flow_version, info.app_name])
+
+
+# --- sizes ---------------------------------------------------------------------------------
+
+
+@initiating_flow
+class BlobFlow(FlowLogic[int]):
+    """Sends ``size`` bytes; the responder answers with their length, or fails with an error
+    message of ``error_chars`` characters when that is not 0."""
+
+    def __init__(self, peer: Party, size: int, error_chars: int = 0) -> None:
+        self.peer = peer
+        self.size = size
+        self.error_chars = error_chars
+
+    def call(self) -> int:
+        session = self.initiate_flow(self.peer)
+        blob = b"x" * self.size
+        return session.send_and_receive(int, [blob, self.error_chars]).unwrap(lambda n: n)
+
+
+@initiated_by(BlobFlow)
+class BlobResponder(FlowLogic[None]):
+    """Answers a BlobFlow (see there)."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        blob, error_chars = self.session.receive(list).unwrap(lambda item: item)
+        if error_chars:
+            raise FlowException("e" * error_chars)
+        self.session.send(len(blob))

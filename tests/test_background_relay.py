@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from messaging.background_relay import BackgroundOutboxRelay
+from messaging.frame import MAX_FRAME_BYTES, encode_frame
 from messaging.service import Message, MessageHandler, TransportError
 from statemachine.ports import OutboxRow
 
@@ -95,3 +96,35 @@ def test_rows_not_taken_stay_in_the_outbox_after_stop() -> None:
     relay.stop()
     assert list(outbox.rows) == ["m1"]
     assert not relay.idle() and relay.waiting() == 1
+
+
+class FramingTransport(FlakyTransport):
+    """Frames every message as a real transport does (an oversized one raises)."""
+
+    def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
+        for message, _ in items:
+            encode_frame(message)
+        super().send_batch(items)
+
+
+def test_a_row_that_cannot_be_framed_stays_in_the_outbox_and_the_relay_goes_on() -> None:
+    huge = OutboxRow("huge", "A", b"x" * (MAX_FRAME_BYTES + 1))
+    rows = [OutboxRow("m1", "A", b"x"), huge, OutboxRow("m2", "A", b"x")]
+    transport = FramingTransport("nobody", refusals=0)
+    outbox = ListOutbox(rows)
+    relay = BackgroundOutboxRelay(transport, outbox, seed=1)
+    relay.start()
+    relay.resend_pending()
+    deadline = time.monotonic() + 30
+    while len(outbox.deleted) < 2:
+        assert time.monotonic() < deadline, "the sendable rows were never taken"
+        time.sleep(0.01)
+    late = OutboxRow("m3", "A", b"x")
+    outbox.rows["m3"] = late  # committed by a later round
+    relay.hand_off([late])  # the thread is still alive and working
+    while "m3" not in outbox.deleted:
+        assert time.monotonic() < deadline, "the relay thread stopped working"
+        time.sleep(0.01)
+    relay.stop()
+    assert sorted(outbox.deleted) == ["m1", "m2", "m3"]
+    assert list(outbox.rows) == ["huge"]  # kept, never lost

@@ -91,6 +91,7 @@ def test_limits_and_receive_timeout_come_from_the_config(tmp_path: Path) -> None
         ({"log_level": "LOUD"}, "log_level", "must be DEBUG"),
         ({"limits": {"max_deepness": 3}}, "limits", "unknown limit 'max_deepness'"),
         ({"limits": {"max_depth": 0}}, "limits", "max_depth must be a positive int"),
+        ({"limits": {"max_bytes": 1000}}, "limits", "max_bytes is 1000: session messages need"),
         ({"receive_timeout": -1}, "receive_timeout", "positive seconds"),
     ],
 )
