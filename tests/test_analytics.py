@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from tests.analytics_data import (
     BOB,
     CHARLIE,
     CORDAPPS,
+    DAVE,
     NAMES,
     Injected,
     LingeringFlow,
@@ -103,7 +105,22 @@ def test_node_arguments_take_x500_names_and_postgresql_schemas() -> None:
     assert source.schema == "bob" and source.dialect == "postgresql"
     assert "schema" not in source.url and "secret" in source.url
     assert "secret" not in source.display_url() and source.display_url().endswith("?schema=bob")
-    for bad in ("sqlite:///no-name.db", "O=Alice=mysql://x/y", "O=A=sqlite:///a.db?schema=x"):
+    bare = parse_node_argument("sqlite:///alice.db")  # named from the other nodes' tables
+    assert (bare.name, bare.url, bare.named) == ("sqlite:///alice.db", "sqlite:///alice.db", False)
+    bare = parse_node_argument("postgresql://u:secret@db/nodes?schema=bob")
+    assert (bare.schema, bare.named, bare.name) == (
+        "bob",
+        False,
+        "postgresql://u:***@db/nodes?schema=bob",
+    )
+    for bad in (
+        "O=Alice=mysql://x/y",
+        "mysql://x/y",
+        "O=A=sqlite:///a.db?schema=x",
+        "alice.db",
+        "O=Alice",
+        "sqlite://",
+    ):
         with pytest.raises(NodeArgumentError):
             parse_node_argument(bad)
 
@@ -176,6 +193,31 @@ def test_key_range_predicates_cover_every_row_once_on_postgresql() -> None:
         engine.dispose()
 
 
+def test_a_bad_node_fails_fast_before_spark_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_a_node = tmp_path / "other.db"
+    with sqlite3.connect(not_a_node) as connection:
+        connection.execute("CREATE TABLE t (x)")
+    connection.close()
+    (tmp_path / "garbage.db").write_bytes(b"not a database at all" * 100)
+    cases = {
+        f"sqlite:///{tmp_path / 'missing.db'}": "no database file",
+        f"sqlite:///{not_a_node}": "is not a fiberflow node database: no table node_checkpoints",
+        f"sqlite:///{tmp_path / 'garbage.db'}": "cannot read",
+        "O=Bob,L=Paris,C=FR=postgresql://postgres@127.0.0.1:1/test": "cannot connect",
+        "mysql://x/y": "unsupported database",
+        "alice.db": "must be a database URL or NAME=URL",
+    }
+    for node, message in cases.items():
+        started = time.perf_counter()
+        assert cli_main(["analyze", "--node", node, "--json", str(tmp_path / "r.json")]) == 2
+        printed = capsys.readouterr()
+        assert message in printed.err, (node, printed.err)
+        assert "start Spark" not in printed.err and time.perf_counter() - started < 10
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_text_tables_clip_long_cells_and_say_how_many_rows_are_left() -> None:
     table = Table(["node", "waited_ms", "since_ms"], [["x" * 60, 7_200_000, 1_800_000_000_000]], 3)
     printed = text_table(table, max_width=20)
@@ -206,8 +248,10 @@ def clean_cli(
     require_jdbc()
     out = tmp_path_factory.mktemp("analytics-cli")
     argv = ["analyze", "--as-of", str(clean.now_ms + SETTINGS_MINUTE), "--grace", "30s"]
-    for source in clean.sources():
+    for source in clean.sources((CHARLIE, DAVE)):
         argv += ["--node", source]
+    for name in (ALICE, BOB):  # plain URLs: their names are found in the others' tables
+        argv += ["--node", f"sqlite:///{clean.databases[name]}"]
     argv += ["--json", str(out / "report.json"), "--html", str(out / "report.html")]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -266,6 +310,14 @@ def test_clean_network_passes_and_the_cli_exits_zero(
     assert outcomes["ok"] > 20 and outcomes["ok (refused)"] == 1  # UnansweredFlow's session
     assert set(outcomes) == {"ok", "ok (refused)"}
     assert all(node["path"] == "jdbc" for node in report["nodes"])
+    named = {node["name"]: node["named_by"] for node in report["nodes"]}
+    assert named == {
+        CHARLIE: "argument",
+        DAVE: "argument",
+        ALICE: "other nodes",
+        BOB: "other nodes",
+    }
+    assert f"is {ALICE} (named in the other nodes' tables)" in clean_cli["stdout"]
     assert "Verdicts" in clean_cli["stdout"] and "[OK  ] Cross-node session" in clean_cli["stdout"]
     assert "[4/7] cross-node session consistency" in clean_cli["stderr"]
     assert clean_cli["html"].count("<svg") == 3 and "fiberflow analysis" in clean_cli["html"]
@@ -490,6 +542,18 @@ def test_sqlite_is_read_from_a_backup_copy_not_the_live_file(
         assert first.initiator in flows
         stamps = snapshot.checkpoints.agg({"created_at": "min"}).first()
         assert stamps is not None and stamps[0] >= 1_800_000_000_000  # not wrapped at 32 bits
+
+
+@pytest.mark.spark
+def test_a_plain_url_no_other_node_names_keeps_its_url_as_name(
+    spark: Any, clean: NetworkData
+) -> None:
+    require_jdbc()
+    alone = parse_node_argument(f"sqlite:///{clean.databases[DAVE]}")
+    with load_nodes(spark, [alone]) as snapshot:
+        (node,) = snapshot.nodes
+        assert (node.name, node.named_by) == (alone.name, "unknown")
+        assert {r["node"] for r in snapshot.checkpoints.select("node").collect()} == {alone.name}
 
 
 def test_html_report_escapes_what_the_tables_hold() -> None:

@@ -61,8 +61,9 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
         "--node",
         action="append",
         required=True,
-        metavar="NAME=URL",
-        help="a node and its database, e.g. 'O=Alice,L=London,C=GB=sqlite:///alice.db' or "
+        metavar="[NAME=]URL",
+        help="a node database, e.g. sqlite:///alice.db (its node name is found in the other "
+        "nodes' tables) or with its name, 'O=Alice,L=London,C=GB=sqlite:///alice.db', "
         "'O=Bob,L=Paris,C=FR=postgresql://user@host/db?schema=bob' (repeat for each node)",
     )
     parser.add_argument("--master", default="local[*]", help="Spark master URL (local[*])")
@@ -245,12 +246,19 @@ def run_analyze(
     except (NodeArgumentError, ValueError) as error:
         err.write(f"fiberflow analyze: {error}\n")
         return 2
+    from persistence.analytics.loading import AnalyticsLoadError, probe_source
+
+    try:
+        for source in sources:  # before Spark's 10-20 s start
+            probe_source(source)
+    except AnalyticsLoadError as error:
+        err.write(f"fiberflow analyze: {error}\n")
+        return 2
     problem = spark_problem()
     if problem is not None:
         err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
         return 2
     from persistence.analytics.checks import FAIL, CheckSettings
-    from persistence.analytics.loading import AnalyticsLoadError
     from persistence.analytics.report import render_text, write_html, write_json
     from persistence.analytics.session import active_spark, spark_session, stop_spark
     from persistence.analytics.sources import find_jdbc_jars

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import attrs
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, create_engine, inspect, text
 
 from persistence.analytics.sources import (
     JDBC_DRIVER_CLASSES,
@@ -141,6 +141,9 @@ class NodeLoad:
     """Wall-clock time of the snapshot (ms since the epoch)."""
     rows: dict[str, int]
     """Rows per frame name (``checkpoints``, ``message_ids``, ...)."""
+    named_by: str = "argument"
+    """Where the node's name came from: ``argument`` (``NAME=URL``), ``other nodes`` (found
+    in the other nodes' tables) or ``unknown`` (the URL stands in for it)."""
 
 
 @attrs.define
@@ -228,6 +231,51 @@ class _Opened:
     taken_at_ms: int
     jdbc_file: Path | None = None
     jdbc_init: str | None = None
+
+
+def probe_source(source: NodeSource, timeout_s: int = 5) -> None:
+    """Fail fast, before Spark starts: the database opens and holds a node's tables.
+
+    Raises :class:`AnalyticsLoadError` naming the node, the URL (password hidden) and what
+    is wrong (no such file, not a SQLite file, cannot connect, no fiberflow tables).
+    """
+    wanted = {table for table, _, _ in TABLES.values()}
+    where = f"{source.name}: {source.display_url()}" if source.named else source.display_url()
+    if source.dialect == "sqlite":
+        path = source.sqlite_path
+        if not path.is_file():
+            raise AnalyticsLoadError(f"{where}: no database file {path}")
+        try:
+            connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                found = {
+                    row[0]
+                    for row in connection.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table'"
+                    )
+                }
+            finally:
+                connection.close()
+        except sqlite3.Error as error:
+            raise AnalyticsLoadError(f"{where}: cannot read {path}: {error}") from error
+    else:
+        engine = create_engine(
+            normalize_url(source.url), connect_args={"connect_timeout": timeout_s}
+        )
+        try:
+            with engine.connect() as probe:
+                found = set(inspect(probe).get_table_names(schema=source.schema))
+        except Exception as error:
+            reason = getattr(error, "orig", None) or error
+            raise AnalyticsLoadError(f"{where}: cannot connect: {reason}") from error
+        finally:
+            engine.dispose()
+    missing = sorted(wanted - found)
+    if missing:
+        place = f" (schema {source.schema})" if source.schema else ""
+        raise AnalyticsLoadError(
+            f"{where}{place} is not a fiberflow node database: no table {', '.join(missing)}"
+        )
 
 
 def _qualified(source: NodeSource, table: str) -> str:
@@ -505,12 +553,126 @@ def load_nodes(
                     parts[frame].append(data)
         frames = _union_and_cache(spark, parts)
         _verify_counts(frames, loads)
+        if not all(source.named for source in sources):
+            cleanup.append(_unpersister(list(frames.values())))
+            frames, loads = _apply_names(frames, loads, infer_node_names(frames, sources))
         nodes = [loads[source.name] for source in sources]
         return Snapshot(spark=spark, nodes=nodes, frames=frames, cleanup=cleanup)
     except BaseException:
         while cleanup:
             cleanup.pop()()
         raise
+
+
+def infer_node_names(
+    frames: dict[str, DataFrame], sources: Sequence[NodeSource]
+) -> dict[str, str | None]:
+    """The node name of each database given as a plain URL, found in the others' tables.
+
+    Another node's tables name their counterparty with each session end they show (a
+    consumed message's ``sender``, an outbox row's ``target``, a waited-on session's
+    ``counterparty``). The other end of that session (``X`` <-> ``X.r``) belongs to the
+    database that shows it too (consumed, queued or waited on there), or, for an initiator
+    end ``F.sN``, whose flows include ``F``. Every such pair names the database; a database
+    named two ways is an error (the same database given twice?), one named by nobody keeps
+    its URL as the name (None here): its sessions cannot then be matched across nodes.
+
+    ``frames`` are the loaded frames with the stand-in names (the URLs) in ``node``.
+    """
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.checks import peer_session, session_flow, waits
+
+    outbox_session = F.regexp_extract("message_id", r"^N-(.+)-[0-9]+$", 1)
+    ends = (
+        frames["message_ids"]
+        .select("node", "session_id", F.col("sender").alias("counterparty"))
+        .unionByName(
+            frames["outbox"].select(
+                "node", outbox_session.alias("session_id"), F.col("target").alias("counterparty")
+            )
+        )
+        .unionByName(waits(frames["checkpoints"]).select("node", "session_id", "counterparty"))
+        .where(F.col("session_id") != "")
+        .distinct()
+    )
+    flows = (
+        frames["checkpoints"]
+        .select("node", "flow_id")
+        .unionByName(frames["results"].select("node", "flow_id"))
+        .unionByName(frames["exceptions"].select("node", "flow_id"))
+        .distinct()
+    )
+    theirs = ends.select(
+        F.col("node").alias("seen_on"),
+        F.col("counterparty").alias("name"),
+        peer_session(F.col("session_id")).alias("end"),
+    )
+    own_ends = ends.select(F.col("node").alias("database"), F.col("session_id").alias("end"))
+    by_end = theirs.join(own_ends, "end")
+    own_flows = flows.select(F.col("node").alias("database"), F.col("flow_id").alias("flow"))
+    by_flow = theirs.where(~F.col("end").endswith(".r")).join(
+        own_flows, session_flow(theirs["end"]) == own_flows["flow"]
+    )
+    pairs = (
+        by_end.select("seen_on", "name", "database")
+        .unionByName(by_flow.select("seen_on", "name", "database"))
+        .where(F.col("seen_on") != F.col("database"))
+        .select("database", "name")
+        .distinct()
+    )
+    stand_ins = [source.name for source in sources if not source.named]
+    found: dict[str, set[str]] = {}
+    for row in pairs.where(F.col("database").isin(*stand_ins)).collect():
+        found.setdefault(row["database"], set()).add(row["name"])
+    given = {source.name for source in sources if source.named}
+    names: dict[str, str | None] = {}
+    for stand_in in stand_ins:
+        candidates = sorted(found.get(stand_in, ()))
+        if len(candidates) > 1:
+            raise AnalyticsLoadError(
+                f"{stand_in}: the other nodes' tables name it {' and '.join(candidates)}; "
+                "give it as NAME=URL"
+            )
+        name = candidates[0] if candidates else None
+        if name is not None and (name in given or name in names.values()):
+            raise AnalyticsLoadError(f"{stand_in} is node {name}, which is given twice")
+        names[stand_in] = name
+    return names
+
+
+def _unpersister(frames: list[DataFrame]) -> Callable[[], None]:
+    def release() -> None:
+        for frame in frames:
+            frame.unpersist()
+
+    return release
+
+
+def _apply_names(
+    frames: dict[str, DataFrame], loads: dict[str, NodeLoad], names: dict[str, str | None]
+) -> tuple[dict[str, DataFrame], dict[str, NodeLoad]]:
+    """Put the found names in place of the stand-ins (in ``node`` and in the loads)."""
+    from pyspark.sql import functions as F
+
+    renamed: dict[str, NodeLoad] = {}
+    for key, load in loads.items():
+        if key not in names:
+            renamed[key] = load
+            continue
+        name = names[key]
+        if name is None:
+            renamed[key] = attrs.evolve(load, named_by="unknown")
+        else:
+            renamed[key] = attrs.evolve(load, name=name, named_by="other nodes")
+    mapping = {key: name for key, name in names.items() if name is not None}
+    if not mapping:
+        return frames, renamed
+    node = F.col("node")
+    column = node
+    for stand_in, name in mapping.items():
+        column = F.when(node == stand_in, F.lit(name)).otherwise(column)
+    return {key: frame.withColumn("node", column) for key, frame in frames.items()}, renamed
 
 
 def _closer(connection: Connection) -> Callable[[], None]:

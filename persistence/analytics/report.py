@@ -253,6 +253,18 @@ def text_table(table: Table, max_rows: int = 20, max_width: int = 44, indent: st
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _named_by(node: Mapping[str, Any]) -> str:
+    named_by = node.get("named_by", "argument")
+    if named_by == "other nodes":
+        return f"; {node['url']} is {node['name']} (named in the other nodes' tables)"
+    if named_by == "unknown":
+        return (
+            "; its node name is in none of the other nodes' tables (give it as NAME=URL): "
+            "its sessions are not matched across nodes"
+        )
+    return ""
+
+
 def render_text(report: AnalysisReport, max_rows: int = 20) -> str:
     """The report for a terminal: nodes, verdicts, then each check's findings."""
     lines = [
@@ -278,7 +290,7 @@ def render_text(report: AnalysisReport, max_rows: int = 20) -> str:
     )
     lines.append(text_table(nodes, max_width=100))
     for node in report.nodes:
-        lines.append(f"  {node['name']}: {node['detail']}")
+        lines.append(f"  {node['name']}: {node['detail']}{_named_by(node)}")
     if report.snapshot_spread_ms:
         lines.append(
             f"  the snapshots of separate databases are {duration(report.snapshot_spread_ms)} "
@@ -540,7 +552,7 @@ def _nodes_table(report: AnalysisReport) -> Table:
     for node in report.nodes:
         counted = node["rows"]
         rows.append(
-            [node["name"], node["path"], node["detail"], node["snapshot"]]
+            [node["name"], node["path"], node["detail"] + _named_by(node), node["snapshot"]]
             + [counted[key] for key in ("checkpoints", "message_ids", "outbox")]
             + [counted[key] for key in ("results", "exceptions")]
         )

@@ -1,8 +1,10 @@
 """Which node databases to analyze, and where the JDBC drivers are.
 
 A node's own name is not stored in its tables (other nodes' tables name it, as ``sender``
-and ``target``), so every database is given with the name of its node:
-``NAME=URL``, for example ``O=Alice,L=London,C=GB=sqlite:///alice.db``. The name ends at the
+and ``target``). A database is given either as a plain URL (``sqlite:///alice.db``): its node
+name is then found in the other analyzed nodes' tables (see
+``persistence.analytics.loading.infer_node_names``); or as ``NAME=URL``, for example
+``O=Alice,L=London,C=GB=sqlite:///alice.db``, which names it outright. The name ends at the
 first ``=`` that is followed by a URL scheme (``sqlite://``, ``postgresql://``), so X.500
 names with their own ``=`` signs need no quoting beyond the shell's.
 
@@ -40,6 +42,7 @@ JDBC_DRIVER_CLASSES = {"postgresql": "org.postgresql.Driver", "sqlite": "org.sql
 """The driver class of each dialect's JDBC jar."""
 
 _NODE_ARGUMENT = re.compile(r"^(?P<name>.+?)=(?P<url>[A-Za-z][A-Za-z0-9+.-]*://.*)$")
+_BARE_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class NodeArgumentError(ValueError):
@@ -55,6 +58,9 @@ class NodeSource:
     """SQLAlchemy URL of the database (``sqlite:///...`` or ``postgresql://...``)."""
     schema: str | None = None
     """PostgreSQL schema holding the node's tables (None: the connection's search path)."""
+    named: bool = True
+    """False when given as a plain URL: ``name`` is then a stand-in (the URL) until the node's
+    name is found in the other nodes' tables."""
 
     @property
     def dialect(self) -> str:
@@ -90,16 +96,21 @@ def dialect_of(url: str) -> str:
 
 
 def parse_node_argument(text: str) -> NodeSource:
-    """Parse ``NAME=URL`` (see the module docstring) into a :class:`NodeSource`."""
-    match = _NODE_ARGUMENT.match(text.strip())
-    if match is None:
+    """Parse ``URL`` or ``NAME=URL`` (see the module docstring) into a :class:`NodeSource`."""
+    text = text.strip()
+    match = _NODE_ARGUMENT.match(text)
+    named = not _BARE_URL.match(text)
+    if named and match is None:
         raise NodeArgumentError(
-            f"--node {text!r} must be NAME=URL, e.g. "
-            "'O=Alice,L=London,C=GB=sqlite:///alice.db' or "
+            f"--node {text!r} must be a database URL or NAME=URL, e.g. "
+            "'sqlite:///alice.db', 'O=Alice,L=London,C=GB=sqlite:///alice.db' or "
             "'O=Bob,L=Paris,C=FR=postgresql://postgres@host:5432/db?schema=bob'"
         )
-    name, url = match["name"].strip(), match["url"].strip()
-    parsed = make_url(url)
+    name, url = (match["name"].strip(), match["url"].strip()) if match and named else ("", text)
+    try:
+        parsed = make_url(url)
+    except Exception as error:  # sqlalchemy's ArgumentError: not a URL at all
+        raise NodeArgumentError(f"--node {text!r}: {url!r} is not a database URL") from error
     dialect = dialect_of(url)
     schema = parsed.query.get("schema")
     if isinstance(schema, tuple):
@@ -108,7 +119,9 @@ def parse_node_argument(text: str) -> NodeSource:
         if dialect != "postgresql":
             raise NodeArgumentError(f"--node {text!r}: a schema is for PostgreSQL nodes only")
         parsed = parsed.difference_update_query(["schema"])
-    source = NodeSource(name, parsed.render_as_string(hide_password=False), schema)
+    source = NodeSource(name, parsed.render_as_string(hide_password=False), schema, named)
+    if not named:
+        source = attrs.evolve(source, name=source.display_url())
     if dialect == "sqlite":
         source.sqlite_path  # noqa: B018 (validates: a file, not memory)
     return source
