@@ -103,6 +103,10 @@ class Hospital:
         """A round succeeded after failures: the backoff starts again from the bottom."""
         self.consecutive = 0
 
+    def counted(self) -> list[str]:
+        """The flows with failures counted against them (not yet past the failing step)."""
+        return list(self._failures)
+
     def forget(self, flow_id: str) -> None:
         """Stop counting a flow's failures (it was kept, or it got past the step)."""
         self._failures.pop(flow_id, None)

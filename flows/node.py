@@ -35,7 +35,7 @@ from messaging.service import SESSION_TOPIC, Message, MessagingService
 from messaging.signing import verification_problem
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.serialization import PAYLOADS, SerializationError, qualified_name
-from persistence.store import CheckpointSummary, NodeDatabase
+from persistence.store import CHECKPOINT_INTEGRITY_ERROR, CheckpointSummary, NodeDatabase
 from statemachine.actions import StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
@@ -108,6 +108,10 @@ class NodeDrainingError(FiberflowError):
 
 class NodeStoppedError(FiberflowError):
     """The node was stopped; ask the node that replaced it."""
+
+
+class UntrustedCheckpointError(FiberflowError):
+    """A flow cannot be retried: its stored checkpoint still fails its integrity check."""
 
 
 class FlowHandle(Generic[T]):
@@ -231,6 +235,9 @@ class Node:
             for flow_id in self.database.paused_flows():
                 if self.manager.flow_state(flow_id) is not None:
                     self.manager.pause_flow(flow_id)
+            if self.database.setting("draining") is not None:
+                self.manager.draining = True
+                log.info("%s: draining (set before the restart): no new flows", self.party)
         self.relay.start()
         self.resent_messages = self.relay.resend_pending()
         self.messaging.start()
@@ -262,9 +269,13 @@ class Node:
     def stop(self) -> None:
         """Stop receiving and relaying, close the database (flows stay checkpointed)."""
         self._stopped = True
-        self.messaging.stop()
-        self.relay.stop()
-        self.database.close()
+        try:
+            self.messaging.stop()
+        finally:
+            try:
+                self.relay.stop()
+            finally:
+                self.database.close()
 
     def add_end_listener(self, listener: Callable[[FlowEnd], None]) -> None:
         """Call ``listener`` each time a flow on this node completes or fails."""
@@ -369,6 +380,13 @@ class Node:
         checkpoint = self.database.load_checkpoint(flow_id)
         if checkpoint is None:
             raise KeyError(f"flow {flow_id} has no checkpoint on {self.party}")
+        error = checkpoint.error
+        if error is not None and error.exception_class == CHECKPOINT_INTEGRITY_ERROR:
+            # What was loaded is a placeholder, not the flow: running it would lose the flow.
+            raise UntrustedCheckpointError(
+                f"flow {flow_id} cannot be retried: {error.message}; restore its checkpoint "
+                "(blob and MAC) from a backup first, or kill it"
+            )
         self.manager.retry_flow(checkpoint)
         state = self.manager.flow_state(flow_id)
         if state is not None and state.status is not FlowStatus.HOSPITALIZED:
@@ -381,7 +399,12 @@ class Node:
         return self.manager.draining
 
     def set_draining(self, draining: bool) -> int:
-        """Refuse (or accept again) new flows; returns how many flows are still live."""
+        """Refuse (or accept again) new flows; returns how many flows are still live.
+
+        The setting outlives restarts: a draining node stays draining until undrained.
+        """
+        if isinstance(self.database, NodeDatabase):
+            self.database.set_setting("draining", "true" if draining else None, self.clock.now())
         self.manager.draining = draining
         left = len(self.manager.live_flows())
         log.info(
@@ -422,7 +445,7 @@ class Node:
                 return f"error: unknown action {action!r}"
             operation(flow_id)
             return f"ok: {action} {flow_id}"
-        except KeyError as error:
+        except (KeyError, UntrustedCheckpointError) as error:
             return f"error: {error.args[0] if error.args else error}"
 
     def keep_in_hospital(self, flow_id: str, reason: str) -> None:
@@ -532,6 +555,7 @@ __all__ = [
     "Node",
     "NodeDrainingError",
     "NodeStoppedError",
+    "UntrustedCheckpointError",
     "NodeConfig",
     "SystemClock",
 ]

@@ -239,6 +239,7 @@ class NodeProcess:
         self.recoveries = 0
         """Rounds that failed and were resumed from the last checkpoints."""
         self._kept: dict[str, str] = {}
+        self._failure_marks: dict[str, int] = {}  # flow id -> journal length when it failed
         self._next_poll = 0.0
         self._identity_cache: NodeIdentity | None = None
         self._started_at = time.time()
@@ -300,9 +301,19 @@ class NodeProcess:
         self.node = node
         if self._stop.is_set():
             node.wakeup.set()
-        node.start()
-        for flow_id, reason in self._kept.items():
-            node.keep_in_hospital(flow_id, reason)
+        try:
+            node.start()
+            for flow_id, reason in list(self._kept.items()):
+                node.keep_in_hospital(flow_id, reason)
+                del self._kept[flow_id]  # its row says HOSPITALIZED now: later starts keep it
+        except BaseException:
+            with contextlib.suppress(Exception):  # what started must not leak
+                node.stop()
+            raise
+        self._failure_marks = {}
+        for flow_id in self.hospital.counted():
+            state = node.manager.flow_state(flow_id)
+            self._failure_marks[flow_id] = -1 if state is None else len(state.checkpoint.journal)
         return node
 
     def _recover(self, error: BaseException) -> None:
@@ -399,6 +410,8 @@ class NodeProcess:
                 continue
             if self.hospital.consecutive:
                 self.hospital.recovered()
+            if self._failure_marks:
+                self._forget_flows_past_their_failures(node)
             now = time.monotonic()
             if now >= next_status:
                 self._write_status(node, running=True)
@@ -408,6 +421,18 @@ class NodeProcess:
                 next_report = now + REPORT_SECONDS
             if not worked:
                 node.wakeup.wait(self._idle_wait(node))
+
+    def _forget_flows_past_their_failures(self, node: Node) -> None:
+        """Start counting again for flows that got past their failing step (or ended).
+
+        "Failures in a row" means failures of the same step: once a flow commits a later
+        step, its earlier failures no longer count towards keeping it.
+        """
+        for flow_id, mark in list(self._failure_marks.items()):
+            state = node.manager.flow_state(flow_id)
+            if state is None or len(state.checkpoint.journal) > mark:
+                self.hospital.forget(flow_id)
+                del self._failure_marks[flow_id]
 
     def _round(self, node: Node) -> bool:
         """One scheduling round, plus operator commands and flow requests when due."""
@@ -468,8 +493,11 @@ class NodeProcess:
         stats = self.statistics(node)
         stats["running"] = running
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(stats, indent=2) + "\n")
-        temporary.replace(path)
+        try:
+            temporary.write_text(json.dumps(stats, indent=2) + "\n")
+            temporary.replace(path)
+        except OSError as error:  # a full disk or a removed directory must not stop the node
+            log.warning("%s: cannot write the status file %s: %s", self.config.name, path, error)
 
 
 def configure_logging(level: str) -> None:

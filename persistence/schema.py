@@ -134,6 +134,15 @@ node_paused_flows = Table(
 )
 """Flows an operator paused: they keep their place and messages but do not run."""
 
+node_settings = Table(
+    "node_settings",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+"""Node-wide switches an operator set that must outlive a restart (``draining``)."""
+
 
 def millis(seconds: float) -> int:
     """Seconds since the epoch to the integer milliseconds the tables store."""

@@ -598,6 +598,23 @@ class NodeDatabase:
             if paused:
                 connection.execute(insert(table).values(flow_id=flow_id, paused_at=millis(at)))
 
+    def set_setting(self, name: str, value: str | None, at: float) -> None:
+        """Store (or with None, remove) a node-wide setting, across restarts."""
+        table = schema.node_settings
+        with self.engine.begin() as connection:
+            connection.execute(delete(table).where(table.c.name == name))
+            if value is not None:
+                connection.execute(
+                    insert(table).values(name=name, value=value, updated_at=millis(at))
+                )
+
+    def setting(self, name: str) -> str | None:
+        """A node-wide setting, or None if it is not set."""
+        table = schema.node_settings
+        with self.engine.connect() as connection:
+            found = connection.execute(select(table.c.value).where(table.c.name == name))
+            return found.scalar_one_or_none()
+
     def paused_flows(self) -> set[str]:
         """The flows operators paused."""
         table = schema.node_paused_flows

@@ -168,12 +168,14 @@ class StateMachineManager:
         self._inbox: deque[InboundMessage] = deque()
         self._parked_total = 0
         self._parked_ids: set[str] = set()
+        self._held_for: dict[str, set[str]] = {}  # kept flow id -> session ids held for it
         self._paused: set[str] = set()
         self._paused_ready: set[str] = set()
         self.draining = False
         """While True, initial messages from peers are rejected (no new responders)."""
         self._parked_since: dict[str, float] = {}
         self._timers: list[tuple[float, int, str]] = []
+        self._deadline_of: dict[str, float] = {}  # flow id -> its one live deadline
         self._timer_sequence = 0
         self._end_listeners: list[Callable[[FlowEnd], None]] = []
         self.statistics = ManagerStatistics()
@@ -355,29 +357,68 @@ class StateMachineManager:
 
     def _route_unknown_session(self, message: InboundMessage, session_id: str) -> None:
         """A message for a session no live flow owns: not opened yet, or already over."""
+        kept = self._kept_flow_for(session_id, message.sender)
+        if kept is not None:
+            # Its flow is in the hospital with a checkpoint that could not be read (so its
+            # sessions are unknown): hold the message, unacknowledged and without a time
+            # limit, until an operator retries the flow (then it is taken in) or kills it.
+            if self._park(message, session_id, expires=False):
+                self._held_for.setdefault(kept, set()).add(session_id)
+            return
         if is_responder_session_id(session_id):
             initiator_session = session_id[: -len(".r")]
             if not self._store.is_consumed(message_id(initiator_session, 0)):
                 # The initial message has not been taken in yet: wait for it (unacknowledged),
                 # within bounds, so that a sender cannot fill our memory with such messages.
-                parked = self._parked.setdefault(session_id, [])
-                if len(parked) >= MAX_PARKED_PER_SESSION or self._parked_total >= MAX_PARKED:
-                    if not parked:
-                        del self._parked[session_id]
-                    self._dead_letter(
-                        message,
-                        f"too many messages waiting for session {session_id} to open "
-                        f"(at most {MAX_PARKED_PER_SESSION} per session, {MAX_PARKED} in all)",
-                    )
-                    return
-                parked.append(message)
-                self._parked_ids.add(message.message_id)
-                self._parked_total += 1
-                self._parked_since.setdefault(session_id, self._clock.now())
+                self._park(message, session_id, expires=True)
                 return
         log.info("dropping message %s for ended session %s", message.message_id, session_id)
         self.statistics.late_messages_dropped += 1
         self._acknowledge_one(message.message_id)
+
+    def _kept_flow_for(self, session_id: str, sender: str) -> str | None:
+        """The hospitalized flow that ``session_id`` belongs to but its checkpoint lacks.
+
+        Session ids derive from flow ids, so the owner is known even when its checkpoint
+        could not be read. None when there is no such flow.
+        """
+        if is_responder_session_id(session_id):
+            initiator_session = session_id[: -len(".r")]
+            flow_id = uuid.uuid5(_RESPONDER_NAMESPACE, f"{sender}|{initiator_session}").hex
+        else:
+            flow_id = session_id.rsplit(".s", 1)[0]
+        runtime = self._flows.get(flow_id)
+        if runtime is None or runtime.state.status is not FlowStatus.HOSPITALIZED:
+            return None
+        return flow_id if runtime.state.checkpoint.session(session_id) is None else None
+
+    def _park(self, message: InboundMessage, session_id: str, *, expires: bool) -> bool:
+        """Hold ``message`` until ``session_id`` opens; dead-letter it over the bounds."""
+        parked = self._parked.setdefault(session_id, [])
+        if len(parked) >= MAX_PARKED_PER_SESSION or self._parked_total >= MAX_PARKED:
+            if not parked:
+                del self._parked[session_id]
+            self._dead_letter(
+                message,
+                f"too many messages waiting for session {session_id} to open "
+                f"(at most {MAX_PARKED_PER_SESSION} per session, {MAX_PARKED} in all)",
+            )
+            return False
+        parked.append(message)
+        self._parked_ids.add(message.message_id)
+        self._parked_total += 1
+        if expires:
+            self._parked_since.setdefault(session_id, self._clock.now())
+        return True
+
+    def _drop_held(self, flow_id: str) -> None:
+        """Acknowledge the messages held for a kept flow that has now ended (late messages)."""
+        for session_id in self._held_for.pop(flow_id, set()):
+            for message in self._parked.pop(session_id, []):
+                self._parked_total -= 1
+                self._parked_ids.discard(message.message_id)
+                self.statistics.late_messages_dropped += 1
+                self._acknowledge_one(message.message_id)
 
     def _index_sessions(self, state: FlowState) -> None:
         for session in state.checkpoint.sessions:
@@ -397,11 +438,33 @@ class StateMachineManager:
     # --- timers -------------------------------------------------------------------------
 
     def _schedule_wake_up(self, flow_id: str, deadline: float) -> None:
+        # A flow waits on one thing at a time: its latest deadline replaces any earlier one,
+        # whose heap entry becomes stale (skipped, and compacted away when they pile up).
+        self._deadline_of[flow_id] = deadline
         self._timer_sequence += 1
         heapq.heappush(self._timers, (deadline, self._timer_sequence, flow_id))
+        if len(self._timers) > 2 * len(self._deadline_of) + 1024:
+            self._timers = [
+                (due, number, owner)
+                for due, number, owner in self._timers
+                if self._deadline_of.get(owner) == due
+            ]
+            heapq.heapify(self._timers)
+
+    def _drop_stale_timers(self) -> None:
+        while self._timers:
+            due, _, flow_id = self._timers[0]
+            if self._deadline_of.get(flow_id) == due and flow_id in self._flows:
+                return
+            heapq.heappop(self._timers)
+
+    def pending_timers(self) -> int:
+        """Timer entries held (live or stale, before compaction): for tests and reports."""
+        return len(self._timers)
 
     def next_deadline(self) -> float | None:
         """The earliest pending wake-up (or expiry of parked messages), or None."""
+        self._drop_stale_timers()
         deadlines = [self._timers[0][0]] if self._timers else []
         if self._parked_since:
             deadlines.append(min(self._parked_since.values()) + PARKED_TIMEOUT_SECONDS)
@@ -427,11 +490,13 @@ class StateMachineManager:
     def _fire_due_timers(self) -> bool:
         now = self._clock.now()
         fired = False
+        self._drop_stale_timers()
         while self._timers and self._timers[0][0] <= now:
             _, _, flow_id = heapq.heappop(self._timers)
-            if flow_id in self._flows:
-                self._queue_event(flow_id, WakeUp(now))
-                fired = True
+            del self._deadline_of[flow_id]
+            self._queue_event(flow_id, WakeUp(now))
+            fired = True
+            self._drop_stale_timers()
         return fired
 
     # --- the round ----------------------------------------------------------------------
@@ -563,6 +628,8 @@ class StateMachineManager:
             )
             return
         del self._flows[state.flow_id]
+        self._deadline_of.pop(state.flow_id, None)
+        self._drop_held(state.flow_id)
         self._paused.discard(state.flow_id)
         self._paused_ready.discard(state.flow_id)
         late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]
@@ -630,6 +697,7 @@ class StateMachineManager:
         fresh = _FlowRuntime(result.state)
         fresh.events.extend(runtime.events)
         self._flows[checkpoint.flow_id] = fresh
+        self._held_for.pop(checkpoint.flow_id, None)  # indexing its sessions releases them
         self._index_sessions(fresh.state)
         self._set_continuation(fresh, result.continuation)
         if fresh.events:

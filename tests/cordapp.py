@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -336,6 +337,29 @@ class FailingEffectFlow(FlowLogic[str]):
 
         self.in_transaction(broken, "broken")
         return "unreachable"
+
+
+@initiating_flow
+class FlakyEffectsFlow(FlowLogic[str]):
+    """Two effects in two steps; each fails its first ``failures`` tries (counted in
+    ``BEHAVIOUR``), then works."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def call(self) -> str:
+        for step in ("first", "second"):
+            key = f"flaky-{self.flow_id}-{step}"
+            self.in_transaction(functools.partial(_fail_first_tries, key, self.failures), step)
+            self.sleep(0.01)  # a checkpoint: the effect commits with it, in its own step
+        return "both done"
+
+
+def _fail_first_tries(key: str, failures: int, _: Any) -> None:
+    tries = int(str(BEHAVIOUR.get(key, 0))) + 1
+    BEHAVIOUR[key] = tries
+    if tries <= failures:
+        raise RuntimeError(f"{key} failed (try {tries})")
 
 
 # --- receive timeouts ----------------------------------------------------------------------

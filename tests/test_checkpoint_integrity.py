@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from flows.node import FlowHospitalizedError
+from flows.node import FlowHospitalizedError, UntrustedCheckpointError
 from flows.testing import MockNetwork, MockNode
 from persistence import schema
 from samples.pingpong import PingFlow
@@ -89,4 +89,39 @@ def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(tmp_path: Path
     alice.restart()
     with pytest.raises(FlowHospitalizedError, match="undecodable checkpoint"):
         alice.flow_handle(victim).result()
+    net.stop_nodes()
+
+
+def test_an_untrusted_flow_is_not_retried_until_its_blob_is_restored(tmp_path: Path) -> None:
+    net, alice, (victim,) = suspended_pings(tmp_path, 1)
+    good = blobs(alice)[victim]
+    blob, mac = good
+    write_blob(alice, victim, blob.replace(b"Ping", b"Pong"), mac)
+    alice.restart()
+    with pytest.raises(UntrustedCheckpointError, match="restore its checkpoint"):
+        alice.retry_flow(victim)
+    net.run_network(advance_clock=False)  # Bob answers; the answer waits for the flow
+    assert alice.flow_status(victim) is FlowStatus.HOSPITALIZED
+    assert blobs(alice)[victim][1] == mac  # the evidence is still there
+    write_blob(alice, victim, *good)  # the operator restores it from a backup
+    alice.retry_flow(victim)
+    net.run_network()
+    assert alice.flow_handle(victim).result() == "Pong"
+    net.stop_nodes()
+
+
+def test_messages_held_for_an_untrusted_flow_are_settled_when_it_is_killed(
+    tmp_path: Path,
+) -> None:
+    net, alice, (victim,) = suspended_pings(tmp_path, 1)
+    blob, mac = blobs(alice)[victim]
+    write_blob(alice, victim, blob.replace(b"Ping", b"Pong"), mac)
+    alice.restart()
+    net.run_network(advance_clock=False)
+    address = alice.node.messaging.my_address
+    assert net.messaging.in_flight(address) >= 1  # Bob's answer, held for the operator
+    alice.kill_flow(victim)
+    net.run_network()
+    assert net.messaging.in_flight(address) == 0
+    assert alice.checkpoints() == []
     net.stop_nodes()

@@ -16,7 +16,7 @@ from flows.party import Party
 from messaging.service import TransportError
 from persistence.store import SqlTransaction
 from samples.pingpong import PingFlow
-from tests.cordapp import FailingEffectFlow
+from tests.cordapp import FailingEffectFlow, FlakyEffectsFlow
 from tests.test_runtime import running, two_nodes
 
 
@@ -106,9 +106,26 @@ def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_pa
             kept = _wait_for_status(alice, broken, "HOSPITALIZED")
             assert "failed 3 times in a row" in kept["error"]
             assert processes[0].recoveries == MAX_FLOW_FAILURES
+            # Its row says HOSPITALIZED now; the process does not re-apply the diagnosis at
+            # later recoveries (which would undo an operator's retry).
+            assert processes[0]._kept == {}
         with running([alice]) as again:  # a restart keeps it in the hospital
             _wait_for_status(alice, broken, "HOSPITALIZED")
             assert again[0].recoveries == 0
+    finally:
+        client.close()
+
+
+def test_failures_in_a_row_count_again_once_the_flow_gets_past_the_step(tmp_path: Path) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    client = NodeClient(alice.database_url)
+    try:
+        with running([alice, bob]) as processes:
+            # Each of its two steps fails twice before it works: 4 failures, never 3 in a row.
+            (flow_id,) = client.start_flows([FlakyEffectsFlow(MAX_FLOW_FAILURES - 1)])
+            outcomes = client.wait([flow_id], timeout=60)
+            assert decode_outcome(outcomes[flow_id]) == "both done"
+            assert processes[0].recoveries == 2 * (MAX_FLOW_FAILURES - 1)
     finally:
         client.close()
 

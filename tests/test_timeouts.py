@@ -8,6 +8,7 @@ import pytest
 
 from flows import FlowTimeoutException
 from flows.testing import MockNetwork
+from samples.pingpong import PingFlow
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import PatientFlow
@@ -103,3 +104,13 @@ def test_a_timeout_must_be_positive(bad: float) -> None:
 
     with pytest.raises(ValueError, match="must be positive"):
         Receive(("s",), bad)
+
+
+def test_deadlines_of_finished_waits_are_not_kept(net: MockNetwork) -> None:
+    alice, bob = net.create_node(ALICE), net.create_node(BOB)
+    handles = [alice.start_flow(PingFlow(bob.party)) for _ in range(50)]
+    net.run_network(advance_clock=False)
+    assert [h.result() for h in handles] == ["Pong"] * 50
+    for node in (alice, bob):  # every receive had a (one hour) deadline; none is pending
+        assert node.node.manager.next_deadline() is None
+        assert node.node.manager.pending_timers() == 0
