@@ -12,6 +12,7 @@ held to flag that and nothing else.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sqlite3
 import uuid
@@ -80,11 +81,8 @@ class Lingering:
     initiator: str
     responder_node: str
     responder: str
-
-    @property
-    def session(self) -> str:
-        """The initiator's session id (its first session)."""
-        return f"{self.initiator}.s0"
+    session: str
+    """The initiator's session id (its first session), as the databases show it."""
 
 
 @attrs.frozen
@@ -142,6 +140,25 @@ def _flow_rows(path: Path) -> tuple[dict[str, str], dict[str, str], dict[str, st
     return finished, live, waiting
 
 
+def first_session_of(flow_id: str, session_id: str) -> bool:
+    """True if ``session_id`` is the first session flow ``flow_id`` opened.
+
+    Session ids are ``F.s0``, or ``<tag>-F.s0`` with the initiating node's identity tag: the
+    test data is found in the databases, not rebuilt, so it holds for either form.
+    """
+    return re.fullmatch(rf"(?:[0-9a-f]{{16}}-)?{re.escape(flow_id)}\.s0", session_id) is not None
+
+
+def _consumed_sessions(path: Path, flow_id: str) -> set[str]:
+    """The initiator sessions of ``flow_id`` in which ``path``'s node consumed a message."""
+    connection = sqlite3.connect(path)
+    try:
+        sessions = {row[0] for row in connection.execute("SELECT session_id FROM node_message_ids")}
+    finally:
+        connection.close()
+    return {session for session in sessions if first_session_of(flow_id, session)}
+
+
 def _copy_database(source: Path, target: Path) -> None:
     live, copy = sqlite3.connect(source), sqlite3.connect(target)
     try:
@@ -184,12 +201,16 @@ def build_clean_network(directory: Path) -> NetworkData:
     finished, live, waiting = {}, {}, {}
     for name, path in databases.items():
         finished[name], live[name], waiting[name] = _flow_rows(path)
-    lingering = [
-        Lingering(
-            initiator_node, flow_id, responder_node, waiting[responder_node][f"{flow_id}.s0.r"]
-        )
-        for initiator_node, responder_node, flow_id in started
-    ]
+    lingering = []
+    for initiator_node, responder_node, flow_id in started:
+        (session,) = [
+            waited[: -len(".r")]
+            for waited in waiting[responder_node]
+            if first_session_of(flow_id, waited[: -len(".r")])
+        ]
+        responder = waiting[responder_node][f"{session}.r"]
+        lingering.append(Lingering(initiator_node, flow_id, responder_node, responder, session))
+    (echo_session,) = _consumed_sessions(databases[ALICE], echo.flow_id)
     return NetworkData(
         directory=copies,
         databases=databases,
@@ -197,7 +218,7 @@ def build_clean_network(directory: Path) -> NetworkData:
         finished=finished,
         live=live,
         lingering=lingering,
-        echo_session=f"{echo.flow_id}.s0",
+        echo_session=echo_session,
         hospitalized=kept,
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sqlite3
 import time
 import uuid
@@ -33,7 +34,7 @@ from persistence.analytics import (
     parse_node_argument,
     session_consistency,
 )
-from persistence.analytics.checks import responder_flow_id
+from persistence.analytics.checks import responder_flow_id, session_flow
 from persistence.analytics.command import parse_duration, parse_moment
 from persistence.analytics.loading import range_predicates
 from persistence.analytics.report import Table, render_html, text_table
@@ -285,6 +286,17 @@ def test_the_responder_flow_id_in_spark_is_the_managers_uuid5(spark: Any) -> Non
     computed = frame.select(responder_flow_id(F.col("node"), F.col("session")).alias("id"))
     expected = [uuid.uuid5(_RESPONDER_NAMESPACE, f"{n}|{s}").hex for n, s in pairs]
     assert [row["id"] for row in computed.collect()] == expected
+
+
+@pytest.mark.spark
+def test_the_initiating_flow_is_found_in_tagged_and_untagged_session_ids(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    flow, tag = uuid.uuid4().hex, "0123456789abcdef"
+    sessions = [f"{flow}.s0", f"{flow}.s12.r", f"{tag}-{flow}.s3", f"{tag}-{flow}.s0.r"]
+    frame = spark.createDataFrame([(s,) for s in sessions], "session string")
+    found = frame.select(session_flow(F.col("session")).alias("flow")).collect()
+    assert [row["flow"] for row in found] == [flow] * 4
 
 
 @pytest.mark.spark
@@ -564,3 +576,24 @@ def test_html_report_escapes_what_the_tables_hold() -> None:
     report = AnalysisReport(0, 0, "info", {}, [], 0, {"master": "m", "version": "v"}, 0.0, [check])
     page = render_html(report)
     assert "<b>O=X</b>" not in page and "&lt;b&gt;O=X&lt;/b&gt;" in page
+
+
+def test_the_size_histogram_shows_the_empty_buckets_between_sizes() -> None:
+    from persistence.analytics.report import histogram_chart, nice_ceiling
+
+    chart = histogram_chart(
+        Table(["from_bytes", "to_bytes", "flows"], [[512, 1024, 30], [4096, 8192, 2]], 2)
+    )
+    labels = re.findall(r">([^<>]+ to [^<>]+)</text>", chart)
+    assert labels == ["512 B to 1 KiB", "1 KiB to 2 KiB", "2 KiB to 4 KiB", "4 KiB to 8 KiB"]
+    assert chart.count("<rect") == 2 and "http" not in chart.replace('xmlns="http', "")
+    assert [nice_ceiling(v) for v in (0, 3, 5, 9, 30, 41, 101, 999)] == [
+        4,
+        4,
+        8,
+        20,
+        40,
+        60,
+        200,
+        1000,
+    ]

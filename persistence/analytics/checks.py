@@ -6,8 +6,9 @@ matters. Time-based rules compare the tables' millisecond timestamps with
 judged as of yesterday.
 
 What a session looks like in the tables (``statemachine/session_messages.py``): flow ``F``
-opens sessions ``F.s0``, ``F.s1``...; the responder's side of ``F.s0`` is ``F.s0.r`` and its
-flow id is a UUID5 of ``"<initiator node>|F.s0"`` (``statemachine.manager``). Message ``k``
+opens sessions ``F.s0``, ``F.s1``... (possibly with the initiating node's identity tag in
+front, ``<tag>-F.s0``); the responder's side of ``F.s0`` is ``F.s0.r`` and its flow id is a
+UUID5 of ``"<initiator node>|F.s0"`` (``statemachine.manager``). Message ``k``
 sent from session ``S`` has id ``N-S-k``. A node's tables show a session when a flow waits
 on it (``waiting_for``), when a message of it was consumed (``node_message_ids``: our
 session, the sender, the sequence number) or when a message for it waits in the outbox.
@@ -115,11 +116,17 @@ def peer_session(session: Column) -> Column:
     )
 
 
+SESSION_FLOW_PATTERN = r"^(?:[0-9a-f]{16}-)?(.+)\.s[0-9]+$"
+"""An initiator session id: an optional 16-hex-digit identity tag of the initiating node and
+a dash, the initiating flow's id, ``.s`` and the session's index (both the older ``F.s0`` and
+the tagged ``<tag>-F.s0`` forms, as ``statemachine.session_messages.flow_id_of_session``)."""
+
+
 def session_flow(session: Column) -> Column:
-    """The id of the initiating flow of a session (``F.s3`` and ``F.s3.r`` -> ``F``)."""
+    """The id of the initiating flow of a session (``F.s3``, ``F.s3.r``, ``T-F.s3`` -> ``F``)."""
     from pyspark.sql import functions as F
 
-    return F.regexp_extract(initiator_session(session), r"^(.+)\.s[0-9]+$", 1)
+    return F.regexp_extract(initiator_session(session), SESSION_FLOW_PATTERN, 1)
 
 
 def responder_flow_id(initiator_node: Column, session: Column) -> Column:

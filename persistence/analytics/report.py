@@ -391,52 +391,89 @@ def _size(value: int) -> str:
     return f"{value} TiB"
 
 
+def nice_ceiling(value: int) -> int:
+    """The top of a count axis: the smallest of 4, 8, 20, 40, 60, 80, 100, 200... >= ``value``.
+
+    Its quarter ticks are whole numbers.
+    """
+    for exponent in range(19):
+        for step in (1, 2, 4, 6, 8):
+            top = int(step * 10**exponent)
+            if top >= max(value, 4) and top % 4 == 0:
+                return top
+    return value
+
+
 def column_chart(
-    labels: Sequence[str], series: Mapping[str, Sequence[int]], title: str, width: int = 760
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[int]],
+    title: str,
+    width: int = 760,
+    y_label: str = "",
 ) -> str:
-    """SVG: vertical (stacked) columns, one per label, one colour per series."""
+    """SVG: vertical (stacked) columns, one per label, one colour per series.
+
+    The legend (when there is more than one series, or a status) sits above the plot; the
+    labels are slanted below it; a column is at most 70 units wide.
+    """
     if not labels:
         return "<p>No data.</p>"
-    height, left, bottom = 290, 50, 80
-    column = (width - left - 10) / len(labels)
+    legend = len(series) > 1 or next(iter(series)) in STATUS_COLOURS
+    top = 34 if legend else 14
+    height, left, bottom, right = 320, 96, 92, 10
+    slot = (width - left - right) / len(labels)
+    column = min(slot * 0.8, 70.0)
     totals = [sum(values[i] for values in series.values()) for i in range(len(labels))]
-    biggest = max(totals) or 1
-    plot = height - bottom - 10
+    biggest = nice_ceiling(max(totals))
+    plot = height - bottom - top
     parts = [f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{_e(title)}">']
-    for fraction in (0, 0.5, 1):
-        y = 10 + plot * (1 - fraction)
+    if legend:
+        parts.append(_legend(list(series), left, 6))
+    for fraction in (0, 0.25, 0.5, 0.75, 1):
+        y = top + plot * (1 - fraction)
         parts.append(
-            f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
         )
-        parts.append(_svg_text(left - 6, y + 4, str(round(biggest * fraction)), "end"))
+        parts.append(_svg_text(left - 6, y + 4, f"{round(biggest * fraction):,}", "end"))
+    if y_label:
+        lx, ly = 14, top + plot / 2
+        parts.append(
+            f'<text x="{lx}" y="{ly:.1f}" text-anchor="middle" class="small" '
+            f'transform="rotate(-90 {lx} {ly:.1f})">{_e(y_label)}</text>'
+        )
     every = 1 if len(labels) <= 16 else max(1, len(labels) // 12)
     for i, label in enumerate(labels):
-        x = left + i * column + column * 0.1
-        y = 10.0 + plot
+        x = left + i * slot + (slot - column) / 2
+        y = float(top + plot)
         for j, (name, values) in enumerate(series.items()):
             if not values[i]:
                 continue
             h = plot * values[i] / biggest
             y -= h
             tip = f"{label}: {values[i]} {name}"
-            parts.append(_svg_rect(x, y, column * 0.8, h, _bar_colour(name, j), tip))
+            parts.append(_svg_rect(x, y, column, h, _bar_colour(name, j), tip))
         if i % every == 0:
-            cx, cy = x + column * 0.4, height - bottom + 16
+            cx, cy = x + column / 2, top + plot + 14
             parts.append(
                 f'<text x="{cx:.1f}" y="{cy}" text-anchor="end" class="small" '
-                f'transform="rotate(-30 {cx:.1f} {cy})">{_e(label)}</text>'
+                f'transform="rotate(-35 {cx:.1f} {cy})">{_e(label)}</text>'
             )
-    if len(series) > 1 or next(iter(series)) in STATUS_COLOURS:
-        parts.append(_legend(list(series), left, height - 16))
     parts.append("</svg>")
     return "".join(parts)
 
 
 def histogram_chart(histogram: Table) -> str:
-    """SVG: checkpoints per power-of-two size bucket."""
-    labels = [f"{_size(int(low))} to {_size(int(high))}" for low, high, _ in histogram.rows]
-    counts = [int(row[2]) for row in histogram.rows]
-    return column_chart(labels, {"checkpoints": counts}, "checkpoint sizes")
+    """SVG: checkpoints per power-of-two size bucket (empty buckets in between shown)."""
+    counts = {int(low): int(flows) for low, _high, flows in histogram.rows}
+    if not counts:
+        return "<p>No live checkpoints.</p>"
+    low, high = min(counts), max(counts)
+    buckets = [low]
+    while buckets[-1] < high:
+        buckets.append(buckets[-1] * 2 if buckets[-1] else 1)
+    labels = [f"{_size(start)} to {_size(start * 2 if start else 1)}" for start in buckets]
+    values = [counts.get(start, 0) for start in buckets]
+    return column_chart(labels, {"checkpoints": values}, "checkpoint sizes", y_label="checkpoints")
 
 
 def timeline_chart(over_time: Table) -> str:
@@ -452,7 +489,7 @@ def timeline_chart(over_time: Table) -> str:
     labels = [iso(start)[:19] for start in starts]
     ordered = sorted(series, key=_status_rank)
     columns = {status: [series[status].get(s, 0) for s in starts] for status in ordered}
-    return column_chart(labels, columns, "flows over time", width=1500)
+    return column_chart(labels, columns, "flows over time", width=1500, y_label="flows")
 
 
 def html_table(table: Table, max_rows: int = 200) -> str:
