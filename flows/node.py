@@ -201,7 +201,7 @@ class Node:
             fibers=fibers,
             responders=self.cordapps,
             decode_message=decode_session_message,
-            acknowledge=messaging.acknowledge,
+            acknowledge=self._acknowledge,
             clock=self.clock,
             on_boundary=on_boundary,
             effects=self.effects,
@@ -223,9 +223,14 @@ class Node:
             message, self.messaging.my_address, self.peers.public_key(message.sender)
         )
         self.manager.deliver(
-            InboundMessage(message.message_id, message.sender, message.data, problem)
+            InboundMessage(message.message_id, message.sender, message.data, problem, message)
         )
         self.wakeup.set()
+
+    def _acknowledge(self, inbound: InboundMessage) -> None:
+        """Settle the transport delivery an inbound message came from."""
+        if isinstance(inbound.delivery, Message):
+            self.messaging.acknowledge(inbound.delivery)
 
     def start(self) -> None:
         """Restore every checkpointed flow, re-send the outbox, and start receiving."""

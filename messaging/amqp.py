@@ -372,7 +372,6 @@ class AmqpMessaging:
         self._handlers: dict[str, MessageHandler] = {}
         self._lock = threading.Lock()
         """Guards the delivery tags, the pending acks and the consumer connection."""
-        self._delivery_tags: dict[str, list[tuple[int, int]]] = {}
         self._pending_acks: list[tuple[int, int]] = []
         self._discard_acks = False
         self._generation = 0
@@ -439,13 +438,19 @@ class AmqpMessaging:
         if outgoing:
             self._publisher.publish(outgoing)
 
-    def acknowledge(self, message_id: str) -> None:
-        """Ack every delivery of ``message_id`` (on the consumer thread, shortly)."""
+    def acknowledge(self, delivered: Message) -> None:
+        """Ack this delivery, and no other copy (on the consumer thread, shortly).
+
+        A delivery from a connection that has since closed needs no ack: the broker put it
+        back in the queue when the connection closed.
+        """
+        receipt = delivered.receipt
+        if not isinstance(receipt, tuple):
+            raise ValueError(f"{delivered.message_id} was not delivered by this consumer")
         with self._lock:
-            tags = self._delivery_tags.pop(message_id, None)
-            if not tags:
+            if receipt[0] != self._generation:
                 return
-            self._pending_acks.extend(tags)
+            self._pending_acks.append(receipt)
             connection = self._consumer_connection
         self._wake(connection)
 
@@ -532,7 +537,6 @@ class AmqpMessaging:
         """Forget the connection's delivery tags (they mean nothing on the next) and close it."""
         with self._lock:
             self._consumer_connection = None
-            self._delivery_tags = {}
             self._pending_acks = []
         close_quietly(connection)
 
@@ -570,7 +574,7 @@ class AmqpMessaging:
             channel.basic_ack(delivery_tag=tag)
             return
         with self._lock:
-            self._delivery_tags.setdefault(message.message_id, []).append((self._generation, tag))
+            message = attrs.evolve(message, receipt=(self._generation, tag))
         self.delivered += 1
         try:
             handler(message)

@@ -54,8 +54,8 @@ class Faults:
 class _Queue:
     ready: deque[bytes] = attrs.field(factory=deque)
     delayed: list[tuple[int, bytes]] = attrs.field(factory=list)
-    in_flight: dict[str, list[bytes]] = attrs.field(factory=dict)
-    """Delivered, unacknowledged messages by id (a duplicate may be in flight twice)."""
+    in_flight: dict[int, bytes] = attrs.field(factory=dict)
+    """Delivered, unacknowledged frames by receipt (one per delivery: copies are separate)."""
 
 
 @attrs.define
@@ -91,6 +91,7 @@ class InMemoryNetwork:
         self._queues: dict[str, _Queue] = {}
         self._endpoints: dict[str, InMemoryMessaging] = {}
         self._step = 0
+        self._receipts = 0
         self.dead_letters: list[DeadLetter] = []
         """Frames that could not be decoded, in the order they were found."""
 
@@ -167,10 +168,11 @@ class InMemoryNetwork:
                 self.dead_letters.append(DeadLetter(address, raw, str(error)))
                 self.statistics.dead_lettered += 1
                 continue
-            queue.in_flight.setdefault(message.message_id, []).append(raw)
+            self._receipts += 1
+            queue.in_flight[self._receipts] = raw
             self.statistics.delivered += 1
             delivered += 1
-            endpoint._dispatch(message)
+            endpoint._dispatch(attrs.evolve(message, receipt=self._receipts))
         return delivered
 
     def flush_delayed(self) -> bool:
@@ -189,17 +191,16 @@ class InMemoryNetwork:
 
     def in_flight(self, address: str) -> int:
         """Messages delivered to ``address`` and not yet acknowledged."""
-        return sum(len(copies) for copies in self._queues[address].in_flight.values())
+        return len(self._queues[address].in_flight)
 
-    def _acknowledge(self, address: str, message_id: str) -> None:
-        # Like the durable transports: acknowledging an id settles every delivered copy of it
-        # (a duplicate dropped while its first copy was being taken in is never acknowledged
-        # on its own).
-        self._queues[address].in_flight.pop(message_id, None)
+    def _acknowledge(self, address: str, delivered: Message) -> None:
+        if not isinstance(delivered.receipt, int):
+            raise ValueError(f"{delivered.message_id} was not delivered by this network")
+        self._queues[address].in_flight.pop(delivered.receipt, None)
 
     def _consumer_stopped(self, address: str) -> None:
         queue = self._queues[address]
-        unacknowledged = [m for copies in queue.in_flight.values() for m in copies]
+        unacknowledged = list(queue.in_flight.values())
         self.statistics.redelivered += len(unacknowledged)
         queue.ready.extendleft(reversed(unacknowledged))
         queue.in_flight = {}
@@ -243,14 +244,14 @@ class InMemoryMessaging:
         for message, target in items:
             self._network._accept(message, target)
 
-    def acknowledge(self, message_id: str) -> None:
-        """Remove every delivered copy of ``message_id`` from the in-flight set."""
-        self._network._acknowledge(self._address, message_id)
+    def acknowledge(self, delivered: Message) -> None:
+        """Remove this delivery (only this copy) from the in-flight set."""
+        self._network._acknowledge(self._address, delivered)
 
     def _dispatch(self, message: Message) -> None:
         handler = self._handlers.get(message.topic)
         if handler is None:
             # No one will ever process it: acknowledge so it does not loop (and say so).
-            self.acknowledge(message.message_id)
+            self.acknowledge(message)
             return
         handler(message)

@@ -7,8 +7,11 @@ Contract (checked by the conformance suite in ``tests/messaging_conformance.py``
   confirm for AMQP). If it cannot take it, it raises :class:`TransportError` and the caller
   keeps the message (the outbox relay retries).
 * Each message is delivered to the handler registered for its topic, at least once. A
-  delivered message stays the transport's responsibility until ``acknowledge(message_id)``:
-  if the consumer stops first, the message is delivered again.
+  delivered message stays the transport's responsibility until ``acknowledge(delivered)``
+  is called with the very ``Message`` the handler got: if the consumer stops first, the
+  message is delivered again. Acknowledging settles that one delivery only (its
+  ``receipt``), never another copy with the same id: a forged or stale copy that is
+  dead-lettered cannot take a genuine one with it.
 * Delivery order is not guaranteed; the session protocol restores order by sequence number.
 * ``send_batch(items)`` takes several messages at once: when it returns, every one was
   durably taken; when it raises :class:`TransportError`, the caller must assume none was
@@ -47,6 +50,9 @@ class Message:
     sender: str
     data: bytes
     signature: bytes = b""
+    receipt: object = attrs.field(default=None, eq=False, repr=False)
+    """Set by the transport on a delivered message: its handle for this one delivery (not
+    part of the frame, not compared)."""
 
 
 MessageHandler = Callable[[Message], None]
@@ -79,5 +85,5 @@ class MessagingService(Protocol):
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
         """Hand several (message, target) pairs over; all taken, or TransportError."""
 
-    def acknowledge(self, message_id: str) -> None:
-        """The delivered message ``message_id`` is done with: never deliver it again."""
+    def acknowledge(self, delivered: Message) -> None:
+        """Settle a delivery (a message the handler got): it is never delivered again."""

@@ -6,12 +6,14 @@ One queue database serves every node that shares it: a SQLite file for the nodes
 * ``ff_queues``: one row per node queue (its address); a send to an address without a row
   raises :class:`~messaging.service.TransportError` (the target has never started).
 * ``ff_queue_messages``: the messages, as frames (:mod:`messaging.frame`). A send commits
-  its rows before returning (that commit is the "durably taken"); ``(queue, message_id)`` is
-  unique, so sending the same message twice while it is queued stores it once.
+  its rows before returning (that commit is the "durably taken"). Every send is a row of its
+  own, even one that repeats a message id: the receiving node drops duplicates by id only
+  after checking who sent them, so a forged message can never stand in for a genuine one.
   A consumer *claims* rows by leasing them (``lease_owner``, ``lease_until``): on PostgreSQL
   with ``SELECT ... FOR UPDATE SKIP LOCKED``, on SQLite under the database write lock.
-  Acknowledging deletes the row. A consumer that starts takes over its queue: every lease
-  of a consumer that died is released, so those messages are delivered again.
+  Acknowledging a delivery deletes its row (its ``receipt`` is the row id), no other. A
+  consumer that starts takes over its queue: every lease of a consumer that died is
+  released, so those messages are delivered again.
 * ``ff_queue_dead_letters``: frames that could not be decoded, with the reason.
 
 Waking: on PostgreSQL a send issues ``NOTIFY`` and the consumer ``LISTEN``s (with a slow poll
@@ -24,6 +26,7 @@ acknowledgement lost in a crash only means a redelivery, which the node drops by
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -32,6 +35,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -47,6 +51,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    inspect,
     or_,
     select,
     text,
@@ -85,7 +90,6 @@ queue_messages = Table(
     Column("lease_owner", String(64), nullable=True),
     Column("lease_until", BigInteger, nullable=True),
     Column("deliveries", Integer, nullable=False, default=0),
-    Index("ff_queue_messages_unique", "queue", "message_id", unique=True),
     Index("ff_queue_messages_claim", "queue", "id"),
 )
 
@@ -143,6 +147,20 @@ class SqlQueueBroker:
         self.engine: Engine = engine
         self._known_queues: set[str] = set()
         create_tables(engine, metadata)
+        self._drop_old_unique_index()
+
+    def _drop_old_unique_index(self) -> None:
+        """Queue tables made by earlier versions had a unique (queue, message id) index.
+
+        Messages are told apart by delivery (row id), not by id: a unique id let a forged
+        message with a genuine message's id make the genuine send a silent no-op.
+        """
+        if "ff_queue_messages_unique" not in {
+            index["name"] for index in inspect(self.engine).get_indexes("ff_queue_messages")
+        }:
+            return
+        with contextlib.suppress(SQLAlchemyError), self.engine.begin() as connection:
+            connection.execute(text("DROP INDEX IF EXISTS ff_queue_messages_unique"))
 
     def create_queue(self, name: str) -> None:
         """Make sure queue ``name`` exists."""
@@ -194,12 +212,10 @@ class SqlQueueBroker:
                 }
                 for message, target in items
             ]
-            module: Any = sqlite if self.dialect == "sqlite" else postgresql
-            statement = module.insert(queue_messages).on_conflict_do_nothing(
-                index_elements=["queue", "message_id"]
-            )
+            # Every send is a row of its own, re-sends included: the receiver drops
+            # duplicates by id once it has checked who sent them.
             with self.engine.begin() as connection:
-                connection.execute(statement, rows)
+                connection.execute(insert(queue_messages), rows)
                 if self.dialect == "postgresql":
                     for target in sorted(targets):
                         connection.execute(
@@ -262,14 +278,14 @@ class SqlQueueBroker:
         rows.sort()
         return rows
 
-    def acknowledge(self, queue: str, message_ids: Sequence[str]) -> None:
-        """Delete acknowledged messages (every stored copy of each id)."""
+    def acknowledge(self, queue: str, row_ids: Sequence[int]) -> None:
+        """Delete acknowledged deliveries (by row: other copies of the same id stay)."""
         with self.engine.begin() as connection:
-            for start in range(0, len(message_ids), 500):
-                chunk = list(message_ids[start : start + 500])
+            for start in range(0, len(row_ids), 500):
+                chunk = list(row_ids[start : start + 500])
                 connection.execute(
                     delete(queue_messages).where(
-                        queue_messages.c.queue == queue, queue_messages.c.message_id.in_(chunk)
+                        queue_messages.c.queue == queue, queue_messages.c.id.in_(chunk)
                     )
                 )
 
@@ -346,7 +362,7 @@ class SqlQueueMessaging:
         self.broker = SqlQueueBroker(url, synchronous=synchronous)
         self._handlers: dict[str, MessageHandler] = {}
         self._owner = uuid.uuid4().hex
-        self._pending_acks: list[str] = []
+        self._pending_acks: list[int] = []  # row ids of settled deliveries
         self._acks_lock = threading.Lock()
         self._wakeup = _wakeup_for(self.broker.url, address)
         self._stopping = threading.Event()
@@ -415,10 +431,12 @@ class SqlQueueMessaging:
         """Commit every pair in one transaction."""
         self.broker.enqueue(items)
 
-    def acknowledge(self, message_id: str) -> None:
-        """Mark ``message_id`` done; the row is deleted by the consumer thread shortly."""
+    def acknowledge(self, delivered: Message) -> None:
+        """Mark this delivery done; its row is deleted by the consumer thread shortly."""
+        if not isinstance(delivered.receipt, int):
+            raise ValueError(f"{delivered.message_id} was not delivered by this queue")
         with self._acks_lock:
-            self._pending_acks.append(message_id)
+            self._pending_acks.append(delivered.receipt)
         self._wakeup.set()
 
     def _flush_acks(self) -> None:
@@ -487,7 +505,7 @@ class SqlQueueMessaging:
 
     def _deliver(self, row_id: int, raw: bytes) -> None:
         try:
-            message = decode_frame(raw)
+            message = attrs.evolve(decode_frame(raw), receipt=row_id)
         except MalformedFrameError as error:
             log.warning("%s: dead-lettering stored message %d: %s", self._address, row_id, error)
             self.broker.dead_letter(self._address, row_id, raw, str(error))
@@ -501,7 +519,7 @@ class SqlQueueMessaging:
                 message.topic,
                 message.message_id,
             )
-            self.acknowledge(message.message_id)
+            self.acknowledge(message)
             return
         self.delivered += 1
         try:

@@ -23,6 +23,8 @@ class StartFlow:
     flow_id: str
     origin: StartedLocally
     at: float
+    session_tag: str = ""
+    """The node's identity tag (see ``session_messages.identity_tag``)."""
 
 
 @attrs.frozen
@@ -37,6 +39,8 @@ class StartInitiatedFlow:
     flow_version: int
     app_name: str
     at: float
+    session_tag: str = ""
+    """The node's identity tag (see ``session_messages.identity_tag``)."""
 
 
 @attrs.frozen

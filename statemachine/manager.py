@@ -58,6 +58,9 @@ from statemachine.session_messages import (
     InitialSessionMessage,
     OutboundSessionMessage,
     SessionMessage,
+    flow_id_of_session,
+    identity_tag,
+    is_bound_to,
     is_responder_session_id,
     message_id,
     peer_session_id,
@@ -137,12 +140,13 @@ class StateMachineManager:
         fibers: FiberFactory,
         responders: ResponderRegistry,
         decode_message: Callable[[bytes], SessionMessage],
-        acknowledge: Callable[[str], None],
+        acknowledge: Callable[[InboundMessage], None],
         clock: Clock,
         on_boundary: BoundaryHook | None = None,
         effects: FlowEffects | None = None,
     ) -> None:
         self.our_identity = our_identity
+        self._session_tag = identity_tag(our_identity)
         self._store = store
         self._fibers = fibers
         self._responders = responders
@@ -163,11 +167,12 @@ class StateMachineManager:
         self._ready: deque[str] = deque()
         self._ready_set: set[str] = set()
         self._session_owner: dict[str, str] = {}
-        self._in_process: set[str] = set()
+        # Message id -> every delivery of it held until the transition that takes it in
+        # commits (the first copy, and redelivered copies that arrived meanwhile).
+        self._in_process: dict[str, list[InboundMessage]] = {}
         self._parked: dict[str, list[InboundMessage]] = {}
         self._inbox: deque[InboundMessage] = deque()
         self._parked_total = 0
-        self._parked_ids: set[str] = set()
         self._held_for: dict[str, set[str]] = {}  # kept flow id -> session ids held for it
         self._paused: set[str] = set()
         self._paused_ready: set[str] = set()
@@ -208,7 +213,8 @@ class StateMachineManager:
         results = []
         for flow in flows:
             origin = StartedLocally(flow.flow_class, flow.arguments)
-            results.append(transition(None, StartFlow(flow.flow_id, origin, self._clock.now())))
+            event = StartFlow(flow.flow_id, origin, self._clock.now(), self._session_tag)
+            results.append(transition(None, event))
         self.executor.execute([result.actions for result in results])
         for flow, result in zip(flows, results, strict=True):
             runtime = _FlowRuntime(result.state, instance=flow.instance)
@@ -241,14 +247,15 @@ class StateMachineManager:
             return
         if consumed:
             self.statistics.duplicates_dropped += 1
-            self._acknowledge_one(message.message_id)
+            self._acknowledge_one(message)
             return
-        if message.message_id in self._in_process or message.message_id in self._parked_ids:
-            # Another copy (a redelivery: an expired lease, a reconnect) is being taken in or
-            # waits for its session. It must not be acknowledged now: that would remove the
-            # only durable copy before the first one's transaction commits. The first copy's
-            # acknowledgement covers this one (transports acknowledge by message id).
+        held = self._in_process.get(message.message_id)
+        if held is not None and held[0].sender == message.sender:
+            # Another copy (a redelivery: an expired lease, a reconnect) is being taken in.
+            # Settling this one now could leave no durable copy if the first one's
+            # transaction then fails: it is settled with the first, after the commit.
             self.statistics.duplicates_dropped += 1
+            held.append(message)
             return
         try:
             decoded = self._decode(message.data)
@@ -266,12 +273,19 @@ class StateMachineManager:
         )
         self._store.dead_letter(message, reason, self._clock.now())
         self.statistics.dead_lettered += 1
-        self._acknowledge_one(message.message_id)
+        self._acknowledge_one(message)  # this delivery only: a genuine copy is not touched
 
     def _route_initial(self, message: InboundMessage, initial: InitialSessionMessage) -> None:
         expected_id = message_id(initial.initiator_session_id, 0)
         if message.message_id != expected_id:
             self._dead_letter(message, f"initial session message must have id {expected_id}")
+            return
+        if not is_bound_to(initial.initiator_session_id, message.sender):
+            self._dead_letter(
+                message,
+                f"session id {initial.initiator_session_id!r} is not {message.sender}'s: a "
+                f"session opened by it starts with its tag {identity_tag(message.sender)}-",
+            )
             return
         at = self._clock.now()
         responder = self._responders.responder_for(initial.initiator_flow_class)
@@ -284,7 +298,7 @@ class StateMachineManager:
                 f"@initiated_by({initial.initiator_flow_class.rsplit('.', 1)[-1]}))"
             )
             log.warning("rejecting session from %s: %s", message.sender, reason)
-            self._in_process.add(message.message_id)
+            self._take_in(message)
             self.statistics.sessions_rejected += 1
             self.executor.execute(
                 [reject_initial_session(message.message_id, message.sender, initial, reason, at)]
@@ -296,7 +310,7 @@ class StateMachineManager:
         if flow_id in self._flows:
             self._dead_letter(message, f"session {initial.initiator_session_id} already open")
             return
-        self._in_process.add(message.message_id)
+        self._take_in(message)
         event = StartInitiatedFlow(
             flow_id=flow_id,
             flow_class=responder.flow_class,
@@ -306,6 +320,7 @@ class StateMachineManager:
             flow_version=responder.flow_version,
             app_name=responder.app_name,
             at=at,
+            session_tag=self._session_tag,
         )
         result = transition(None, event)
         runtime = _FlowRuntime(result.state)
@@ -342,7 +357,7 @@ class StateMachineManager:
                 f"(expecting {session.next_receive_sequence}, window {MAX_REORDER_WINDOW})",
             )
             return
-        self._in_process.add(message.message_id)
+        self._take_in(message)
         self._queue_event(
             owner,
             DeliverSessionMessage(
@@ -374,7 +389,7 @@ class StateMachineManager:
                 return
         log.info("dropping message %s for ended session %s", message.message_id, session_id)
         self.statistics.late_messages_dropped += 1
-        self._acknowledge_one(message.message_id)
+        self._acknowledge_one(message)
 
     def _kept_flow_for(self, session_id: str, sender: str) -> str | None:
         """The hospitalized flow that ``session_id`` belongs to but its checkpoint lacks.
@@ -386,7 +401,7 @@ class StateMachineManager:
             initiator_session = session_id[: -len(".r")]
             flow_id = uuid.uuid5(_RESPONDER_NAMESPACE, f"{sender}|{initiator_session}").hex
         else:
-            flow_id = session_id.rsplit(".s", 1)[0]
+            flow_id = flow_id_of_session(session_id)
         runtime = self._flows.get(flow_id)
         if runtime is None or runtime.state.status is not FlowStatus.HOSPITALIZED:
             return None
@@ -405,7 +420,6 @@ class StateMachineManager:
             )
             return False
         parked.append(message)
-        self._parked_ids.add(message.message_id)
         self._parked_total += 1
         if expires:
             self._parked_since.setdefault(session_id, self._clock.now())
@@ -416,9 +430,8 @@ class StateMachineManager:
         for session_id in self._held_for.pop(flow_id, set()):
             for message in self._parked.pop(session_id, []):
                 self._parked_total -= 1
-                self._parked_ids.discard(message.message_id)
                 self.statistics.late_messages_dropped += 1
-                self._acknowledge_one(message.message_id)
+                self._acknowledge_one(message)
 
     def _index_sessions(self, state: FlowState) -> None:
         for session in state.checkpoint.sessions:
@@ -427,13 +440,17 @@ class StateMachineManager:
                 self._parked_since.pop(session.session_id, None)
                 for parked in self._parked.pop(session.session_id, []):
                     self._parked_total -= 1
-                    self._parked_ids.discard(parked.message_id)
                     self._inbox.append(parked)
 
+    def _take_in(self, message: InboundMessage) -> None:
+        """Hold ``message``'s delivery until the transition that takes it in commits."""
+        self._in_process[message.message_id] = [message]
+
     def _acknowledge(self, message_ids: Sequence[str]) -> None:
+        """Settle every held delivery of each id (called after the commit)."""
         for mid in message_ids:
-            self._in_process.discard(mid)
-            self._acknowledge_one(mid)
+            for delivery in self._in_process.pop(mid, ()):
+                self._acknowledge_one(delivery)
 
     # --- timers -------------------------------------------------------------------------
 
@@ -480,7 +497,6 @@ class StateMachineManager:
             del self._parked_since[session_id]
             for message in self._parked.pop(session_id, []):
                 self._parked_total -= 1
-                self._parked_ids.discard(message.message_id)
                 self._dead_letter(
                     message,
                     f"session {session_id} did not open within {PARKED_TIMEOUT_SECONDS:.0f} s",

@@ -36,13 +36,15 @@ class OutboxRow:
 
 @attrs.frozen
 class InboundMessage:
-    """A message the transport delivered; acknowledge it by ``message_id`` once done with."""
+    """A message the transport delivered; each delivery is acknowledged once done with."""
 
     message_id: str
     sender: str
     data: bytes
     rejection: str | None = None
     """Set when the node refused the message before routing (a bad signature, say)."""
+    delivery: object = attrs.field(default=None, eq=False, repr=False)
+    """The transport's handle for this one delivery (what acknowledging settles)."""
 
 
 class StoreTransaction(Protocol):

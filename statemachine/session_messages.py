@@ -15,6 +15,7 @@ Ids are deterministic, so a replayed or re-sent message carries the id it had th
 
 from __future__ import annotations
 
+import hashlib
 from typing import Union
 
 import attrs
@@ -24,9 +25,39 @@ from statemachine.flow_error import FlowError
 RESPONDER_SUFFIX = ".r"
 
 
-def initiator_session_id(flow_id: str, index: int) -> str:
-    """The id of the ``index``-th session opened by flow ``flow_id``."""
-    return f"{flow_id}.s{index}"
+TAG_LENGTH = 16
+"""Hex characters of an identity tag (64 bits: no node can grind a name to match another's)."""
+
+
+def identity_tag(name: str) -> str:
+    """The tag that binds a node's session ids to its name (a prefix of its SHA-256)."""
+    return hashlib.sha256(name.encode()).hexdigest()[:TAG_LENGTH]
+
+
+def initiator_session_id(flow_id: str, index: int, tag: str = "") -> str:
+    """The id of the ``index``-th session opened by flow ``flow_id``.
+
+    With the initiating node's ``tag`` (:func:`identity_tag`) in front: a receiver only opens
+    a session whose id carries its sender's tag, so no node can open (and so squat on) a
+    session id another node will use.
+    """
+    return f"{tag}-{flow_id}.s{index}" if tag else f"{flow_id}.s{index}"
+
+
+def is_bound_to(session_id: str, sender: str) -> bool:
+    """True if the initiator session id ``session_id`` carries ``sender``'s identity tag."""
+    return session_id.startswith(identity_tag(sender) + "-")
+
+
+def flow_id_of_session(session_id: str) -> str:
+    """The id of the flow that opened ``session_id`` (either end's id), tag stripped."""
+    if is_responder_session_id(session_id):
+        session_id = session_id[: -len(RESPONDER_SUFFIX)]
+    flow_part = session_id.rsplit(".s", 1)[0]
+    head, dash, rest = flow_part.partition("-")
+    if dash and len(head) == TAG_LENGTH and all(c in "0123456789abcdef" for c in head):
+        return rest
+    return flow_part
 
 
 def responder_session_id(initiator_session: str) -> str:

@@ -104,7 +104,7 @@ def _queue_outbound(
 def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState, Outcome]:
     """Create a new session with ``request.counterparty``; nothing is sent yet."""
     index = state.checkpoint.next_session_index
-    session_id = initiator_session_id(state.flow_id, index)
+    session_id = initiator_session_id(state.flow_id, index, state.checkpoint.session_tag)
     session = SessionState(
         session_id=session_id,
         peer_session_id=responder_session_id(session_id),

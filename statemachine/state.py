@@ -171,6 +171,8 @@ class Checkpoint:
     error: FlowError | None = None
     progress_step: str | None = None
     """The step the flow last reported (``FlowLogic.progress``), for operators."""
+    session_tag: str = ""
+    """This node's identity tag, put in front of the ids of sessions the flow opens."""
 
     @property
     def flow_class(self) -> str:

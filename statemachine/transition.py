@@ -208,6 +208,7 @@ def _start_flow(_: None, event: StartFlow) -> TransitionResult:
         origin=event.origin,
         status=FlowStatus.UNSTARTED,
         created_at=event.at,
+        session_tag=event.session_tag,
     )
     actions: tuple[Action, ...] = (PersistCheckpoint(checkpoint, event.at),)
     state = FlowState(checkpoint=attrs.evolve(checkpoint, status=FlowStatus.RUNNABLE))
@@ -228,6 +229,7 @@ def _start_initiated_flow(_: None, event: StartInitiatedFlow) -> TransitionResul
         status=FlowStatus.RUNNABLE,
         created_at=event.at,
         sessions=(session,),
+        session_tag=event.session_tag,
     )
     record = InboundRecord(event.message_id, event.sender, session.session_id, 0)
     state = FlowState(checkpoint=checkpoint, unrecorded_inbound=(record,), uncommitted_steps=1)

@@ -136,8 +136,8 @@ class TransportConformance:
         for m in sent:
             sender.send(m, receiver_name)
         wait_until(harness, lambda: len(set(inbox.ids())) == 5, "5 messages")
-        for m in sent:
-            receiver.acknowledge(m.message_id)
+        for delivered in list(inbox.messages):
+            receiver.acknowledge(delivered)
         receiver.stop()
         again, again_inbox = consumer(harness, receiver_name)
         marker = message(sender_name, 99)
@@ -147,6 +147,34 @@ class TransportConformance:
         assert again_inbox.ids() == [marker.message_id]
         again.stop()
         sender.stop()
+
+    def test_acknowledging_one_copy_leaves_another_with_the_same_id(
+        self, harness: TransportHarness
+    ) -> None:
+        # A hostile copy carrying a genuine message's id, dead-lettered and acknowledged by the
+        # node, must not take the genuine copy with it: acknowledgement is per delivery.
+        sender_name, forger_name, receiver_name = address("A"), address("F"), address("B")
+        sender, forger = harness.endpoint(sender_name), harness.endpoint(forger_name)
+        sender.start()
+        forger.start()
+        receiver, inbox = consumer(harness, receiver_name)
+        genuine = message(sender_name, 1)
+        forged = Message(genuine.message_id, TOPIC, forger_name, b"forged")
+        forger.send(forged, receiver_name)
+        sender.send(genuine, receiver_name)
+        wait_until(harness, lambda: len(inbox.ids()) == 2, "both copies")
+        (bad,) = [m for m in inbox.messages if m.sender == forger_name]
+        receiver.acknowledge(bad)
+        settle(harness)  # let a transport that buffers acknowledgements write this one
+        harness.crash(receiver)  # the genuine copy was never acknowledged: it comes back
+        again, again_inbox = consumer(harness, receiver_name)
+        wait_until(harness, lambda: len(again_inbox.ids()) >= 1, "the genuine copy")
+        settle(harness)
+        assert [(m.sender, m.data) for m in again_inbox.messages] == [(sender_name, genuine.data)]
+        for delivered in list(again_inbox.messages):
+            again.acknowledge(delivered)
+        for service in (again, sender, forger):
+            service.stop()
 
     def test_unacknowledged_messages_are_redelivered_after_the_consumer_dies(
         self, harness: TransportHarness
@@ -163,8 +191,8 @@ class TransportConformance:
         again, again_inbox = consumer(harness, receiver_name)
         wait_until(harness, lambda: len(set(again_inbox.ids())) == 5, "the 5 redelivered")
         assert set(again_inbox.ids()) == {m.message_id for m in sent}
-        for m in sent:
-            again.acknowledge(m.message_id)
+        for delivered in list(again_inbox.messages):
+            again.acknowledge(delivered)
         again.stop()
         sender.stop()
 
@@ -249,7 +277,7 @@ class TransportConformance:
         assert inbox.ids() == [good.message_id]
         reasons = harness.dead_letter_reasons(receiver_name)
         assert all("undecodable frame" in reason for reason in reasons), reasons
-        receiver.acknowledge(good.message_id)
+        receiver.acknowledge(inbox.messages[0])
         receiver.stop()
         # Dead letters are not delivered again, and the queue keeps working.
         again, again_inbox = consumer(harness, receiver_name)

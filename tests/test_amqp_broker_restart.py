@@ -59,7 +59,7 @@ class AckingInbox:
     def __call__(self, message: Message) -> None:
         with self._lock:
             self.deliveries.append(message.message_id)
-        self._service.acknowledge(message.message_id)
+        self._service.acknowledge(message)
 
     def ids(self) -> set[str]:
         with self._lock:

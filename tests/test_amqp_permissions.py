@@ -108,7 +108,7 @@ def test_restricted_nodes_still_exchange_messages_and_dead_letter(nodes: dict[st
 
     def on_message(message: Message) -> None:
         received.append(message)
-        receiver.acknowledge(message.message_id)
+        receiver.acknowledge(message)
         arrived.set()
 
     receiver.add_handler(TOPIC, on_message)

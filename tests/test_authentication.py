@@ -15,7 +15,12 @@ from messaging.frame import encode_frame
 from messaging.service import SESSION_TOPIC, Message
 from persistence import schema
 from samples.pingpong import PingFlow
-from statemachine.session_messages import InitialSessionMessage, message_id
+from statemachine.session_messages import (
+    InitialSessionMessage,
+    identity_tag,
+    initiator_session_id,
+    message_id,
+)
 from tests.helpers import assert_drained
 
 ALICE, BOB, CAROL = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH"
@@ -137,3 +142,25 @@ def test_a_key_file_that_is_not_a_key_is_refused(tmp_path: Path) -> None:
     os.chmod(path, 0o600)
     with pytest.raises(KeyFileError, match="not a PEM private key"):
         load_or_create_identity(path, ALICE)
+
+
+def test_a_peer_cannot_open_a_session_under_another_nodes_session_id(
+    network: MockNetwork,
+) -> None:
+    # Carol is a genuine member, but in a three-party flow she could learn the id of the
+    # session Alice will open with Bob: opening it first must not squat on it.
+    alice, bob, carol = network.nodes
+    handle = alice.start_flow(PingFlow(bob.party))
+    alices_session = initiator_session_id(handle.flow_id, 0, identity_tag(ALICE))
+    squat = carol.identity.sign(
+        Message(message_id(alices_session, 0), SESSION_TOPIC, CAROL, initial_ping(alices_session)),
+        BOB,
+    )
+    network.messaging.inject_raw(BOB, encode_frame(squat))  # queued before Alice's
+    network.run_network()
+    assert handle.result() == "Pong"
+    (reason,) = dead_letter_reasons(bob)
+    assert f"is not {CAROL}'s" in reason and identity_tag(CAROL) in reason
+    assert bob.node.manager.statistics.flows_started == 1
+    assert_drained(network)
+    network.stop_nodes()

@@ -1,8 +1,9 @@
-"""A second copy of a message that is still being taken in is dropped, never acknowledged.
+"""A second copy of a message that is still being taken in is held, not settled at once.
 
 Transports redeliver a message whose first copy is not yet acknowledged (the SQL queue when
-a lease expires, RabbitMQ after a reconnect). Acknowledging that copy would remove the only
-durable one before the first copy's transaction commits; a crash then would lose it.
+a lease expires, RabbitMQ after a reconnect). Settling that copy at once could leave no
+durable copy before the first copy's transaction commits; a crash then would lose it. The
+copy is settled with the first one, after the commit.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ ALICE = "O=Alice,L=London,C=GB"
 BOB = "O=Bob,L=New York,C=US"
 
 
-def test_a_redelivered_copy_of_a_held_message_is_not_acknowledged(net: MockNetwork) -> None:
+def test_a_redelivered_copy_of_a_held_message_is_not_settled_before_the_commit(
+    net: MockNetwork,
+) -> None:
     alice, bob = net.create_node(ALICE), net.create_node(BOB)
     handle = alice.start_flow(PingFlow(bob.party))
     while alice.flow_status(handle.flow_id) is not FlowStatus.SUSPENDED:

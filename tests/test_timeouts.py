@@ -9,6 +9,7 @@ import pytest
 from flows import FlowTimeoutException
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
+from statemachine.session_messages import identity_tag, initiator_session_id
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import PatientFlow
@@ -29,7 +30,8 @@ def test_a_receive_times_out_and_the_flow_can_handle_it(tmp_path: Path, backend:
     handle = alice.start_flow(PatientFlow(bob.party, 30.0, True))
     started = net.clock.now()
     net.run_network()
-    assert handle.result() == (f"gave up: no message on {handle.flow_id}.s0 within 30 s")
+    session = initiator_session_id(handle.flow_id, 0, identity_tag(ALICE))
+    assert handle.result() == f"gave up: no message on {session} within 30 s"
     assert net.clock.now() - started == pytest.approx(30.0)
     net.stop_nodes()
 
@@ -72,7 +74,8 @@ def test_a_timeout_replays_as_a_timeout(tmp_path: Path) -> None:
     assert status == "SUSPENDED"
     alice.restart()  # replay answers the receive with the journaled timeout, at once
     net.run_network()
-    assert handle.result() == f"gave up: no message on {handle.flow_id}.s0 within 10 s"
+    session = initiator_session_id(handle.flow_id, 0, identity_tag(ALICE))
+    assert handle.result() == f"gave up: no message on {session} within 10 s"
     assert net.clock.now() - started == pytest.approx(15.0)
     net.stop_nodes()
 
