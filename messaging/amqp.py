@@ -17,11 +17,18 @@ written the message to disk. Publishing has its own connection, used under a loc
 connection is not thread-safe).
 
 Consuming runs on a thread with its own connection (``basic_qos(prefetch)``, manual acks).
-``acknowledge`` may be called from any thread: it queues the message's delivery tags and asks
-the consumer thread, through ``add_callback_threadsafe``, to ack them. Delivery tags belong to
-one connection: an acknowledgement of a delivery made on a connection that has since died is
-dropped, because the broker delivers that message again (and the node drops the duplicate by
-its id).
+``acknowledge`` may be called from any thread: it queues the delivery's tag (its ``receipt``:
+connection generation and delivery tag) and asks the consumer thread, through
+``add_callback_threadsafe``, to ack it. Delivery tags belong to one connection: an
+acknowledgement of a delivery made on a connection that has since died is dropped, because
+the broker delivers that message again (and the node drops the duplicate by its id).
+
+The prefetch window (2,000 by default) bounds what the node holds unacknowledged. A node
+holds a delivery until the transaction that takes it in commits (milliseconds), plus: messages
+for sessions not open yet (at most ``statemachine.manager.MAX_PARKED``, 1,000), messages for
+flows an operator paused (held until resumed), and messages for flows whose checkpoint failed
+its integrity check (held until retried or killed). Pausing very many busy flows for a long
+time can fill the window and stop deliveries to the whole node: resume or kill them.
 
 When the broker goes away (a restart, a network failure), the consumer reconnects with capped
 exponential backoff and the broker redelivers whatever was not acknowledged; a send reconnects

@@ -75,7 +75,11 @@ _RESPONDER_NAMESPACE = uuid.UUID("6f1d3c1e-8a43-4e0f-9a57-1f6b2a7d0c11")
 MAX_REORDER_WINDOW = 1024
 """A message further ahead of its session's next expected sequence number is refused."""
 MAX_PARKED_PER_SESSION = 64
-MAX_PARKED = 10_000
+"""Messages held for one session that has not opened yet."""
+MAX_PARKED = 1_000
+"""Messages held in all for sessions not open yet. Held messages are unacknowledged: on AMQP
+each takes a slot of the consumer's prefetch window (``messaging.amqp.DEFAULT_PREFETCH``,
+2,000), so this stays well below it and parked messages can never starve the node."""
 PARKED_TIMEOUT_SECONDS = 600.0
 """Messages for a session that has not opened after this long are dead-lettered."""
 """Bounds on messages held while waiting for their session's initial message."""
