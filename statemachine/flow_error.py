@@ -34,8 +34,8 @@ def _bounded_message(message: str) -> str:
 
     Cutting a cut message changes nothing.
     """
-    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
-        return message
+    if not isinstance(message, str) or len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message  # (a wrong type is left for the decoder's type checks to refuse)
     kept = MAX_ERROR_MESSAGE_CHARS - 64  # room for the note below
     return f"{message[:kept]}... ({len(message) - kept} more characters cut)"
 
