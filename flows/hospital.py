@@ -7,19 +7,25 @@ the hospital is everything else, diagnosed by the first rule that matches:
 ``transient``
     The database is locked, busy or disconnected, or the transport is unavailable
     (``OperationalError``, ``InterfaceError``, an invalidated connection,
-    ``TransportError``, ``ConnectionError``, ``TimeoutError``). Nothing of the failed round
-    was committed: the node drops its memory and resumes every flow from its last checkpoint,
-    after a capped, jittered backoff (0.1 s doubling to 30 s, 50-100 % of it).
+    ``TransportError``, ``ConnectionError``, ``TimeoutError``), also when one flow's side
+    effect hit it. Nothing of the failed round was committed: the node drops its memory and
+    resumes every flow from its last checkpoint, after a capped, jittered backoff (0.1 s
+    doubling to 30 s, 50-100 % of it). A failure of one flow's step is counted against it.
 ``repeated_failure``
-    One flow's step failed ``MAX_FLOW_FAILURES`` times in a row (its side effect raises,
-    say): the flow is kept for observation (HOSPITALIZED, the reason recorded, the
-    counterparties not told) until an operator retries or kills it; the others go on.
-``flow_step_failure``
-    One flow's step failed, fewer times than that: resume from the last checkpoint after the
-    backoff, like a transient error, counting the failure against the flow.
+    The same flow's step failed ``MAX_FLOW_FAILURES`` times in a row (its counter starts
+    again once it commits a later step): the flow is kept for observation (HOSPITALIZED, the
+    reason recorded, the counterparties not told) until an operator retries or kills it; the
+    others go on.
+``flow_error``
+    Anything else that one flow caused (its ``in_transaction`` effect raised a
+    non-transient error, a ``ValueError`` say): that flow fails with the error, which
+    propagates as any error in flow code does (its counterparties get
+    ``UnexpectedFlowEndException``, its handle raises ``FlowEffectError``); the others
+    resume.
 ``unknown``
-    Anything else (a bug): resume from the last checkpoint after the backoff, logged as an
-    error with its traceback.
+    Anything else, that no flow can be blamed for (a bug outside flow code): resume from the
+    last checkpoint after the backoff, logged as an error with its traceback. With no flow
+    to fail, this is the one case the node can only retry.
 
 Kept for observation without going through these rules (they are found when a flow is
 loaded or replayed): ``non_determinism`` (replay found the flow asking for something else,
@@ -51,6 +57,7 @@ class Treatment(enum.Enum):
 
     RESUME = "resume from the last checkpoint after a backoff"
     KEEP = "keep the flow for observation"
+    FAIL = "fail the flow with the error"
 
 
 @attrs.frozen
@@ -84,19 +91,23 @@ class Hospital:
     def diagnose(self, error: BaseException) -> Diagnosis:
         """The first rule that matches ``error`` (see the module docstring)."""
         self.consecutive += 1
+        flow_id = error.flow_id if isinstance(error, FlowEffectError) else None
         if is_transient(error) or (error.__cause__ is not None and is_transient(error.__cause__)):
-            return Diagnosis("transient", Treatment.RESUME, None, f"{type(error).__name__}")
-        if isinstance(error, FlowEffectError) and error.flow_id is not None:
-            failures = self._failures.get(error.flow_id, 0) + 1
-            self._failures[error.flow_id] = failures
+            if flow_id is None:
+                return Diagnosis("transient", Treatment.RESUME, None, f"{type(error).__name__}")
+            failures = self._failures.get(flow_id, 0) + 1
+            self._failures[flow_id] = failures
             if failures >= MAX_FLOW_FAILURES:
                 return Diagnosis(
                     "repeated_failure",
                     Treatment.KEEP,
-                    error.flow_id,
+                    flow_id,
                     f"failed {failures} times in a row: {error}",
                 )
-            return Diagnosis("flow_step_failure", Treatment.RESUME, error.flow_id, str(error))
+            return Diagnosis("transient", Treatment.RESUME, flow_id, str(error))
+        if flow_id is not None:
+            self._failures.pop(flow_id, None)
+            return Diagnosis("flow_error", Treatment.FAIL, flow_id, str(error))
         return Diagnosis("unknown", Treatment.RESUME, None, f"{type(error).__name__}: {error}")
 
     def recovered(self) -> None:

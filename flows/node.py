@@ -474,6 +474,16 @@ class Node:
         self.manager.kill_flow(flow_id, reason)
         self.wakeup.set()
 
+    def fail_flow(self, flow_id: str, error: FlowError) -> None:
+        """End a flow with ``error`` (the flow hospital's ``flow_error`` rule).
+
+        Like :meth:`kill_flow`, but the flow's handle raises the exception ``error``
+        describes, and its counterparties see what an error in flow code would show them.
+        """
+        self._check_running()
+        self.manager.kill_flow(flow_id, error.message, error)
+        self.wakeup.set()
+
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
         """The handle of a flow started earlier (also after a restart)."""
         self.flow_status(flow_id)  # raises KeyError for an unknown id

@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 
 from flows.cordapps import CordappError, Cordapps
+from flows.effects import FlowEffectError
 from flows.hospital import Hospital, Treatment
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
@@ -46,7 +47,13 @@ from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
 from messaging.codec import configure_wire_limits, wire_limits_problem
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
-from persistence.serialization import DEFAULT_LIMITS, PAYLOADS, SerializationLimits
+from persistence.serialization import (
+    DEFAULT_LIMITS,
+    PAYLOADS,
+    SerializationLimits,
+    qualified_name,
+)
+from statemachine.flow_error import ErrorKind, FlowError
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -239,6 +246,7 @@ class NodeProcess:
         self.recoveries = 0
         """Rounds that failed and were resumed from the last checkpoints."""
         self._kept: dict[str, str] = {}
+        self._to_fail: dict[str, str] = {}  # flow id -> why (the flow_error rule)
         self._failure_marks: dict[str, int] = {}  # flow id -> journal length when it failed
         self._next_poll = 0.0
         self._identity_cache: NodeIdentity | None = None
@@ -306,6 +314,11 @@ class NodeProcess:
             for flow_id, reason in list(self._kept.items()):
                 node.keep_in_hospital(flow_id, reason)
                 del self._kept[flow_id]  # its row says HOSPITALIZED now: later starts keep it
+            for flow_id, reason in list(self._to_fail.items()):
+                if node.manager.flow_state(flow_id) is not None:
+                    error = FlowError(ErrorKind.INTERNAL, qualified_name(FlowEffectError), reason)
+                    node.fail_flow(flow_id, error)
+                del self._to_fail[flow_id]  # (lost in a crash: the error is diagnosed again)
         except BaseException:
             with contextlib.suppress(Exception):  # what started must not leak
                 node.stop()
@@ -335,6 +348,8 @@ class NodeProcess:
         if diagnosis.treatment is Treatment.KEEP and diagnosis.flow_id is not None:
             self._kept[diagnosis.flow_id] = diagnosis.reason
             self.hospital.forget(diagnosis.flow_id)
+        if diagnosis.treatment is Treatment.FAIL and diagnosis.flow_id is not None:
+            self._to_fail[diagnosis.flow_id] = diagnosis.reason
         with contextlib.suppress(Exception):  # the database may be the thing that is down
             if self.node is not None:
                 self.node.stop()

@@ -84,6 +84,8 @@ class KillFlow:
 
     reason: str
     at: float
+    error: FlowError | None = None
+    """The error the flow ends with (default: ``FlowKilledException`` with ``reason``)."""
 
 
 @attrs.frozen

@@ -739,13 +739,16 @@ class StateMachineManager:
             self._ready.remove(flow_id)
         self.statistics.flows_hospitalized += 1
 
-    def kill_flow(self, flow_id: str, reason: str) -> None:
-        """End a live flow wherever it is (the next round does it); KeyError if not live."""
+    def kill_flow(self, flow_id: str, reason: str, error: FlowError | None = None) -> None:
+        """End a live flow wherever it is (the next round does it); KeyError if not live.
+
+        It ends with ``error``, or by default ``FlowKilledException`` with ``reason``.
+        """
         if flow_id not in self._flows:
             raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
         self._paused.discard(flow_id)  # a kill runs even if the flow was paused
         self._paused_ready.discard(flow_id)
-        self._queue_event(flow_id, KillFlow(reason, self._clock.now()))
+        self._queue_event(flow_id, KillFlow(reason, self._clock.now(), error))
 
     def flow_state(self, flow_id: str) -> FlowState | None:
         """The in-memory state of a live (or hospitalized) flow."""

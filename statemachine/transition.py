@@ -461,7 +461,7 @@ def _fail(state: FlowState, event: FlowFailed) -> TransitionResult:
 
 def _kill(state: FlowState, event: KillFlow) -> TransitionResult:
     """End the flow as failed with ``FlowKilledException``; peers see an unexpected end."""
-    error = FlowError(ErrorKind.INTERNAL, FLOW_KILLED_EXCEPTION, event.reason)
+    error = event.error or FlowError(ErrorKind.INTERNAL, FLOW_KILLED_EXCEPTION, event.reason)
     return _fail(state, FlowFailed(error, event.at))
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
+from sqlalchemy.exc import OperationalError
 
 from flows import (
     FOREVER,
@@ -329,14 +330,37 @@ class PayeeFlow(FlowLogic[int]):
 
 @initiating_flow
 class FailingEffectFlow(FlowLogic[str]):
-    """Asks for an effect that raises."""
+    """Tells ``peer`` (if any) it is going on, then asks for an effect that always raises:
+    a bug (``RuntimeError``), or with ``transient`` a locked database."""
+
+    def __init__(self, peer: Party | None = None, transient: bool = False) -> None:
+        self.peer = peer
+        self.transient = transient
 
     def call(self) -> str:
-        def broken(_: Any) -> None:
-            raise RuntimeError("the effect is broken")
-
-        self.in_transaction(broken, "broken")
+        if self.peer is not None:
+            self.initiate_flow(self.peer).send("going on")
+            self.sleep(0.01)  # a checkpoint: the message is sent before the failing step
+        self.in_transaction(functools.partial(_broken, self.transient), "broken")
         return "unreachable"
+
+
+def _broken(transient: bool, _: Any) -> None:
+    if transient:
+        raise OperationalError("INSERT INTO ledger", {}, Exception("database is locked"))
+    raise RuntimeError("the effect is broken")
+
+
+@initiated_by(FailingEffectFlow)
+class WaitingResponder(FlowLogic[str]):
+    """Waits for a second message that never comes (it learns how its initiator ended)."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        self.session.receive(str)
+        return self.session.receive(str, timeout=FOREVER).unwrap(str)
 
 
 @initiating_flow
@@ -358,8 +382,8 @@ class FlakyEffectsFlow(FlowLogic[str]):
 def _fail_first_tries(key: str, failures: int, _: Any) -> None:
     tries = int(str(BEHAVIOUR.get(key, 0))) + 1
     BEHAVIOUR[key] = tries
-    if tries <= failures:
-        raise RuntimeError(f"{key} failed (try {tries})")
+    if tries <= failures:  # a transient error: the flow is not to blame
+        raise OperationalError(f"{key} (try {tries})", {}, Exception("database is locked"))
 
 
 # --- receive timeouts ----------------------------------------------------------------------
@@ -377,6 +401,7 @@ class PatientFlow(FlowLogic[str]):
 
     def call(self) -> str:
         session = self.initiate_flow(self.peer)
+        self.progress("Waiting for an answer")
         try:
             return session.send_and_receive(str, "hello", timeout=self.timeout).unwrap(str)
         except FlowTimeoutException as error:

@@ -40,14 +40,27 @@ def test_transient_errors_are_resumed(error: BaseException) -> None:
     assert (diagnosis.rule, diagnosis.treatment) == ("transient", Treatment.RESUME)
 
 
+def _locked_effect(flow_id: str) -> FlowEffectError:
+    error = FlowEffectError("side effect 'x' raised OperationalError", flow_id)
+    error.__cause__ = locked()
+    return error
+
+
 def test_a_flow_that_keeps_failing_is_kept_after_the_limit() -> None:
     hospital = Hospital(seed=1)
-    rules = [hospital.diagnose(FlowEffectError("boom", "f1")) for _ in range(MAX_FLOW_FAILURES)]
-    assert [d.rule for d in rules] == ["flow_step_failure"] * (MAX_FLOW_FAILURES - 1) + [
-        "repeated_failure"
-    ]
+    rules = [hospital.diagnose(_locked_effect("f1")) for _ in range(MAX_FLOW_FAILURES)]
+    assert [d.rule for d in rules] == ["transient"] * (MAX_FLOW_FAILURES - 1) + ["repeated_failure"]
     assert rules[-1].treatment is Treatment.KEEP and rules[-1].flow_id == "f1"
     assert "failed 3 times in a row" in rules[-1].reason
+
+
+def test_any_other_error_a_flow_caused_fails_that_flow() -> None:
+    diagnosis = Hospital().diagnose(FlowEffectError("side effect 'x' raised ValueError", "f1"))
+    assert (diagnosis.rule, diagnosis.treatment, diagnosis.flow_id) == (
+        "flow_error",
+        Treatment.FAIL,
+        "f1",
+    )
 
 
 def test_anything_else_is_an_unknown_error_that_is_resumed() -> None:
@@ -94,17 +107,65 @@ def test_a_transient_database_error_resumes_from_the_checkpoints(
         client.close()
 
 
+def test_a_flow_whose_effect_has_a_bug_fails_and_its_counterparty_is_told(
+    tmp_path: Path,
+) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    client = NodeClient(alice.database_url)
+    bobs = NodeClient(bob.database_url)
+    try:
+        with running([alice, bob]) as processes:
+            (broken,) = client.start_flows([FailingEffectFlow(Party(bob.name))])
+            pings = client.start_flows([PingFlow(Party(bob.name)) for _ in range(3)])
+            outcomes = client.wait([broken, *pings], timeout=60)
+            assert [decode_outcome(outcomes[f]) for f in pings] == ["Pong"] * 3
+            with pytest.raises(FlowEffectError, match="RuntimeError: the effect is broken"):
+                decode_outcome(outcomes[broken])
+            assert processes[0].recoveries == 1  # diagnosed once: no retries of a bug
+            _wait_for(lambda: _responder_error(bobs) is not None)
+            assert _responder_error(bobs) == "flows.errors.UnexpectedFlowEndException"
+    finally:
+        client.close()
+        bobs.close()
+
+
+def _responder_error(client: NodeClient) -> str | None:
+    from sqlalchemy import select
+
+    from persistence import schema
+
+    table = schema.node_flow_exceptions
+    with client.database.engine.connect() as connection:
+        found = connection.execute(
+            select(table.c.exception_class).where(table.c.flow_class.like("%WaitingResponder"))
+        ).first()
+    return None if found is None else str(found.exception_class)
+
+
+def _wait_for(condition: Any) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_path: Path) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
     client = NodeClient(alice.database_url)
     try:
         with running([alice, bob]) as processes:
-            (broken,) = client.start_flows([FailingEffectFlow()])
+            (broken,) = client.start_flows([FailingEffectFlow(Party(bob.name), transient=True)])
             pings = client.start_flows([PingFlow(Party(bob.name)) for _ in range(3)])
             outcomes = client.wait(pings, timeout=60)
             assert [decode_outcome(outcomes[f]) for f in pings] == ["Pong"] * 3
             kept = _wait_for_status(alice, broken, "HOSPITALIZED")
             assert "failed 3 times in a row" in kept["error"]
+            # The counterparty is not told: its responder still waits.
+            waiting = [f for f in list_flows(bob) if f["class"] == "WaitingResponder"]
+            assert [f["status"] for f in waiting] == ["SUSPENDED"]
+            assert _responder_error(NodeClient(bob.database_url)) is None
             assert processes[0].recoveries == MAX_FLOW_FAILURES
             # Its row says HOSPITALIZED now; the process does not re-apply the diagnosis at
             # later recoveries (which would undo an operator's retry).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from flows import FOREVER, FlowKilledException
 from flows.client import NodeClient, decode_outcome
 from flows.node import NodeDrainingError
-from flows.operator import dump_checkpoint, list_flows, request_operation
+from flows.operator import dump_checkpoint, list_flows, print_flow_list, request_operation
 from flows.party import Party
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
@@ -65,6 +66,20 @@ def test_a_hospitalized_flow_is_retried_after_the_fix(tmp_path: Path) -> None:
     net.stop_nodes()
 
 
+def test_a_draining_node_lets_its_flows_finish_and_counts_them(tmp_path: Path) -> None:
+    net = mock(tmp_path)
+    alice, bob = net.nodes
+    pings = [alice.start_flow(PingFlow(bob.party)) for _ in range(3)]
+    alice.run_once()  # the pings are sent and wait for their pongs
+    assert alice.node.set_draining(True) == 3  # three flows left
+    net.run_network()
+    assert [ping.result() for ping in pings] == ["Pong"] * 3  # they finished while draining
+    assert alice.node.set_draining(True) == 0
+    with pytest.raises(NodeDrainingError):
+        alice.start_flow(PingFlow(bob.party))
+    net.stop_nodes()
+
+
 def test_a_draining_node_refuses_new_flows_and_sessions(tmp_path: Path) -> None:
     net = mock(tmp_path)
     alice, bob = net.nodes
@@ -86,7 +101,9 @@ def test_a_draining_node_refuses_new_flows_and_sessions(tmp_path: Path) -> None:
     net.stop_nodes()
 
 
-def test_operator_commands_reach_a_running_node(tmp_path: Path) -> None:
+def test_operator_commands_reach_a_running_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
     client = NodeClient(alice.database_url)
     try:
@@ -100,9 +117,19 @@ def test_operator_commands_reach_a_running_node(tmp_path: Path) -> None:
             (listed,) = list_flows(alice)
             assert listed["flow_id"] == flow_id and listed["class"] == "PatientFlow"
             assert listed["waiting_on"] == "receive from Bob " + bob.name.split()[1].split(",")[0]
+            assert listed["step"] == "Waiting for an answer"  # the progress tracker's step
+            assert re.fullmatch(r"\d+s", listed["age"]), listed["age"]
+            capsys.readouterr()
+            assert print_flow_list(alice) == 0
+            table = capsys.readouterr().out
+            assert "PROGRESS STEP" in table and "AGE" in table
+            assert f"{flow_id}  PatientFlow  SUSPENDED" in table
+            assert "Waiting for an answer" in table and "1 flow(s) with a checkpoint" in table
             dumped = dump_checkpoint(alice, flow_id)
             assert dumped["integrity"] == "MAC ok" and dumped["status"] == "SUSPENDED"
-            assert [step["request"][0] for step in dumped["journal"]] == ["InitiateSession", "Send"]
+            requests = [step["request"][0] for step in dumped["journal"]]
+            assert requests == ["InitiateSession", "SetProgress", "Send"]
+            assert dumped["progress_step"] == "Waiting for an answer"
             json.dumps(dumped)
             assert request_operation(alice, "pause", flow_id, 30) == 0
             assert list_flows(alice)[0]["status"] == "PAUSED"
