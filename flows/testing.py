@@ -150,6 +150,19 @@ class MockNode:
             self.restart()
             return True
 
+    def run_round(self) -> bool:
+        """Run one round on what the node was already handed (nothing more is delivered).
+
+        With :meth:`InMemoryNetwork.deliver_one` a test decides message by message what the
+        node sees. A crash restarts the node, as in :meth:`run_once`.
+        """
+        try:
+            return self.node.run_once()
+        except SimulatedCrash:
+            self.crashes += 1
+            self.restart()
+            return True
+
     def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
         """Start ``flow`` on this node; it runs when the network runs.
 

@@ -160,20 +160,63 @@ class InMemoryNetwork:
             if len(queue.ready) > 1 and self.random.random() < self.faults.reorder:
                 index = self.random.randrange(len(queue.ready))
                 self.statistics.reordered += 1
-            raw = queue.ready[index]
-            del queue.ready[index]
-            try:
-                message = decode_frame(raw)
-            except MalformedFrameError as error:
-                self.dead_letters.append(DeadLetter(address, raw, str(error)))
-                self.statistics.dead_lettered += 1
-                continue
-            self._receipts += 1
-            queue.in_flight[self._receipts] = raw
-            self.statistics.delivered += 1
-            delivered += 1
-            endpoint._dispatch(attrs.evolve(message, receipt=self._receipts))
+            if self._hand_over(address, endpoint, index):
+                delivered += 1
         return delivered
+
+    # --- choices made by a test (the deterministic simulation) -----------------------------
+
+    def deliver_one(self, address: str, choice: int) -> bool:
+        """Deliver the ready message ``choice`` (modulo how many are ready) to ``address``.
+
+        With a choice other than 0 this reorders. False if nothing was ready (or the node is
+        down).
+        """
+        queue = self._queues[address]
+        endpoint = self._endpoints.get(address)
+        if endpoint is None or not endpoint.running or not queue.ready:
+            return False
+        index = choice % len(queue.ready)
+        if index:
+            self.statistics.reordered += 1
+        return self._hand_over(address, endpoint, index)
+
+    def duplicate_one(self, address: str, choice: int) -> bool:
+        """Queue a second copy of the ready message ``choice`` (modulo the count)."""
+        queue = self._queues[address]
+        if not queue.ready:
+            return False
+        queue.ready.append(queue.ready[choice % len(queue.ready)])
+        self.statistics.duplicated += 1
+        return True
+
+    def delay_one(self, address: str, choice: int, steps: int) -> bool:
+        """Hold the ready message ``choice`` (modulo the count) back for ``steps`` steps."""
+        queue = self._queues[address]
+        if not queue.ready:
+            return False
+        index = choice % len(queue.ready)
+        raw = queue.ready[index]
+        del queue.ready[index]
+        queue.delayed.append((self._step + max(1, steps), raw))
+        self.statistics.delayed += 1
+        return True
+
+    def _hand_over(self, address: str, endpoint: InMemoryMessaging, index: int) -> bool:
+        queue = self._queues[address]
+        raw = queue.ready[index]
+        del queue.ready[index]
+        try:
+            message = decode_frame(raw)
+        except MalformedFrameError as error:
+            self.dead_letters.append(DeadLetter(address, raw, str(error)))
+            self.statistics.dead_lettered += 1
+            return False
+        self._receipts += 1
+        queue.in_flight[self._receipts] = raw
+        self.statistics.delivered += 1
+        endpoint._dispatch(attrs.evolve(message, receipt=self._receipts))
+        return True
 
     def flush_delayed(self) -> bool:
         """Make every held-back message deliverable now; True if there were any."""

@@ -3,9 +3,11 @@
 A :class:`Schedule` says which flows start (pings, payments with ledger side effects, trades
 with a third-party approver, quote collections with ``receive_all``, durable sleeps), on
 which nodes, and what happens between the starts: which node runs a round, when the whole
-network runs one, where a node crashes (an armed crash point, or a plain restart), when the
-clock moves and when delayed messages are released. The network itself injects seeded
-faults (drops before hand-off, duplicates, delays, reordering).
+network runs one, which message is delivered next, duplicated or delayed (message by
+message: picking another than the first reorders), where a node crashes (an armed crash
+point, or a plain restart), when the clock moves and when delayed messages are released
+(see ``STEP_KINDS``). On top of that the network can inject seeded faults (drops before
+hand-off, duplicates, delays, reordering) at the rates the schedule sets.
 
 :func:`run_schedule` plays a schedule on a fresh :class:`~flows.testing.MockNetwork` of three
 SQLite nodes, lets the network drain, and checks the invariants:
@@ -58,18 +60,38 @@ KINDS = ("ping", "payment", "trade", "quotes", "sleep")
 CRASH_POINTS = (
     "before_transaction",
     "after_PersistCheckpoint",
+    "after_RemoveCheckpoint",
     "after_RecordInboundMessages",
     "after_WriteOutbox",
     "after_RunFlowEffects",
     "after_StoreFlowResult",
+    "after_StoreFlowError",
     "after_commit",
     "after_AcknowledgeMessages",
     "after_HandOffMessages",
     "after_hand_off",
     "after_outbox_delete",
     "flow_suspended",
+    "during_replay",
 )
-STEP_KINDS = ("node", "network", "restart", "arm", "advance", "release")
+STEP_KINDS = (
+    "node",
+    "network",
+    "restart",
+    "arm",
+    "advance",
+    "release",
+    "deliver",
+    "duplicate",
+    "delay",
+)
+"""What a step does: ``node`` delivers everything queued for a node and runs a round on it;
+``network`` does that on every node; ``deliver`` hands one chosen message (``arg`` picks
+which of those ready: any but the first reorders) to a node and runs a round on it;
+``duplicate`` queues a second copy of a chosen message; ``delay`` holds a chosen message back
+for a few steps; ``restart`` crashes a node and restarts it; ``arm`` arms a crash point
+(``arg``: point and occurrence); ``advance`` moves the clock; ``release`` frees every
+delayed message."""
 
 
 @attrs.frozen
@@ -158,7 +180,7 @@ def schedule_from_seed(seed: int) -> Schedule:
         amount = rng.choice((1, 50, 4_000, 2_000_000))
         flows.append(_flow_spec(kind, node, others, amount))
     steps = [Step("start", arg=i) for i in range(len(flows))]
-    for _ in range(rng.randint(0, 40)):
+    for _ in range(rng.randint(0, 60)):
         kind = rng.choice(STEP_KINDS)
         steps.append(_step(kind, rng.randrange(3), rng.randrange(len(CRASH_POINTS)), rng))
     starts = steps[: len(flows)]
@@ -187,6 +209,8 @@ def _step(kind: str, node: int, point: int, rng: random.Random) -> Step:
         return Step("arm", node, point * 100 + rng.randint(1, 4))
     if kind == "advance":
         return Step("advance", 0, rng.choice((1, 5, 30)))
+    if kind in ("deliver", "duplicate", "delay"):
+        return Step(kind, node, rng.randrange(8))
     return Step(kind, node, 0)
 
 
@@ -209,7 +233,7 @@ def schedules(draw: st.DrawFn) -> Schedule:
                 node=st.integers(0, 2),
                 arg=st.integers(0, len(CRASH_POINTS) * 100 - 1),
             ),
-            max_size=30,
+            max_size=60,
         )
     )
     positions = sorted(
@@ -316,6 +340,13 @@ def _play(net: MockNetwork, schedule: Schedule) -> RunReport:
             net.clock.advance(max(step.arg, 1))
         elif step.kind == "release":
             net.messaging.flush_delayed()
+        elif step.kind == "deliver":
+            net.messaging.deliver_one(mock.name, step.arg)
+            mock.run_round()
+        elif step.kind == "duplicate":
+            net.messaging.duplicate_one(mock.name, step.arg)
+        elif step.kind == "delay":
+            net.messaging.delay_one(mock.name, step.arg, 1 + step.arg % 5)
         report.rounds += 1
     for mock in net.nodes:
         mock.disarm()

@@ -38,8 +38,8 @@ def initial_ping(session: str) -> bytes:
 
 
 @pytest.fixture
-def network(tmp_path: Path) -> MockNetwork:
-    net = MockNetwork(cordapps=["samples.pingpong"], directory=tmp_path)
+def network(tmp_path: Path, backend: str) -> MockNetwork:
+    net = MockNetwork(cordapps=["samples.pingpong"], directory=tmp_path, database=backend)
     for name in (ALICE, BOB, CAROL):
         net.create_node(name)
     return net

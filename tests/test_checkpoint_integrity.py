@@ -17,9 +17,11 @@ from statemachine.state import FlowStatus
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
 
-def suspended_pings(tmp_path: Path, count: int) -> tuple[MockNetwork, MockNode, list[str]]:
+def suspended_pings(
+    tmp_path: Path, count: int, backend: str = "sqlite"
+) -> tuple[MockNetwork, MockNode, list[str]]:
     """Alice's pings, checkpointed while they wait for Bob's pongs (Bob never runs)."""
-    net = MockNetwork(cordapps=["samples.pingpong"], directory=tmp_path)
+    net = MockNetwork(cordapps=["samples.pingpong"], directory=tmp_path, database=backend)
     alice = net.create_node(ALICE)
     bob = net.create_node(BOB)
     ids = [alice.start_flow(PingFlow(bob.party)).flow_id for _ in range(count)]
@@ -43,8 +45,8 @@ def write_blob(node: MockNode, flow_id: str, blob: bytes, mac: bytes) -> None:
         )
 
 
-def test_every_blob_has_a_mac_and_an_untouched_one_restores(tmp_path: Path) -> None:
-    net, alice, ids = suspended_pings(tmp_path, 1)
+def test_every_blob_has_a_mac_and_an_untouched_one_restores(tmp_path: Path, backend: str) -> None:
+    net, alice, ids = suspended_pings(tmp_path, 1, backend)
     ((_, mac),) = blobs(alice).values()
     assert len(mac) == 32
     alice.restart()
@@ -53,8 +55,10 @@ def test_every_blob_has_a_mac_and_an_untouched_one_restores(tmp_path: Path) -> N
     net.stop_nodes()
 
 
-def test_a_changed_blob_sends_its_flow_to_the_hospital_and_is_kept(tmp_path: Path) -> None:
-    net, alice, (victim, other) = suspended_pings(tmp_path, 2)
+def test_a_changed_blob_sends_its_flow_to_the_hospital_and_is_kept(
+    tmp_path: Path, backend: str
+) -> None:
+    net, alice, (victim, other) = suspended_pings(tmp_path, 2, backend)
     blob, mac = blobs(alice)[victim]
     tampered = blob.replace(b"Ping", b"Pong")
     assert tampered != blob
@@ -70,8 +74,8 @@ def test_a_changed_blob_sends_its_flow_to_the_hospital_and_is_kept(tmp_path: Pat
     net.stop_nodes()
 
 
-def test_blobs_swapped_between_flows_are_caught(tmp_path: Path) -> None:
-    net, alice, (first, second) = suspended_pings(tmp_path, 2)
+def test_blobs_swapped_between_flows_are_caught(tmp_path: Path, backend: str) -> None:
+    net, alice, (first, second) = suspended_pings(tmp_path, 2, backend)
     stored = blobs(alice)
     write_blob(alice, first, *stored[second])
     alice.restart()
@@ -80,8 +84,10 @@ def test_blobs_swapped_between_flows_are_caught(tmp_path: Path) -> None:
     net.stop_nodes()
 
 
-def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(tmp_path: Path) -> None:
-    net, alice, (victim,) = suspended_pings(tmp_path, 1)
+def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(
+    tmp_path: Path, backend: str
+) -> None:
+    net, alice, (victim,) = suspended_pings(tmp_path, 1, backend)
     garbage = b"\x93\x01\x02"
     key = alice.identity.mac_key()
     mac = hmac.new(key, victim.encode() + b"\0" + garbage, "sha256").digest()
@@ -92,8 +98,10 @@ def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(tmp_path: Path
     net.stop_nodes()
 
 
-def test_an_untrusted_flow_is_not_retried_until_its_blob_is_restored(tmp_path: Path) -> None:
-    net, alice, (victim,) = suspended_pings(tmp_path, 1)
+def test_an_untrusted_flow_is_not_retried_until_its_blob_is_restored(
+    tmp_path: Path, backend: str
+) -> None:
+    net, alice, (victim,) = suspended_pings(tmp_path, 1, backend)
     good = blobs(alice)[victim]
     blob, mac = good
     write_blob(alice, victim, blob.replace(b"Ping", b"Pong"), mac)
@@ -111,9 +119,9 @@ def test_an_untrusted_flow_is_not_retried_until_its_blob_is_restored(tmp_path: P
 
 
 def test_messages_held_for_an_untrusted_flow_are_settled_when_it_is_killed(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
-    net, alice, (victim,) = suspended_pings(tmp_path, 1)
+    net, alice, (victim,) = suspended_pings(tmp_path, 1, backend)
     blob, mac = blobs(alice)[victim]
     write_blob(alice, victim, blob.replace(b"Ping", b"Pong"), mac)
     alice.restart()

@@ -56,8 +56,8 @@ def test_a_suspended_flow_is_killed_and_its_counterparty_ends(tmp_path: Path, ba
     net.stop_nodes()
 
 
-def test_a_hospitalized_flow_can_be_killed(tmp_path: Path) -> None:
-    net = network(tmp_path)
+def test_a_hospitalized_flow_can_be_killed(tmp_path: Path, backend: str) -> None:
+    net = network(tmp_path, backend)
     alice = net.nodes[0]
     handle = alice.start_flow(ShapeShifterFlow())
     net.run_network(advance_clock=False)
@@ -96,8 +96,8 @@ def test_a_flow_killed_before_its_next_step_runs_does_not_take_it(
     net.stop_nodes()
 
 
-def test_a_flow_killed_while_an_answer_is_queued_ends_cleanly(tmp_path: Path) -> None:
-    net = network(tmp_path)
+def test_a_flow_killed_while_an_answer_is_queued_ends_cleanly(tmp_path: Path, backend: str) -> None:
+    net = network(tmp_path, backend)
     alice, bob = net.nodes
     handle = alice.start_flow(PingFlow(bob.party))
     while not bob.node.manager.statistics.flows_completed:

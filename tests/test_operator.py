@@ -23,15 +23,15 @@ from tests.test_runtime import running, two_nodes
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
 
-def mock(tmp_path: Path) -> MockNetwork:
-    net = MockNetwork(cordapps=CORDAPPS, directory=tmp_path)
+def mock(tmp_path: Path, backend: str = "sqlite") -> MockNetwork:
+    net = MockNetwork(cordapps=CORDAPPS, directory=tmp_path, database=backend)
     net.create_node(ALICE)
     net.create_node(BOB)
     return net
 
 
-def test_a_paused_flow_waits_across_a_restart_until_resumed(tmp_path: Path) -> None:
-    net = mock(tmp_path)
+def test_a_paused_flow_waits_across_a_restart_until_resumed(tmp_path: Path, backend: str) -> None:
+    net = mock(tmp_path, backend)
     alice, bob = net.nodes
     handle = alice.start_flow(PingFlow(bob.party))
     alice.run_once()  # suspended, waiting for the pong
@@ -47,8 +47,8 @@ def test_a_paused_flow_waits_across_a_restart_until_resumed(tmp_path: Path) -> N
     net.stop_nodes()
 
 
-def test_a_hospitalized_flow_is_retried_after_the_fix(tmp_path: Path) -> None:
-    net = mock(tmp_path)
+def test_a_hospitalized_flow_is_retried_after_the_fix(tmp_path: Path, backend: str) -> None:
+    net = mock(tmp_path, backend)
     alice = net.nodes[0]
     handle = alice.start_flow(ShapeShifterFlow())
     net.run_network(advance_clock=False)
@@ -66,8 +66,10 @@ def test_a_hospitalized_flow_is_retried_after_the_fix(tmp_path: Path) -> None:
     net.stop_nodes()
 
 
-def test_a_draining_node_lets_its_flows_finish_and_counts_them(tmp_path: Path) -> None:
-    net = mock(tmp_path)
+def test_a_draining_node_lets_its_flows_finish_and_counts_them(
+    tmp_path: Path, backend: str
+) -> None:
+    net = mock(tmp_path, backend)
     alice, bob = net.nodes
     pings = [alice.start_flow(PingFlow(bob.party)) for _ in range(3)]
     alice.run_once()  # the pings are sent and wait for their pongs
@@ -80,8 +82,8 @@ def test_a_draining_node_lets_its_flows_finish_and_counts_them(tmp_path: Path) -
     net.stop_nodes()
 
 
-def test_a_draining_node_refuses_new_flows_and_sessions(tmp_path: Path) -> None:
-    net = mock(tmp_path)
+def test_a_draining_node_refuses_new_flows_and_sessions(tmp_path: Path, backend: str) -> None:
+    net = mock(tmp_path, backend)
     alice, bob = net.nodes
     assert bob.node.set_draining(True) == 0
     with pytest.raises(NodeDrainingError):

@@ -36,8 +36,10 @@ def test_a_receive_times_out_and_the_flow_can_handle_it(tmp_path: Path, backend:
     net.stop_nodes()
 
 
-def test_an_unhandled_timeout_fails_the_flow_with_flow_timeout_exception(tmp_path: Path) -> None:
-    net = network(tmp_path)
+def test_an_unhandled_timeout_fails_the_flow_with_flow_timeout_exception(
+    tmp_path: Path, backend: str
+) -> None:
+    net = network(tmp_path, backend)
     alice, bob = net.nodes
     handle = alice.start_flow(PatientFlow(bob.party, 5.0, False))
     net.run_network()
@@ -62,8 +64,8 @@ def test_the_deadline_survives_a_restart(tmp_path: Path, backend: str) -> None:
     net.stop_nodes()
 
 
-def test_a_timeout_replays_as_a_timeout(tmp_path: Path) -> None:
-    net = network(tmp_path)
+def test_a_timeout_replays_as_a_timeout(tmp_path: Path, backend: str) -> None:
+    net = network(tmp_path, backend)
     alice, bob = net.nodes
     started = net.clock.now()
     handle = alice.start_flow(PatientFlow(bob.party, 10.0, True, linger=5.0))
@@ -80,8 +82,8 @@ def test_a_timeout_replays_as_a_timeout(tmp_path: Path) -> None:
     net.stop_nodes()
 
 
-def test_the_node_default_applies_when_the_flow_gives_none(tmp_path: Path) -> None:
-    net = network(tmp_path, receive_timeout=7.0)
+def test_the_node_default_applies_when_the_flow_gives_none(tmp_path: Path, backend: str) -> None:
+    net = network(tmp_path, backend, receive_timeout=7.0)
     alice, bob = net.nodes
     started = net.clock.now()
     handle = alice.start_flow(PatientFlow(bob.party, None, True))
@@ -91,8 +93,8 @@ def test_the_node_default_applies_when_the_flow_gives_none(tmp_path: Path) -> No
     net.stop_nodes()
 
 
-def test_forever_means_no_deadline(tmp_path: Path) -> None:
-    net = network(tmp_path, receive_timeout=None)
+def test_forever_means_no_deadline(tmp_path: Path, backend: str) -> None:
+    net = network(tmp_path, backend, receive_timeout=None)
     alice, bob = net.nodes
     handle = alice.start_flow(PatientFlow(bob.party, None, True))
     net.run_network()  # would jump to any deadline; there is none

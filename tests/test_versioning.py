@@ -17,8 +17,8 @@ from tests.cordapp import VersionedFlow
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
 
-def test_the_responder_sees_the_initiators_version_and_app(tmp_path: Path) -> None:
-    with MockNetwork(cordapps=CORDAPPS, directory=tmp_path) as net:
+def test_the_responder_sees_the_initiators_version_and_app(tmp_path: Path, backend: str) -> None:
+    with MockNetwork(cordapps=CORDAPPS, directory=tmp_path, database=backend) as net:
         alice, bob = net.create_node(ALICE), net.create_node(BOB)
         handle = alice.start_flow(VersionedFlow(bob.party))
         net.run_network()
