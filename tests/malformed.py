@@ -136,7 +136,8 @@ def _live_session(net: MockNetwork) -> str | None:
 
 
 def survives(injections: list[Injection], pings: int = 3) -> dict[str, Any]:
-    """Run ping/pong with ``injections`` arriving at Bob; check the node kept serving."""
+    """Run ping/pong with ``injections`` arriving at Bob; check the node kept serving, during
+    the injections and after them."""
     with MockNetwork(cordapps=["samples.pingpong"], database="memory") as net:
         alice = net.create_node(ALICE)
         bob = net.create_node(BOB)
@@ -159,9 +160,14 @@ def survives(injections: list[Injection], pings: int = 3) -> dict[str, Any]:
             sender.send_batch([(message, BOB)])
         net.run_network()
         assert [h.result() for h in handles] == ["Pong"] * pings
+        # ... and afterwards: Bob still serves a new ping once all the garbage went through.
+        after = alice.start_flow(PingFlow(bob.party))
+        net.run_network()
+        assert after.result() == "Pong"
         assert network.in_flight(BOB) == 0 and network.pending(BOB) == 0, "an input loops"
         assert_drained(net)
-        assert bob.node.database.count("node_flow_results") == pings, "garbage started a flow"
+        served = pings + 1
+        assert bob.node.database.count("node_flow_results") == served, "garbage started a flow"
         stats = bob.node.manager.statistics
         return {
             "transport_dead_letters": len(network.dead_letters),
