@@ -526,10 +526,12 @@ def test_postgresql_nodes_are_read_from_one_snapshot(spark: Any, tmp_path: Path)
                 live = {r["flow_id"] for r in snapshot.checkpoints.collect()}
                 assert lingering in live
                 assert session_consistency(snapshot, settings).verdict.status == "ok"
-            with load_nodes(spark, sources) as snapshot:
-                result = session_consistency(snapshot, settings)
-                orphans = [(r["node"], r["counterparty"]) for r in result.frame.collect()]
-                assert orphans == [(BOB, ALICE)]
+            for path in ("jdbc", "arrow"):  # Arrow: read inside the holding transaction
+                with load_nodes(spark, sources, path=path) as snapshot:
+                    assert [n.path for n in snapshot.nodes] == [path, path]
+                    result = session_consistency(snapshot, settings)
+                    orphans = [(r["node"], r["counterparty"]) for r in result.frame.collect()]
+                    assert orphans == [(BOB, ALICE)], path
         finally:
             engine.dispose()
 

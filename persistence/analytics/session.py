@@ -31,11 +31,8 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
 """
-"""Spark's log: errors only. The ``repl.Main`` logger is set so that Spark does not print
-"Setting default log level to WARN" for a PySpark driver."""
+"""Spark's log: errors only (Spark still prints its one-line log-level notice at start)."""
 
 
 def java_problem() -> str | None:

@@ -1,0 +1,471 @@
+"""The analytics checks on 1 and 10 million synthetic checkpoint rows: Spark against plain SQL.
+
+Generates two node databases (Alice and Bob, SQLite, the real schema made by
+``NodeDatabase``) holding ``rows`` checkpoint rows between them: every pair is an Alice
+flow and the Bob responder it opened a session with (Bob's flow id is the UUID5 the node
+would give it), most waiting on a receive, some sleeping, runnable or in the hospital, with
+the dedup ids of the messages they consumed, a few outbox rows and finished flows; a few
+anomalies (a deleted responder, a message consumed twice, a lost dedup id, an old outbox
+row) so every check has something to find. Then it runs every check on Spark (through JDBC,
+or the Arrow path with ``--read arrow``) and the same checks as plain SQL on SQLite (the
+two files attached to one connection), in the same run, and prints the wall time and the
+input rows per second of each check, and what each found (they must agree).
+
+Run: ``python benchmarks/analytics.py [--rows 1000000 10000000] [--master local[*]]``.
+Needs ``pip install -e '.[spark]'``, Java 17+, and for JDBC the Debian driver jars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from persistence.analytics import (
+    CheckSettings,
+    analyze,
+    find_jdbc_jars,
+    parse_node_argument,
+    spark_session,
+    stop_spark,
+)
+from persistence.analytics.checks import CHECKS
+from persistence.analytics.loading import ReadPath
+from persistence.store import NodeDatabase
+from statemachine.manager import _RESPONDER_NAMESPACE
+
+ALICE = "O=Alice,L=London,C=GB"
+BOB = "O=Bob,L=Paris,C=FR"
+START_MS = 1_800_000_000_000
+SPAN_MS = 86_400_000
+AS_OF_MS = START_MS + SPAN_MS + 3_600_000
+SETTINGS = CheckSettings(as_of_ms=AS_OF_MS)
+INITIATORS = ["app.Payment", "app.Settlement", "app.Onboarding", "app.Audit", "app.Report"]
+ANOMALY_EVERY = 100_000
+CHUNK = 100_000
+
+
+def _flow_rows(
+    pairs: int, seed: int
+) -> Iterator[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, list[Any]]]]:
+    """Chunks of (Alice rows, Bob rows, dedup/outbox rows) for ``pairs`` conversations."""
+    rng = random.Random(seed)
+    step = (1 << 128) // max(1, pairs)
+    for start in range(0, pairs, CHUNK):
+        alice_rows, bob_rows = [], []
+        extra: dict[str, list[Any]] = {"alice_ids": [], "bob_ids": [], "outbox": [], "gone": []}
+        for i in range(start, min(pairs, start + CHUNK)):
+            flow = f"{i * step + rng.randrange(step):032x}"
+            session = f"{flow}.s0"
+            responder = uuid.uuid5(_RESPONDER_NAMESPACE, f"{ALICE}|{session}").hex
+            at = START_MS + i * SPAN_MS // pairs
+            flow_class = INITIATORS[i % len(INITIATORS)]
+            journal = min(400, int(rng.expovariate(1 / 12)) + 2)
+            size = 400 + journal * 90 + rng.randrange(200)
+            roll = rng.random()
+            if roll < 0.80:
+                status, on = "SUSPENDED", "Receive"
+                waiting = json.dumps([{"session": session, "counterparty": BOB}])
+            elif roll < 0.90:
+                status, on = "SUSPENDED", "Sleep"
+                waiting = json.dumps({"until": AS_OF_MS + 3_600_000})
+            elif roll < 0.97:
+                status, on, waiting = "RUNNABLE", None, None
+            else:
+                status, on, waiting = "HOSPITALIZED", None, None
+            error = "failed 3 times in a row: TimeoutError" if status == "HOSPITALIZED" else None
+            alice_rows.append(
+                (flow, flow_class, status, None, on, waiting, journal, size, error, at, at)
+            )
+            back = json.dumps([{"session": f"{session}.r", "counterparty": ALICE}])
+            bob_at = at + 5
+            if i % ANOMALY_EVERY == 1:
+                extra["gone"].append(responder)  # a deleted responder: an orphan
+            else:
+                bob_rows.append(
+                    (
+                        responder,
+                        flow_class + "Responder",
+                        "SUSPENDED",
+                        None,
+                        "Receive",
+                        back,
+                        1,
+                        380 + rng.randrange(100),
+                        None,
+                        bob_at,
+                        bob_at,
+                    )
+                )
+            extra["bob_ids"].append((f"N-{session}-0", ALICE, f"{session}.r", 0, bob_at))
+            extra["alice_ids"].append((f"N-{session}.r-0", BOB, session, 0, bob_at + 3))
+            if i % ANOMALY_EVERY == 2:  # consumed twice, under a second id
+                extra["bob_ids"].append((uuid.uuid4().hex, ALICE, f"{session}.r", 0, bob_at))
+            if i % ANOMALY_EVERY == 3:  # message 1 lost, 2 recorded: a gap
+                extra["alice_ids"].append((f"N-{session}.r-2", BOB, session, 2, bob_at + 9))
+            if i % 200 == 7:
+                created = AS_OF_MS - 60_000 if i % ANOMALY_EVERY != 7 else AS_OF_MS - 3_600_000
+                extra["outbox"].append((f"N-{session}-1", BOB, b"x" * 64, created))
+        yield alice_rows, bob_rows, extra
+
+
+def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
+    """Two node databases with ``rows`` checkpoint rows between them (see the docstring)."""
+    paths = {ALICE: directory / "alice.db", BOB: directory / "bob.db"}
+    for path in paths.values():
+        NodeDatabase(f"sqlite:///{path}", synchronous="OFF").close()
+    connections = {name: sqlite3.connect(path) for name, path in paths.items()}
+    for connection in connections.values():
+        connection.execute("PRAGMA journal_mode=OFF")
+        connection.execute("PRAGMA synchronous=OFF")
+    alice, bob = connections[ALICE], connections[BOB]
+    insert_cp = "INSERT INTO node_checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    insert_id = "INSERT INTO node_message_ids VALUES (?,?,?,?,?)"
+    rng = random.Random(seed + 1)
+    for alice_rows, bob_rows, extra in _flow_rows(rows // 2, seed):
+        alice.executemany(insert_cp, alice_rows)
+        bob.executemany(insert_cp, bob_rows)
+        alice.executemany(insert_id, extra["alice_ids"])
+        bob.executemany(insert_id, extra["bob_ids"])
+        alice.executemany("INSERT INTO node_outbox VALUES (?,?,?,?)", extra["outbox"])
+        for name, connection in connections.items():
+            finished = len(alice_rows) // 10
+            results = [
+                (uuid.UUID(int=rng.getrandbits(128)).hex, "app.Payment", b"ok", START_MS + k)
+                for k in range(finished)
+            ]
+            connection.executemany("INSERT INTO node_flow_results VALUES (?,?,?,?)", results)
+            failed = [
+                (
+                    uuid.UUID(int=rng.getrandbits(128)).hex,
+                    "app.Settlement",
+                    "flow_exception",
+                    "flows.errors.FlowException",
+                    f"refused by {name}",
+                    START_MS + k,
+                )
+                for k in range(finished // 10)
+            ]
+            connection.executemany("INSERT INTO node_flow_exceptions VALUES (?,?,?,?,?,?)", failed)
+        for connection in connections.values():
+            connection.commit()
+    for connection in connections.values():
+        connection.close()
+    return paths
+
+
+# --- the same checks in plain SQL on SQLite -------------------------------------------------
+
+SESSION_FLOW = "substr({s}, 1, instr({s}, '.s') - 1)"
+OUTBOX_SESSION = "substr(rtrim({m}, '0123456789'), 3, length(rtrim({m}, '0123456789')) - 3)"
+PEER = "CASE WHEN {s} LIKE '%.r' THEN substr({s}, 1, length({s}) - 2) ELSE {s} || '.r' END"
+COUNTERPART = (
+    "CASE WHEN {s} LIKE '%.r' THEN " + SESSION_FLOW + " ELSE responder_flow_id({n}, {s}) END"
+)
+
+KNOWN = """
+CREATE TEMP TABLE known AS
+SELECT node, flow_id, status FROM cp
+UNION ALL SELECT node, flow_id, 'COMPLETED' FROM res
+UNION ALL SELECT node, flow_id, 'FAILED' FROM exc;
+CREATE INDEX known_key ON known(node, flow_id);
+"""
+
+WAITS = """
+SELECT cp.node, cp.flow_id, cp.flow_class, cp.status, cp.updated_at,
+       json_extract(j.value, '$.session') AS session_id,
+       json_extract(j.value, '$.counterparty') AS counterparty
+FROM cp, json_each(cp.waiting_for) j WHERE cp.suspended_on = 'Receive'
+"""
+
+
+def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int]]:
+    """Each check as SQL; each function returns the number of result rows (its findings)."""
+    p = {
+        "as_of": AS_OF_MS,
+        "stuck": AS_OF_MS - SETTINGS.stuck_after_ms,
+        "outbox": AS_OF_MS - SETTINGS.outbox_after_ms,
+        "grace": AS_OF_MS - SETTINGS.grace_ms,
+    }
+    nodes = "(" + ", ".join(f"'{name}'" for name in names) + ")"
+
+    def rows(connection: sqlite3.Connection, script: str, query: str) -> int:
+        connection.executescript("DROP TABLE IF EXISTS temp.known;" + script)
+        return len(connection.execute(query, p).fetchall())
+
+    def flow_counts(c: sqlite3.Connection) -> int:
+        return rows(
+            c,
+            "",
+            """SELECT node, flow_class, status, count(*) FROM (
+                 SELECT node, flow_class, status FROM cp
+                 UNION ALL SELECT node, flow_class, 'COMPLETED' FROM res
+                 UNION ALL SELECT node, flow_class, 'FAILED' FROM exc)
+               GROUP BY 1, 2, 3""",
+        )
+
+    def flows_over_time(c: sqlite3.Connection) -> int:
+        return rows(
+            c,
+            "",
+            """SELECT at / 3600000 * 3600000 AS bucket, status, count(*) FROM (
+                 SELECT updated_at AS at, status FROM cp
+                 UNION ALL SELECT completed_at, 'COMPLETED' FROM res
+                 UNION ALL SELECT failed_at, 'FAILED' FROM exc)
+               GROUP BY 1, 2""",
+        )
+
+    def stuck_flows(c: sqlite3.Connection) -> int:
+        counterpart = COUNTERPART.format(s="w.session_id", n="w.node")
+        return rows(
+            c,
+            KNOWN,
+            f"""SELECT w.*, k.status FROM ({WAITS}) w
+                LEFT JOIN known k ON k.node = w.counterparty AND k.flow_id = {counterpart}
+                WHERE w.status != 'HOSPITALIZED' AND w.updated_at <= :stuck
+                UNION ALL
+                SELECT node, flow_id, flow_class, status, updated_at, NULL, NULL, NULL FROM cp
+                WHERE status != 'HOSPITALIZED' AND (
+                  (suspended_on = 'Sleep' AND json_extract(waiting_for, '$.until') <= :stuck)
+                  OR (status IN ('UNSTARTED', 'RUNNABLE') AND updated_at <= :stuck))""",
+        )
+
+    def session_consistency(c: sqlite3.Connection) -> int:
+        session = OUTBOX_SESSION.format(m="message_id")
+        counterpart = COUNTERPART.format(s="e.session_id", n="e.node")
+        own = SESSION_FLOW.format(s="e.session_id")
+        return rows(
+            c,
+            KNOWN,
+            f"""WITH ends AS (
+                  SELECT node, session_id, counterparty, min(at) AS since FROM (
+                    SELECT node, session_id, counterparty, updated_at AS at FROM ({WAITS})
+                    UNION ALL SELECT node, session_id, sender, inserted_at FROM ids
+                    UNION ALL SELECT node, {session}, target, created_at FROM outb)
+                  GROUP BY 1, 2, 3)
+                SELECT e.* FROM ends e
+                WHERE e.counterparty IN {nodes}
+                  AND NOT EXISTS (SELECT 1 FROM known k
+                                  WHERE k.node = e.counterparty AND k.flow_id = {counterpart})
+                  AND NOT (e.session_id NOT LIKE '%.r'
+                           AND EXISTS (SELECT 1 FROM ids i WHERE i.node = e.counterparty
+                                       AND i.message_id = 'N-' || e.session_id || '-0')
+                           AND NOT EXISTS (SELECT 1 FROM cp WHERE cp.node = e.node
+                                           AND cp.flow_id = {own}))
+                  AND NOT (e.session_id NOT LIKE '%.r'
+                           AND EXISTS (SELECT 1 FROM outb o WHERE o.node = e.node
+                                       AND o.message_id = 'N-' || e.session_id || '-0'))
+                  AND e.since <= :grace""",
+        )
+
+    def exactly_once_audit(c: sqlite3.Connection) -> int:
+        peer = PEER.format(s="session_id")
+        return rows(
+            c,
+            "",
+            f"""SELECT node, session_id, sequence FROM ids GROUP BY 1, 2, 3 HAVING count(*) > 1
+                UNION ALL
+                SELECT node, message_id, NULL FROM ids GROUP BY node, message_id
+                HAVING count(DISTINCT session_id || '#' || sequence) > 1
+                UNION ALL
+                SELECT node, message_id, sequence FROM ids
+                WHERE message_id != 'N-' || {peer} || '-' || sequence
+                UNION ALL
+                SELECT * FROM (
+                  WITH RECURSIVE gaps AS (
+                    SELECT node, session_id, sender, max(sequence) AS top,
+                           max(inserted_at) AS at FROM ids
+                    GROUP BY 1, 2, 3 HAVING max(sequence) + 1 > count(DISTINCT sequence)
+                  ), numbers(node, session_id, sender, n, top) AS (
+                    SELECT node, session_id, sender, 0, top FROM gaps WHERE at <= :grace
+                    UNION ALL SELECT node, session_id, sender, n + 1, top FROM numbers
+                    WHERE n < top)
+                  SELECT n.node, n.session_id, n.n FROM numbers n
+                  WHERE NOT EXISTS (SELECT 1 FROM ids i WHERE i.node = n.node
+                                    AND i.session_id = n.session_id AND i.sequence = n.n))
+                UNION ALL
+                SELECT node, message_id, NULL FROM outb WHERE created_at <= :outbox""",
+        )
+
+    def checkpoint_costs(c: sqlite3.Connection) -> int:
+        found = rows(
+            c,
+            "",
+            """WITH ranked AS (
+                 SELECT flow_class, checkpoint_bytes AS b, journal_length AS j,
+                        row_number() OVER (PARTITION BY flow_class ORDER BY checkpoint_bytes)
+                          AS rb,
+                        row_number() OVER (PARTITION BY flow_class ORDER BY journal_length)
+                          AS rj,
+                        count(*) OVER (PARTITION BY flow_class) AS n FROM cp)
+               SELECT flow_class, count(*), sum(b), avg(b), max(b), avg(j), max(j),
+                      max(CASE WHEN rb = (n + 1) / 2 THEN b END),
+                      max(CASE WHEN rb = (n * 9 + 9) / 10 THEN b END),
+                      max(CASE WHEN rb = (n * 99 + 99) / 100 THEN b END),
+                      max(CASE WHEN rj = (n * 9 + 9) / 10 THEN j END)
+               FROM ranked GROUP BY flow_class""",
+        )
+        c.execute("SELECT * FROM cp ORDER BY checkpoint_bytes DESC LIMIT 10").fetchall()
+        c.execute("SELECT * FROM cp ORDER BY journal_length DESC LIMIT 10").fetchall()
+        c.execute(
+            "SELECT CAST(log2(max(checkpoint_bytes, 1)) AS INTEGER) AS e, count(*) FROM cp "
+            "GROUP BY e"
+        ).fetchall()
+        return found
+
+    def failed_flows(c: sqlite3.Connection) -> int:
+        return rows(
+            c,
+            "",
+            """SELECT node, flow_class, outcome, exception_class, count(*), max(at), min(message)
+               FROM (SELECT node, flow_class, 'HOSPITALIZED' AS outcome,
+                            NULL AS exception_class, error_message AS message,
+                            updated_at AS at FROM cp WHERE status = 'HOSPITALIZED'
+                     UNION ALL SELECT node, flow_class, error_kind, exception_class, message,
+                            failed_at FROM exc)
+               GROUP BY 1, 2, 3, 4""",
+        )
+
+    return {
+        "flow_counts": flow_counts,
+        "flows_over_time": flows_over_time,
+        "stuck_flows": stuck_flows,
+        "session_consistency": session_consistency,
+        "exactly_once_audit": exactly_once_audit,
+        "checkpoint_costs": checkpoint_costs,
+        "failed_flows": failed_flows,
+    }
+
+
+def sqlite_connection(paths: dict[str, Path]) -> sqlite3.Connection:
+    """One connection with every node database attached and union views over them."""
+    connection = sqlite3.connect(":memory:")
+    connection.create_function(
+        "responder_flow_id",
+        2,
+        lambda node, session: uuid.uuid5(_RESPONDER_NAMESPACE, f"{node}|{session}").hex,
+        deterministic=True,
+    )
+    views: dict[str, list[str]] = {"cp": [], "res": [], "exc": [], "ids": [], "outb": []}
+    tables = {
+        "cp": "node_checkpoints",
+        "res": "node_flow_results",
+        "exc": "node_flow_exceptions",
+        "ids": "node_message_ids",
+        "outb": "node_outbox",
+    }
+    for index, (name, path) in enumerate(paths.items()):
+        connection.execute(f"ATTACH DATABASE ? AS n{index}", (str(path),))
+        for view, table in tables.items():
+            views[view].append(f"SELECT '{name}' AS node, * FROM n{index}.{table}")
+    for view, selects in views.items():
+        connection.execute(f"CREATE TEMP VIEW {view} AS " + " UNION ALL ".join(selects))
+    return connection
+
+
+def input_rows(paths: dict[str, Path]) -> int:
+    """Rows of the five tables the checks read, in every database."""
+    total = 0
+    for path in paths.values():
+        with sqlite3.connect(path) as connection:
+            for table in (
+                "node_checkpoints",
+                "node_flow_results",
+                "node_flow_exceptions",
+                "node_message_ids",
+                "node_outbox",
+            ):
+                total += connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        connection.close()
+    return total
+
+
+def run(rows: int, master: str, read: str, directory: Path, memory: str) -> None:
+    """Generate, run both ways, print one table."""
+    began = time.perf_counter()
+    paths = generate(directory, rows)
+    generated = time.perf_counter() - began
+    total = input_rows(paths)
+    size = sum(path.stat().st_size for path in paths.values()) / 2**20
+    print(
+        f"\n== {rows:,} checkpoint rows ({total:,} rows in the five tables, {size:,.0f} MiB), "
+        f"generated in {generated:.1f} s"
+    )
+    spark = spark_session(
+        master,
+        jars=find_jdbc_jars().paths(),
+        conf={"spark.driver.memory": memory, "spark.sql.shuffle.partitions": "8"},
+    )
+    try:
+        sources = [parse_node_argument(f"{name}=sqlite:///{path}") for name, path in paths.items()]
+        report = analyze(sources, SETTINGS, spark=spark, read=cast(ReadPath, read))
+    finally:
+        stop_spark(spark)
+    print(f"Spark {report.spark['version']} on {report.spark['master']}, read: ", end="")
+    print("; ".join(f"{n['name'].split(',')[0]} {n['detail']}" for n in report.nodes))
+    connection = sqlite_connection(paths)
+    sql_times: dict[str, float] = {}
+    sql_found: dict[str, int] = {}
+    for name, sql_check in sql_checks(list(paths)).items():
+        started = time.perf_counter()
+        sql_found[name] = sql_check(connection)
+        sql_times[name] = time.perf_counter() - started
+    connection.close()
+    header = f"{'check':<22}{'Spark s':>9}{'rows/s':>13}{'SQLite s':>10}{'rows/s':>13}"
+    print(header + f"{'found (Spark / SQL)':>22}")
+    load = report.load_seconds
+    print(f"{'load (snapshot+read)':<22}{load:>9.1f}{total / load:>13,.0f}")
+    spark_total = report.load_seconds
+    for name, _ in CHECKS:
+        check = report.check(name)
+        spark_total += check.seconds
+        found = f"{check.table.total} / {sql_found[name]}"
+        print(
+            f"{name:<22}{check.seconds:>9.1f}{total / check.seconds:>13,.0f}"
+            f"{sql_times[name]:>10.1f}{total / sql_times[name]:>13,.0f}{found:>22}"
+        )
+    sql_total = sum(sql_times.values())
+    print(
+        f"{'all (wall)':<22}{spark_total:>9.1f}{total / spark_total:>13,.0f}"
+        f"{sql_total:>10.1f}{total / sql_total:>13,.0f}"
+    )
+    differ = [name for name, _ in CHECKS if report.check(name).table.total != sql_found[name]]
+    if differ:
+        print(f"Spark and SQL DISAGREE on {', '.join(differ)}")
+    else:
+        print("Spark and SQL found the same number of rows in every check")
+
+
+def main() -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--read", choices=["auto", "jdbc", "arrow"], default="auto")
+    parser.add_argument("--driver-memory", default="10g", help="Spark driver memory (10g)")
+    parser.add_argument("--directory", type=Path, help="keep the databases here")
+    args = parser.parse_args()
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # each line as it comes, also in a log
+    for rows in args.rows:
+        if args.directory is not None:
+            target = args.directory / f"rows-{rows}"
+            target.mkdir(parents=True, exist_ok=True)
+            run(rows, args.master, args.read, target, args.driver_memory)
+            continue
+        with tempfile.TemporaryDirectory(prefix="fiberflow-bench-") as directory:
+            run(rows, args.master, args.read, Path(directory), args.driver_memory)
+
+
+if __name__ == "__main__":
+    main()
