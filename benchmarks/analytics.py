@@ -233,9 +233,14 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
             f"""SELECT w.*, k.status FROM ({WAITS}) w
                 LEFT JOIN known k ON k.node = w.counterparty AND k.flow_id = {counterpart}
                 WHERE w.status != 'HOSPITALIZED' AND w.updated_at <= :stuck
+                  AND NOT EXISTS (SELECT 1 FROM paused p
+                                  WHERE p.node = w.node AND p.flow_id = w.flow_id)
                 UNION ALL
                 SELECT node, flow_id, flow_class, status, updated_at, NULL, NULL, NULL FROM cp
-                WHERE status != 'HOSPITALIZED' AND (
+                WHERE status != 'HOSPITALIZED'
+                AND NOT EXISTS (SELECT 1 FROM paused p
+                                WHERE p.node = cp.node AND p.flow_id = cp.flow_id)
+                AND (
                   (suspended_on = 'Sleep' AND json_extract(waiting_for, '$.until') <= :stuck)
                   OR (status IN ('UNSTARTED', 'RUNNABLE') AND updated_at <= :stuck))""",
         )
@@ -356,14 +361,15 @@ def sqlite_connection(paths: dict[str, Path]) -> sqlite3.Connection:
         lambda node, session: uuid.uuid5(_RESPONDER_NAMESPACE, f"{node}|{session}").hex,
         deterministic=True,
     )
-    views: dict[str, list[str]] = {"cp": [], "res": [], "exc": [], "ids": [], "outb": []}
     tables = {
         "cp": "node_checkpoints",
         "res": "node_flow_results",
         "exc": "node_flow_exceptions",
         "ids": "node_message_ids",
         "outb": "node_outbox",
+        "paused": "node_paused_flows",
     }
+    views: dict[str, list[str]] = {view: [] for view in tables}
     for index, (name, path) in enumerate(paths.items()):
         connection.execute(f"ATTACH DATABASE ? AS n{index}", (str(path),))
         for view, table in tables.items():
@@ -374,7 +380,7 @@ def sqlite_connection(paths: dict[str, Path]) -> sqlite3.Connection:
 
 
 def input_rows(paths: dict[str, Path]) -> int:
-    """Rows of the five tables the checks read, in every database."""
+    """Rows of the tables the checks read, in every database."""
     total = 0
     for path in paths.values():
         with sqlite3.connect(path) as connection:
@@ -384,6 +390,7 @@ def input_rows(paths: dict[str, Path]) -> int:
                 "node_flow_exceptions",
                 "node_message_ids",
                 "node_outbox",
+                "node_paused_flows",
             ):
                 total += connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         connection.close()
@@ -398,7 +405,7 @@ def run(rows: int, master: str, read: str, directory: Path, memory: str) -> None
     total = input_rows(paths)
     size = sum(path.stat().st_size for path in paths.values()) / 2**20
     print(
-        f"\n== {rows:,} checkpoint rows ({total:,} rows in the five tables, {size:,.0f} MiB), "
+        f"\n== {rows:,} checkpoint rows ({total:,} rows in the tables read, {size:,.0f} MiB), "
         f"generated in {generated:.1f} s"
     )
     spark = spark_session(

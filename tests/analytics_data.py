@@ -103,6 +103,8 @@ class NetworkData:
     """The session of a finished EchoFlow from Alice to Bob (several messages each way)."""
     hospitalized: str
     """The flow (on Charlie) an operator kept in the hospital."""
+    paused: tuple[str, str]
+    """(node, flow) an operator paused: Bob's responder waiting on Dave."""
 
     def sources(self, names: tuple[str, ...] = NAMES) -> list[str]:
         """``NAME=URL`` arguments for the given nodes."""
@@ -149,6 +151,15 @@ def first_session_of(flow_id: str, session_id: str) -> bool:
     return re.fullmatch(rf"(?:[0-9a-f]{{16}}-)?{re.escape(flow_id)}\.s0", session_id) is not None
 
 
+def _responder_of(path: Path, flow_id: str) -> str:
+    """The flow in ``path``'s database that waits on the first session of ``flow_id``."""
+    _, _, waiting = _flow_rows(path)
+    (responder,) = [
+        flow for session, flow in waiting.items() if first_session_of(flow_id, session[:-2])
+    ]
+    return responder
+
+
 def _consumed_sessions(path: Path, flow_id: str) -> set[str]:
     """The initiator sessions of ``flow_id`` in which ``path``'s node consumed a message."""
     connection = sqlite3.connect(path)
@@ -182,11 +193,15 @@ def build_clean_network(directory: Path) -> NetworkData:
         handles.append(alice.start_flow(FailingInitiator(charlie.party, "flow_exception")))
         handles.append(alice.start_flow(UnansweredFlow(bob.party)))
         pairs = [(alice, bob), (alice, bob), (charlie, alice), (dave, alice), (charlie, bob)]
+        pairs.append((dave, bob))
         started = [(a.name, b.name, a.start_flow(LingeringFlow(b.party)).flow_id) for a, b in pairs]
         network.run_network(advance_clock=False)
         assert all(handle.done for handle in handles)
-        kept = started[-1][2]
+        kept = started[4][2]
         charlie.node.keep_in_hospital(kept, "kept for observation by the test")
+        bob_database = Path(bob.config.database_url.removeprefix("sqlite:///"))
+        paused = _responder_of(bob_database, started[5][2])
+        bob.node.pause_flow(paused)  # an operator paused Bob's side of Dave's conversation
         network.run_network(advance_clock=False)
         now_ms = round(network.clock.now() * 1000)
         copies = directory / "clean"
@@ -220,6 +235,7 @@ def build_clean_network(directory: Path) -> NetworkData:
         lingering=lingering,
         echo_session=echo_session,
         hospitalized=kept,
+        paused=(BOB, paused),
     )
 
 
@@ -253,7 +269,7 @@ def corrupt(data: NetworkData, directory: Path) -> tuple[NetworkData, Injected]:
     """Copy ``data`` to ``directory`` and damage the copy (see :class:`Injected`)."""
     broken = data.copy_to(directory)
     db = broken.databases
-    first, second, _, from_dave, _ = broken.lingering
+    first, second, _, from_dave, _, paused_from_dave = broken.lingering
     # 1. An operator deleted a live flow: the initiator Alice's responder on Bob waits for.
     with sqlite3.connect(db[ALICE]) as alice:
         for table in ("node_checkpoints", "node_checkpoint_blobs"):
@@ -307,12 +323,21 @@ def corrupt(data: NetworkData, directory: Path) -> tuple[NetworkData, Injected]:
         )
     alice.close()
     # 6. Dave died three hours ago (its database is gone): Alice's responder still waits.
-    with sqlite3.connect(db[ALICE]) as alice:
-        alice.execute(
-            "UPDATE node_checkpoints SET updated_at = ?, created_at = ? WHERE flow_id = ?",
-            (broken.now_ms - 3 * 3_600_000, broken.now_ms - 3 * 3_600_000, from_dave.responder),
-        )
-    alice.close()
+    #    Bob's responder waiting on Dave has been paused by an operator just as long: it is
+    #    on hold, not stuck, and must not be reported as stuck.
+    three_hours_ago = broken.now_ms - 3 * 3_600_000
+    for node, flow_id in ((ALICE, from_dave.responder), (BOB, paused_from_dave.responder)):
+        with sqlite3.connect(db[node]) as connection:
+            connection.execute(
+                "UPDATE node_checkpoints SET updated_at = ?, created_at = ? WHERE flow_id = ?",
+                (three_hours_ago, three_hours_ago, flow_id),
+            )
+            connection.execute(
+                "UPDATE node_paused_flows SET paused_at = ? WHERE flow_id = ?",
+                (three_hours_ago, flow_id),
+            )
+        connection.close()
+    assert broken.paused == (BOB, paused_from_dave.responder)
     injected = Injected(
         orphan=orphan,
         consumed_twice=sorted(twice),

@@ -317,6 +317,8 @@ def test_clean_network_passes_and_the_cli_exits_zero(
     }
     for check in ("stuck_flows", "session_consistency", "exactly_once_audit"):
         assert json_rows(report, check) == [], check
+    (stuck,) = [c for c in report["checks"] if c["name"] == "stuck_flows"]
+    assert [row[:2] for row in stuck["extras"]["paused"]["rows"]] == [list(clean.paused)]
     (consistency,) = [c for c in report["checks"] if c["name"] == "session_consistency"]
     outcomes = dict(consistency["extras"]["summary"]["rows"])
     assert outcomes["ok"] > 20 and outcomes["ok (refused)"] == 1  # UnansweredFlow's session
@@ -439,10 +441,10 @@ def test_the_exactly_once_audit_flags_exactly_what_was_injected(
 
 
 @pytest.mark.spark
-def test_a_flow_waiting_on_a_dead_node_is_stuck(
+def test_a_flow_waiting_on_a_dead_node_is_stuck_and_a_paused_one_is_not(
     broken_report: AnalysisReport, broken: tuple[NetworkData, Injected]
 ) -> None:
-    _, injected = broken
+    data, injected = broken
     (stuck,) = rows(broken_report, "stuck_flows")
     assert (stuck["node"], stuck["flow_id"], stuck["session_id"], stuck["counterparty"]) == (
         injected.stuck
@@ -451,6 +453,11 @@ def test_a_flow_waiting_on_a_dead_node_is_stuck(
     assert stuck["counterparty_has_session"] is None
     assert stuck["waited_ms"] == 3 * 3_600_000 + SETTINGS_MINUTE
     assert broken_report.check("stuck_flows").status == "warn"
+    # paused by an operator for as long, waiting on Dave too: on hold, listed, not stuck
+    (held,) = rows(broken_report, "stuck_flows", "paused")
+    assert (held["node"], held["flow_id"]) == data.paused
+    assert held["paused_at"] == data.now_ms - 3 * 3_600_000
+    assert "(1 paused by an operator, not judged)" in broken_report.check("stuck_flows").summary
 
 
 @pytest.mark.spark

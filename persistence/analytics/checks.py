@@ -352,14 +352,27 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     * ``UNSTARTED`` or ``RUNNABLE`` with no checkpoint for longer than the threshold (its
       node is not running it).
 
-    Flows in the hospital are left to :func:`failed_flows`. ``warn`` when any is found.
+    Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
+    (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
+    any is found.
     """
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
     as_of = _as_of(snapshot, settings)
     limit = as_of - settings.stuck_after_ms
-    checkpoints = snapshot.checkpoints.where(F.col("status") != "HOSPITALIZED")
+    paused = snapshot.paused.select(
+        F.col("node").alias("p_node"), F.col("flow_id").alias("p_flow"), "paused_at"
+    )
+    live = snapshot.checkpoints
+    on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
+    checkpoints = live.where(F.col("status") != "HOSPITALIZED").join(paused, on_hold, "left_anti")
+    held = _keep(
+        snapshot,
+        live.join(paused, on_hold)
+        .select("node", "flow_id", "flow_class", "status", "suspended_on", "paused_at")
+        .orderBy("node", "flow_id"),
+    )
     receiving = waits(checkpoints).where(F.col("updated_at") <= limit)
     known = known_flows(snapshot).select(
         F.col("node").alias("k_node"),
@@ -427,15 +440,17 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
     flows = frame.select("node", "flow_id").distinct().count()
     threshold = duration(settings.stuck_after_ms)
+    on_pause = held.count()
+    aside = f" ({on_pause} paused by an operator, not judged)" if on_pause else ""
     if flows:
         verdict = Verdict(
             WARN,
-            f"{flows} flow{'s' if flows != 1 else ''} stuck for more than {threshold}",
+            f"{flows} flow{'s' if flows != 1 else ''} stuck for more than {threshold}{aside}",
             frame.count(),
         )
     else:
-        verdict = Verdict(OK, f"no flow suspended for more than {threshold}")
-    return CheckResult("stuck_flows", "Stuck flows", frame, verdict)
+        verdict = Verdict(OK, f"no flow suspended for more than {threshold}{aside}")
+    return CheckResult("stuck_flows", "Stuck flows", frame, verdict, extras={"paused": held})
 
 
 def session_ends(snapshot: Snapshot) -> DataFrame:

@@ -110,6 +110,7 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         "message_id",
         (("message_id", STRING), ("target", STRING), ("created_at", LONG)),
     ),
+    "paused": ("node_paused_flows", "flow_id", (("flow_id", STRING), ("paused_at", LONG))),
 }
 """Frame name: (node table, partition key, columns read with their types). Blobs and
 payloads are never read."""
@@ -198,6 +199,11 @@ class Snapshot:
     def outbox(self) -> DataFrame:
         """``node_outbox`` (no payloads), with ``node``."""
         return self.frames["outbox"]
+
+    @property
+    def paused(self) -> DataFrame:
+        """``node_paused_flows`` (flows an operator paused), with ``node``."""
+        return self.frames["paused"]
 
     def on_close(self, release: Callable[[], object]) -> None:
         """Have ``release`` called when the snapshot closes (cached check results)."""

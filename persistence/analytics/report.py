@@ -36,7 +36,16 @@ if TYPE_CHECKING:
     from persistence.analytics.loading import Snapshot
 
 TIME_COLUMNS = frozenset(
-    {"since_ms", "latest_ms", "at", "updated_at", "created_at", "bucket_start_ms", "failed_at"}
+    {
+        "since_ms",
+        "latest_ms",
+        "at",
+        "updated_at",
+        "created_at",
+        "bucket_start_ms",
+        "failed_at",
+        "paused_at",
+    }
 )
 """Columns holding epoch milliseconds (shown as UTC times)."""
 
