@@ -205,9 +205,15 @@ def test_restart_between_rounds(
         net.stop_nodes()
 
 
+@pytest.mark.parametrize("nth", [1, 2, 3])
 @pytest.mark.parametrize(("scenario_name", "node_index", "after_rounds"), ROUND_CASES)
 def test_crash_during_replay_after_a_restart(
-    scenario_name: str, node_index: int, after_rounds: int, tmp_path: Path, backend: str
+    scenario_name: str,
+    node_index: int,
+    after_rounds: int,
+    nth: int,
+    tmp_path: Path,
+    backend: str,
 ) -> None:
     scenario = SCENARIOS[scenario_name]
     net = _network(scenario, tmp_path, backend)
@@ -217,7 +223,7 @@ def test_crash_during_replay_after_a_restart(
             net.run_once()
         victim = net.nodes[node_index]
         victim.restart()
-        victim.crash_at("during_replay", 1)  # if anything replays, die in the middle of it
+        victim.crash_at("during_replay", nth)  # if that much replays, die in the middle of it
         net.run_network()
         scenario.check(net, handles)
         assert_drained(net)
