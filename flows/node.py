@@ -33,10 +33,11 @@ from messaging.codec import decode_session_message, encode_session_message
 from messaging.outbox_relay import OutboxRelay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
 from messaging.signing import verification_problem
+from persistence.lease import DEFAULT_LEASE_SECONDS, NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.serialization import PAYLOADS, SerializationError, qualified_name
 from persistence.store import CHECKPOINT_INTEGRITY_ERROR, CheckpointSummary, NodeDatabase
-from statemachine.actions import StoreFlowError
+from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
 from statemachine.ports import Clock, InboundMessage, OutboxRow
@@ -77,8 +78,15 @@ class NodeConfig:
     database_schema: str | None = None
     receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
     """Seconds a receive waits when the flow gives no timeout (None: forever)."""
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    """How long the node's lease on its database lasts without renewal (see
+    :mod:`persistence.lease`)."""
 
     def __attrs_post_init__(self) -> None:
+        if not self.lease_seconds > 0:
+            raise ValueError(
+                f"node {self.name}: lease_seconds must be positive, not {self.lease_seconds!r}"
+            )
         if self.receive_timeout is not None and not self.receive_timeout > 0:
             raise ValueError(
                 f"node {self.name}: receive_timeout must be positive seconds or None, "
@@ -146,6 +154,7 @@ class Node:
         identity: NodeIdentity,
         peers: PeerKeys,
         background_relay: bool = False,
+        lease: NodeLease | None = None,
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
@@ -153,6 +162,10 @@ class Node:
         every received message is verified against. The test network drives everything
         from one thread (``background_relay=False``); a node process sets it so the
         scheduler never waits for the transport.
+
+        ``lease`` is the process's (already acquired) lease on the node database; without
+        one, :meth:`start` acquires a lease of its own and :meth:`stop` releases it. Either
+        way every write of the node's flows is fenced by it (:mod:`persistence.lease`).
         """
         if identity.name != config.name:
             raise ValueError(f"node {config.name}: its identity is {identity.name!r}")
@@ -167,6 +180,10 @@ class Node:
         self.party = Party(config.name)
         self.clock: Clock = clock or SystemClock()
         self.cordapps = Cordapps(config.cordapps)
+        self._lease = lease
+        self._owns_lease = lease is None
+        self.worker = lease.worker if lease is not None else WorkerInfo.of_this_process()
+        """The process running the node (its id names its lease and its transport consumer)."""
         self.database: NodeDatabase | InMemoryStore = (
             InMemoryStore()
             if config.database_url == MEMORY_URL
@@ -175,6 +192,7 @@ class Node:
                 synchronous=config.synchronous,
                 schema_name=config.database_schema,
                 mac_key=identity.mac_key(),
+                application_name=application_name(self.worker.worker_id),
             )
         )
         self.messaging = messaging
@@ -232,8 +250,22 @@ class Node:
         if isinstance(inbound.delivery, Message):
             self.messaging.acknowledge(inbound.delivery)
 
+    @property
+    def lease(self) -> NodeLease | None:
+        """The lease this node runs under (None on the non-durable store)."""
+        return self._lease
+
     def start(self) -> None:
-        """Restore every checkpointed flow, re-send the outbox, and start receiving."""
+        """Take the lease, restore every checkpointed flow, re-send the outbox, receive.
+
+        Raises :class:`~persistence.lease.LeaseHeldError` if another live process runs the
+        node.
+        """
+        if isinstance(self.database, NodeDatabase):
+            if self._lease is None:
+                self._lease = self.database.new_lease(self.worker, self.config.lease_seconds)
+                self._lease.acquire()
+            self.database.lease = self._lease
         self.restored_flows = self.manager.restore()
         self.incompatible_flows = self._check_compatibility()
         if isinstance(self.database, NodeDatabase):
@@ -245,6 +277,10 @@ class Node:
                 log.info("%s: draining (set before the restart): no new flows", self.party)
         self.relay.start()
         self.resent_messages = self.relay.resend_pending()
+        if self._lease is not None and self._lease.taken_over_from:
+            self.messaging.release_deliveries_of(
+                [worker.worker_id for worker in self._lease.taken_over_from]
+            )
         self.messaging.start()
 
     def _check_compatibility(self) -> dict[str, str]:
@@ -272,7 +308,10 @@ class Node:
         return found
 
     def stop(self) -> None:
-        """Stop receiving and relaying, close the database (flows stay checkpointed)."""
+        """Stop receiving and relaying, release a lease of its own, close the database.
+
+        Every unfinished flow stays checkpointed.
+        """
         self._stopped = True
         try:
             self.messaging.stop()
@@ -280,7 +319,11 @@ class Node:
             try:
                 self.relay.stop()
             finally:
-                self.database.close()
+                try:
+                    if self._owns_lease and self._lease is not None:
+                        self._lease.release()
+                finally:
+                    self.database.close()
 
     def add_end_listener(self, listener: Callable[[FlowEnd], None]) -> None:
         """Call ``listener`` each time a flow on this node completes or fails."""
@@ -308,8 +351,9 @@ class Node:
     def start_requested_flows(self, limit: int = 500) -> int:
         """Start flows clients asked for in ``node_flow_requests``; returns how many.
 
-        The flow id is the request id, so a request seen again after a crash (checkpoint
-        committed, request not yet marked) is only marked, never started twice.
+        The requests are claimed (marked started) in the transaction that commits their
+        flows' first checkpoints, or their refusals: a request is started exactly once. The
+        flow id is the request id; a request whose id is already a flow's is only claimed.
         """
         self._check_running()
         database = self.database
@@ -318,15 +362,12 @@ class Node:
         requests = database.pending_flow_requests(limit)
         if not requests:
             return 0
+        ids = [r.request_id for r in requests]
+        known = database.known_flows(ids) | {i for i in ids if self.manager.flow_state(i)}
         to_start = []
         refused: list[StoreFlowError] = []
         for request in requests:
-            known = (
-                self.manager.flow_state(request.request_id) is not None
-                or database.has_checkpoint(request.request_id)
-                or database.stored_outcome(request.request_id) is not None
-            )
-            if known:
+            if request.request_id in known:
                 continue
             if self.manager.draining or self.cordapps.flow_class(request.flow_class) is None:
                 reason = (
@@ -347,17 +388,8 @@ class Node:
             to_start.append(
                 FlowToStart(request.request_id, request.flow_class, request.arguments, None)
             )
-        if refused:
-            transaction = database.begin()
-            try:
-                transaction.store_errors(refused)
-                transaction.commit()
-            except BaseException:
-                transaction.rollback()
-                raise
-        if to_start:
-            self.manager.start_flows(to_start)
-        database.mark_flow_requests_started([r.request_id for r in requests], self.clock.now())
+        claim = ClaimFlowRequests(tuple(ids), self.clock.now())
+        self.manager.start_flows(to_start, also=(*refused, claim))
         return len(to_start)
 
     # --- operators ------------------------------------------------------------------------
@@ -533,6 +565,8 @@ class Node:
     def run_once(self) -> bool:
         """One scheduling round (retries, messages, timers, flows); True if it did work."""
         self._check_running()
+        if self._owns_lease and self._lease is not None:
+            self._lease.renew_if_due()
         did_work = self.relay.retry_due()
         did_work = self.manager.run_once() or did_work
         self.relay.flush()

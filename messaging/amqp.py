@@ -45,6 +45,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
@@ -371,8 +372,10 @@ class AmqpMessaging:
         *,
         prefetch: int = DEFAULT_PREFETCH,
         reconnect_timeout: float = DEFAULT_RECONNECT_SECONDS,
+        consumer_id: str | None = None,
     ) -> None:
         url, self._declare = split_options(url)
+        self._consumer_id = consumer_id or uuid.uuid4().hex
         self._url = url
         self._address = address
         self._prefetch = prefetch
@@ -406,6 +409,17 @@ class AmqpMessaging:
         if topic in self._handlers:
             raise ValueError(f"a handler for topic {topic!r} is already registered")
         self._handlers[topic] = callback
+
+    @property
+    def consumer_id(self) -> str:
+        """A random id of this consumer (the broker tracks deliveries per connection)."""
+        return self._consumer_id
+
+    def release_deliveries_of(self, consumer_ids: Sequence[str]) -> None:
+        """Do nothing: the broker requeues a dead consumer's deliveries itself.
+
+        (It does so when that consumer's connection closes.)
+        """
 
     def start(self) -> None:
         """Start the consumer thread (it connects, and reconnects, in the background)."""

@@ -263,6 +263,14 @@ class InMemoryMessaging:
         """The address of this node."""
         return self._address
 
+    @property
+    def consumer_id(self) -> str:
+        """The endpoint's address (the test network has one consumer per address)."""
+        return self._address
+
+    def release_deliveries_of(self, consumer_ids: Sequence[str]) -> None:
+        """Nothing to do: a stopped endpoint's deliveries went back to its queue at once."""
+
     def start(self) -> None:
         """Start receiving deliveries."""
         self.running = True

@@ -20,6 +20,9 @@ Contract (checked by the conformance suite in ``tests/messaging_conformance.py``
   never handed to a handler: it goes to the transport's dead-letter store with the reason and
   is acknowledged.
 * A message whose topic has no handler is acknowledged and dropped (logged).
+* A starting consumer never takes deliveries a live consumer holds; a dead consumer's
+  deliveries come back when the transport notices (its connection closed, its lease on them
+  expired) or at once through ``release_deliveries_of``.
 * ``acknowledge`` may be called from any thread; handlers are called on the transport's own
   thread (the in-memory double calls them from ``InMemoryNetwork.deliver``).
 * Sending to an address with no queue raises :class:`TransportError` (the relay retries:
@@ -69,6 +72,17 @@ class MessagingService(Protocol):
     @property
     def my_address(self) -> str:
         """The address other nodes send to (the node's name)."""
+
+    @property
+    def consumer_id(self) -> str:
+        """Who this consumer is to the transport (a node process passes its worker id)."""
+
+    def release_deliveries_of(self, consumer_ids: Sequence[str]) -> None:
+        """Deliver again now what consumers known to be dead still held unacknowledged.
+
+        A node calls this with the workers it took over from. Transports whose broker gives
+        a dead consumer's deliveries back by itself (AMQP, the test double) do nothing.
+        """
 
     def start(self) -> None:
         """Begin delivering messages to the handlers."""

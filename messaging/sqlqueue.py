@@ -12,8 +12,10 @@ One queue database serves every node that shares it: a SQLite file for the nodes
   A consumer *claims* rows by leasing them (``lease_owner``, ``lease_until``): on PostgreSQL
   with ``SELECT ... FOR UPDATE SKIP LOCKED``, on SQLite under the database write lock.
   Acknowledging a delivery deletes its row (its ``receipt`` is the row id), no other. A
-  consumer that starts takes over its queue: every lease of a consumer that died is
-  released, so those messages are delivered again.
+  consumer's leases expire after ``lease_seconds`` (then the messages are delivered again);
+  a consumer that stops cleanly gives its leases back, and a node that took over from a dead
+  process releases that process's leases at once (:meth:`SqlQueueMessaging.release_deliveries_of`).
+  A starting consumer never takes the leases of a live one.
 * ``ff_queue_dead_letters``: frames that could not be decoded, with the reason.
 
 Waking: on PostgreSQL a send issues ``NOTIFY`` and the consumer ``LISTEN``s (with a slow poll
@@ -237,12 +239,19 @@ class SqlQueueBroker:
             )
         _wakeup_for(self.url, queue).set()
 
-    def take_over(self, queue: str) -> int:
-        """Release every lease on ``queue`` (its consumer restarted); returns how many."""
+    def release_leases(self, queue: str, owners: Sequence[str]) -> int:
+        """Make the deliveries ``owners`` hold on ``queue`` visible again; returns how many.
+
+        For consumers known to be gone (a node that took over from a dead process, or a
+        consumer stopping cleanly): a live consumer's leases are never released here, they
+        expire.
+        """
+        if not owners:
+            return 0
         with self.engine.begin() as connection:
             result = connection.execute(
                 update(queue_messages)
-                .where(queue_messages.c.queue == queue, queue_messages.c.lease_owner.is_not(None))
+                .where(queue_messages.c.queue == queue, queue_messages.c.lease_owner.in_(owners))
                 .values(lease_owner=None, lease_until=None)
             )
         return int(result.rowcount)
@@ -356,12 +365,13 @@ class SqlQueueMessaging:
         *,
         synchronous: str = "FULL",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        consumer_id: str | None = None,
     ) -> None:
         self._address = address
         self._lease_seconds = lease_seconds
         self.broker = SqlQueueBroker(url, synchronous=synchronous)
         self._handlers: dict[str, MessageHandler] = {}
-        self._owner = uuid.uuid4().hex
+        self._owner = consumer_id or uuid.uuid4().hex
         self._pending_acks: list[int] = []  # row ids of settled deliveries
         self._acks_lock = threading.Lock()
         self._wakeup = _wakeup_for(self.broker.url, address)
@@ -378,6 +388,24 @@ class SqlQueueMessaging:
         """The queue name of this node."""
         return self._address
 
+    @property
+    def consumer_id(self) -> str:
+        """The id this consumer leases messages under (a node passes its worker id)."""
+        return self._owner
+
+    def release_deliveries_of(self, consumer_ids: Sequence[str]) -> None:
+        """Deliver again now what consumers known to be dead had leased.
+
+        (Without this their leases would have to expire first.)
+        """
+        released = self.broker.release_leases(self._address, list(consumer_ids))
+        if released:
+            log.info(
+                "%s: %d messages leased by a dead consumer will be delivered again",
+                self._address,
+                released,
+            )
+
     def add_handler(self, topic: str, callback: MessageHandler) -> None:
         """Deliver ``topic`` messages to ``callback`` (on the consumer thread)."""
         if topic in self._handlers:
@@ -385,14 +413,13 @@ class SqlQueueMessaging:
         self._handlers[topic] = callback
 
     def start(self) -> None:
-        """Take over the queue (redeliver what a dead consumer had) and start consuming."""
+        """Start consuming.
+
+        Messages another consumer leased come once their leases expire, or at once after
+        :meth:`release_deliveries_of`.
+        """
         if self._thread is not None:
             raise RuntimeError(f"the consumer of {self._address} is already running")
-        released = self.broker.take_over(self._address)
-        if released:
-            log.info(
-                "%s: %d unacknowledged messages will be delivered again", self._address, released
-            )
         self._stopping.clear()
         self._thread = threading.Thread(
             target=self._consume, name=f"sqlqueue-consumer-{self._address}", daemon=True
@@ -400,10 +427,16 @@ class SqlQueueMessaging:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop consuming, write buffered acknowledgements, close connections."""
+        """Stop consuming, write buffered acknowledgements, close connections.
+
+        What was delivered but not acknowledged is given back (the next consumer gets it at
+        once).
+        """
         self._halt()
         try:
             self._flush_acks()
+            with contextlib.suppress(SQLAlchemyError):  # else the leases simply expire
+                self.broker.release_leases(self._address, [self._owner])
         finally:
             self.broker.close()
 

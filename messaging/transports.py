@@ -35,8 +35,14 @@ def transport_scheme(url: str) -> str:
     return scheme
 
 
-def open_transport(url: str, address: str, *, synchronous: str = "FULL") -> MessagingService:
-    """The messaging service at ``url`` for the node whose address is ``address``."""
+def open_transport(
+    url: str, address: str, *, synchronous: str = "FULL", consumer_id: str | None = None
+) -> MessagingService:
+    """The messaging service at ``url`` for the node whose address is ``address``.
+
+    ``consumer_id`` names the consumer to the transport (a node process passes its worker id,
+    so that a process taking over from it can release what it held).
+    """
     scheme = transport_scheme(url)
     if scheme in AMQP_SCHEMES:
         try:
@@ -45,10 +51,10 @@ def open_transport(url: str, address: str, *, synchronous: str = "FULL") -> Mess
             raise TransportUrlError(
                 f"{url}: the AMQP transport needs pika (pip install 'fiberflow[amqp]'): {error}"
             ) from error
-        return AmqpMessaging(url, address)
+        return AmqpMessaging(url, address, consumer_id=consumer_id)
     from messaging.sqlqueue import SqlQueueMessaging
 
-    return SqlQueueMessaging(url, address, synchronous=synchronous)
+    return SqlQueueMessaging(url, address, synchronous=synchronous, consumer_id=consumer_id)
 
 
 def purge_queues(url: str, addresses: Sequence[str]) -> None:

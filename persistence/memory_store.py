@@ -13,6 +13,7 @@ import attrs
 
 from persistence.store import CheckpointSummary, StoredOutcome
 from statemachine.actions import (
+    ClaimFlowRequests,
     PersistCheckpoint,
     RecordInboundMessages,
     RemoveCheckpoint,
@@ -78,6 +79,11 @@ class _MemoryTransaction:
         """Keep errors."""
         outcomes = [StoredOutcome(a.flow_id, a.flow_class, None, a.error) for a in actions]
         self._writes.append(lambda t: t.outcomes.update((o.flow_id, o) for o in outcomes))
+
+    def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
+        """Refuse: client requests come through a node database, never this store."""
+        if any(action.request_ids for action in actions):
+            raise ValueError("the in-memory store takes no client flow requests")
 
     @property
     def handle(self) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
 metadata = MetaData()
@@ -40,6 +40,7 @@ node_checkpoints = Table(
     Column("waiting_for", Text),
     Column("journal_length", Integer, nullable=False),
     Column("checkpoint_bytes", Integer, nullable=False),
+    Column("checkpoint_version", BigInteger, nullable=False, default=0),
     Column("error_message", Text),
     Column("created_at", BigInteger, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
@@ -142,6 +143,31 @@ node_settings = Table(
     Column("updated_at", BigInteger, nullable=False),
 )
 """Node-wide switches an operator set that must outlive a restart (``draining``)."""
+
+
+node_workers = Table(
+    "node_workers",
+    metadata,
+    Column("worker_id", String(64), primary_key=True),
+    Column("pid", Integer, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("boot_id", String(64), nullable=False),
+    Column("process_start", BigInteger, nullable=False),
+    Column("started_at", BigInteger, nullable=False),
+    Column("renewed_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+)
+"""The processes running the node now, each with its lease (see :mod:`persistence.lease`)."""
+
+node_partitions = Table(
+    "node_partitions",
+    metadata,
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("holder", String(64), nullable=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("acquired_at", BigInteger, nullable=True),
+)
+"""Which worker holds each partition of the node's flows, and its fencing epoch."""
 
 
 def millis(seconds: float) -> int:

@@ -7,13 +7,14 @@ commit survives power loss); PostgreSQL works through the same code.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -35,9 +36,11 @@ from sqlalchemy.schema import CreateSchema, DropSchema
 
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
+from persistence.lease import NodeLease, WorkerInfo
 from persistence.schema import millis
 from persistence.serialization import SerializationError
 from statemachine.actions import (
+    ClaimFlowRequests,
     PersistCheckpoint,
     RecordInboundMessages,
     RemoveCheckpoint,
@@ -60,6 +63,10 @@ log = logging.getLogger("fiberflow.store")
 
 class SchemaVersionError(RuntimeError):
     """The database was made by another schema version of fiberflow."""
+
+
+class FlowRequestClaimError(RuntimeError):
+    """A flow request was claimed twice (only possible without the lease: a bug)."""
 
 
 @attrs.frozen
@@ -116,6 +123,11 @@ class SqlTransaction:
         self._database = database
         self._connection = connection
         self._transaction: Transaction = connection.begin()
+        try:
+            database.check_fence(connection)
+        except BaseException:
+            self.rollback()
+            raise
 
     def put_checkpoints(self, actions: Sequence[PersistCheckpoint]) -> None:
         """Insert or replace checkpoint rows and blobs (the last one wins per flow)."""
@@ -220,6 +232,24 @@ class SqlTransaction:
             ],
         )
 
+    def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
+        """Mark requested flows started; refuses a request already started by anyone."""
+        table = schema.node_flow_requests
+        for action in actions:
+            ids = list(action.request_ids)
+            for start in range(0, len(ids), QUERY_CHUNK):
+                chunk = ids[start : start + QUERY_CHUNK]
+                result = self._connection.execute(
+                    update(table)
+                    .where(table.c.request_id.in_(chunk), table.c.started_at.is_(None))
+                    .values(started_at=millis(action.at))
+                )
+                if result.rowcount != len(chunk):
+                    raise FlowRequestClaimError(
+                        f"{len(chunk) - result.rowcount} of flow requests {chunk[:3]}... were "
+                        "already started (or withdrawn) by another transaction"
+                    )
+
     @property
     def handle(self) -> Connection:
         """The transaction's connection (flow side effects write through it)."""
@@ -250,16 +280,26 @@ class NodeDatabase:
         synchronous: str = "FULL",
         schema_name: str | None = None,
         mac_key: bytes | None = None,
+        application_name: str | None = None,
     ) -> None:
-        """Open the database; with ``mac_key``, checkpoint blobs carry and need a MAC."""
+        """Open the database; with ``mac_key``, checkpoint blobs carry and need a MAC.
+
+        ``application_name`` names the connections on PostgreSQL (a node process uses
+        :func:`persistence.lease.application_name` of its worker id).
+        """
         self.url = normalize_url(url)
         self._mac_key = mac_key
         self.schema_name = schema_name
+        self.lease: NodeLease | None = None
+        """The lease every write of the node's flows is fenced by (None: not fenced)."""
         self.checkpoints_written = 0
         """Checkpoints written (inserted or replaced) through this object."""
         self.checkpoint_listeners: list[Callable[[Checkpoint, int], None]] = []
         """Called with each checkpoint written and its blob size (demos, tracing)."""
-        engine = create_engine(self.url)
+        connect_args: dict[str, Any] = {}
+        if application_name is not None and self.url.startswith("postgresql"):
+            connect_args["application_name"] = application_name
+        engine = create_engine(self.url, connect_args=connect_args)
         if engine.dialect.name == "sqlite":
             if schema_name is not None:
                 raise ValueError("a schema name is for PostgreSQL; SQLite keeps a node per file")
@@ -269,6 +309,8 @@ class NodeDatabase:
                 connection.execute(CreateSchema(schema_name, if_not_exists=True))
             engine = engine.execution_options(schema_translate_map={None: schema_name})
         self.engine: Engine = engine
+        self.writer: Engine = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        """The engine for write transactions (on SQLite they take the write lock at BEGIN)."""
         self._create_schema()
 
     def _create_schema(self) -> None:
@@ -314,9 +356,25 @@ class NodeDatabase:
             statement.on_conflict_do_update(index_elements=[key], set_=updates), rows
         )
 
+    def check_fence(self, connection: Connection) -> None:
+        """Inside a write transaction: raise ``LeaseLostError`` unless the lease still holds."""
+        if self.lease is not None:
+            self.lease.fence(connection)
+
+    @contextlib.contextmanager
+    def fenced(self) -> Iterator[Connection]:
+        """A write transaction of the node, fenced by its lease (see :meth:`check_fence`)."""
+        with self.writer.begin() as connection:
+            self.check_fence(connection)
+            yield connection
+
+    def new_lease(self, worker: WorkerInfo | None, lease_seconds: float) -> NodeLease:
+        """A (not yet acquired) lease of this database for ``worker`` (this process)."""
+        return NodeLease(self.engine, worker, lease_seconds, immediate=self.writer)
+
     def begin(self) -> SqlTransaction:
-        """Open a write transaction."""
-        return SqlTransaction(self, self.engine.connect())
+        """Open a write transaction (fenced by the lease, if the node holds one)."""
+        return SqlTransaction(self, self.writer.connect())
 
     def is_consumed(self, message_id: str) -> bool:
         """True if this inbound message id was recorded by a committed transaction."""
@@ -402,7 +460,7 @@ class NodeDatabase:
     def mark_status(self, flow_id: str, status: FlowStatus, reason: str | None) -> None:
         """Set the status (and error message) shown in a flow's row; its blob is not touched."""
         table = schema.node_checkpoints
-        with self.engine.begin() as connection:
+        with self.fenced() as connection:
             connection.execute(
                 update(table)
                 .where(table.c.flow_id == flow_id)
@@ -412,7 +470,7 @@ class NodeDatabase:
     def mark_hospitalized(self, flow_id: str, reason: str) -> None:
         """Show a flow as HOSPITALIZED with the reason in its row (its blob is not touched)."""
         table = schema.node_checkpoints
-        with self.engine.begin() as connection:
+        with self.fenced() as connection:
             connection.execute(
                 update(table)
                 .where(table.c.flow_id == flow_id)
@@ -473,7 +531,7 @@ class NodeDatabase:
 
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
         """Keep an unprocessable message with the reason (its own transaction)."""
-        with self.engine.begin() as connection:
+        with self.fenced() as connection:
             connection.execute(
                 insert(schema.node_dead_letters).values(
                     message_id=message.message_id,
@@ -536,15 +594,17 @@ class NodeDatabase:
         with self.engine.connect() as connection:
             return [FlowRequest(*row) for row in connection.execute(query)]
 
-    def mark_flow_requests_started(self, request_ids: Sequence[str], at: float) -> None:
-        """Record that the node has started (checkpointed) these requested flows."""
-        table = schema.node_flow_requests
-        with self.engine.begin() as connection:
-            connection.execute(
-                update(table)
-                .where(table.c.request_id.in_(list(request_ids)))
-                .values(started_at=millis(at))
-            )
+    def known_flows(self, flow_ids: Sequence[str]) -> set[str]:
+        """Those of ``flow_ids`` that have a checkpoint or a stored outcome (one query each)."""
+        found: set[str] = set()
+        tables = (schema.node_checkpoints, schema.node_flow_results, schema.node_flow_exceptions)
+        with self.engine.connect() as connection:
+            for start in range(0, len(flow_ids), QUERY_CHUNK):
+                chunk = list(flow_ids[start : start + QUERY_CHUNK])
+                for table in tables:
+                    query = select(table.c.flow_id).where(table.c.flow_id.in_(chunk))
+                    found.update(connection.execute(query).scalars())
+        return found
 
     def request_operation(self, action: str, flow_id: str | None, at: float) -> str:
         """Queue an operator command for the node; returns its request id."""
@@ -574,7 +634,7 @@ class NodeDatabase:
     def finish_operation(self, request_id: str, outcome: str, at: float) -> None:
         """Record what an operator command did."""
         table = schema.node_operator_requests
-        with self.engine.begin() as connection:
+        with self.fenced() as connection:
             connection.execute(
                 update(table)
                 .where(table.c.request_id == request_id)
@@ -593,7 +653,7 @@ class NodeDatabase:
     def set_paused(self, flow_id: str, paused: bool, at: float) -> None:
         """Remember (or forget) that ``flow_id`` is paused, across restarts."""
         table = schema.node_paused_flows
-        with self.engine.begin() as connection:
+        with self.fenced() as connection:
             connection.execute(delete(table).where(table.c.flow_id == flow_id))
             if paused:
                 connection.execute(insert(table).values(flow_id=flow_id, paused_at=millis(at)))
@@ -601,7 +661,7 @@ class NodeDatabase:
     def set_setting(self, name: str, value: str | None, at: float) -> None:
         """Store (or with None, remove) a node-wide setting, across restarts."""
         table = schema.node_settings
-        with self.engine.begin() as connection:
+        with self.fenced() as connection:
             connection.execute(delete(table).where(table.c.name == name))
             if value is not None:
                 connection.execute(

@@ -94,6 +94,19 @@ class StoreFlowError:
 
 
 @attrs.frozen
+class ClaimFlowRequests:
+    """Mark client requests started, in the transaction that checkpoints their flows.
+
+    A request already started (by anyone) fails the transaction: a requested flow is created
+    exactly once.
+    """
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    request_ids: tuple[str, ...]
+    at: float
+
+
+@attrs.frozen
 class AcknowledgeMessages:
     """Tell the transport these inbound messages are done with (after commit)."""
 
@@ -126,6 +139,7 @@ Action = Union[
     RunFlowEffects,
     StoreFlowResult,
     StoreFlowError,
+    ClaimFlowRequests,
     AcknowledgeMessages,
     HandOffMessages,
     ScheduleWakeUp,

@@ -24,6 +24,7 @@ from typing import Any
 from statemachine.actions import (
     AcknowledgeMessages,
     Action,
+    ClaimFlowRequests,
     HandOffMessages,
     PersistCheckpoint,
     Phase,
@@ -54,6 +55,7 @@ IN_TRANSACTION_ORDER: tuple[type, ...] = (
     RunFlowEffects,
     StoreFlowResult,
     StoreFlowError,
+    ClaimFlowRequests,
 )
 AFTER_COMMIT_ORDER: tuple[type, ...] = (AcknowledgeMessages, HandOffMessages, ScheduleWakeUp)
 
@@ -142,6 +144,8 @@ class ActionExecutor:
             transaction.store_results(actions)
         elif kind is StoreFlowError:
             transaction.store_errors(actions)
+        elif kind is ClaimFlowRequests:
+            transaction.claim_flow_requests(actions)
         else:
             raise TypeError(f"{kind.__name__} is not an in-transaction action")
 

@@ -212,14 +212,18 @@ class StateMachineManager:
         """Create a flow and commit its Unstarted checkpoint now; it runs on the next round."""
         return self.start_flows([FlowToStart(uuid.uuid4().hex, flow_class, arguments, instance)])[0]
 
-    def start_flows(self, flows: Sequence[FlowToStart]) -> list[str]:
-        """Create several flows, committing their Unstarted checkpoints in one transaction."""
+    def start_flows(self, flows: Sequence[FlowToStart], also: Sequence[Action] = ()) -> list[str]:
+        """Create several flows, committing their Unstarted checkpoints in one transaction.
+
+        ``also`` are actions committed in the same transaction (the node claims the client
+        requests the flows answer, and records the requests it refused).
+        """
         results = []
         for flow in flows:
             origin = StartedLocally(flow.flow_class, flow.arguments)
             event = StartFlow(flow.flow_id, origin, self._clock.now(), self._session_tag)
             results.append(transition(None, event))
-        self.executor.execute([result.actions for result in results])
+        self.executor.execute([*(result.actions for result in results), tuple(also)])
         for flow, result in zip(flows, results, strict=True):
             runtime = _FlowRuntime(result.state, instance=flow.instance)
             self._flows[flow.flow_id] = runtime

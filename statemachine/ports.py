@@ -13,6 +13,7 @@ from typing import Protocol, Union
 import attrs
 
 from statemachine.actions import (
+    ClaimFlowRequests,
     PersistCheckpoint,
     RecordInboundMessages,
     RemoveCheckpoint,
@@ -67,6 +68,9 @@ class StoreTransaction(Protocol):
 
     def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
         """Keep the errors of failed flows."""
+
+    def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
+        """Mark client flow requests started; fail if any was started before."""
 
     @property
     def handle(self) -> object:
