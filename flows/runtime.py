@@ -17,8 +17,16 @@ database; every flow stays checkpointed). The config file::
     key_file = "alice.key.pem"               # optional: the node's Ed25519 key pair
     receive_timeout = 3600                   # optional: seconds, or "forever"
     limits = { max_bytes = 16777216, max_depth = 64 }   # optional: payload/message limits
+    lease_seconds = 20                       # optional: the node lease's length
+    database_wait_seconds = 60               # optional: wait this long for the database
 
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
+
+One process runs a node at a time: at start the process takes the node's lease
+(:mod:`persistence.lease`) and renews it on a thread of its own. A second process on the same
+node refuses to start with one line naming the holder (exit status 2). A process that loses
+the lease (it was paused or cut off past its expiry and another took over) commits nothing
+more and exits with status 3.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from types import FrameType
 from typing import Any
 
 import attrs
+from sqlalchemy.exc import SQLAlchemyError
 
 from flows.cordapps import CordappError, Cordapps
 from flows.effects import FlowEffectError
@@ -47,12 +56,22 @@ from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
 from messaging.codec import configure_wire_limits, wire_limits_problem
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
+from persistence.lease import (
+    DEFAULT_LEASE_SECONDS,
+    LeaseHeldError,
+    LeaseKeeper,
+    LeaseLostError,
+    NodeLease,
+    WorkerInfo,
+    application_name,
+)
 from persistence.serialization import (
     DEFAULT_LIMITS,
     PAYLOADS,
     SerializationLimits,
     qualified_name,
 )
+from persistence.store import NodeDatabase, is_permanent_connect_error
 from statemachine.flow_error import ErrorKind, FlowError
 
 log = logging.getLogger("fiberflow.runtime")
@@ -76,12 +95,23 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "key_file": str,
     "receive_timeout": (int, float, str),
     "limits": dict,
+    "lease_seconds": (int, float),
+    "database_wait_seconds": (int, float),
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
 
 class ConfigError(ValueError):
     """A node config that cannot be used; the message names the file and the field."""
+
+
+DEFAULT_DATABASE_WAIT_SECONDS = 60.0
+"""How long a starting node retries a database that refuses connections."""
+
+EXIT_REFUSED = 2
+"""Exit status of a node process that could not start (bad config, another holder)."""
+EXIT_LEASE_LOST = 3
+"""Exit status of a node process that lost its lease to another process."""
 
 
 @attrs.frozen
@@ -103,6 +133,10 @@ class RuntimeConfig:
     """Seconds a receive waits when the flow gives no timeout (None: forever)."""
     limits: SerializationLimits = DEFAULT_LIMITS
     """What payloads and session messages may be (size, depth, lengths), both ways."""
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    """How long the node lease lasts without renewal (renewed every third of it)."""
+    database_wait_seconds: float = DEFAULT_DATABASE_WAIT_SECONDS
+    """How long a starting node waits for an unreachable database before giving up."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -113,6 +147,7 @@ class RuntimeConfig:
             synchronous=self.synchronous,
             database_schema=self.database_schema,
             receive_timeout=self.receive_timeout,
+            lease_seconds=self.lease_seconds,
         )
 
 
@@ -201,6 +236,12 @@ def config_from_mapping(
         problem = wire_limits_problem(limits)
         if problem is not None:
             raise fail("limits", problem)
+    lease_seconds = document.get("lease_seconds", DEFAULT_LEASE_SECONDS)
+    if isinstance(lease_seconds, bool) or not lease_seconds > 0:
+        raise fail("lease_seconds", "must be positive seconds")
+    database_wait = document.get("database_wait_seconds", DEFAULT_DATABASE_WAIT_SECONDS)
+    if isinstance(database_wait, bool) or not database_wait >= 0:
+        raise fail("database_wait_seconds", "must be zero or positive seconds")
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -214,6 +255,8 @@ def config_from_mapping(
         key_file=key_file,
         receive_timeout=receive_timeout,
         limits=limits,
+        lease_seconds=float(lease_seconds),
+        database_wait_seconds=float(database_wait),
     )
 
 
@@ -224,6 +267,12 @@ def _resolve_sqlite(url: str, base: Path) -> str:
         if relative and relative != ":memory:":
             return prefix + str((base / relative).resolve())
     return url
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an error's message (drivers add hints and SQL on later lines)."""
+    text = str(getattr(error, "orig", None) or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _safe_url(url: str) -> str:
@@ -251,6 +300,11 @@ class NodeProcess:
         self._next_poll = 0.0
         self._identity_cache: NodeIdentity | None = None
         self._started_at = time.time()
+        self.worker = WorkerInfo.of_this_process()
+        """This process as a worker of the node (its id names its lease and consumer)."""
+        self.lease: NodeLease | None = None
+        self.lease_lost: LeaseLostError | None = None
+        """Set when the lease was lost: the process stops and exits with status 3."""
 
     def request_stop(self) -> None:
         """Ask the loop to stop after its current round (safe from any thread)."""
@@ -262,8 +316,12 @@ class NodeProcess:
         log.info("%s: received %s, shutting down", self.config.name, signal.Signals(number).name)
         self.request_stop()
 
-    def run(self, install_signal_handlers: bool = True) -> None:
-        """Start the node, serve until stopped, shut down cleanly."""
+    def run(self, install_signal_handlers: bool = True) -> int:
+        """Start the node, serve until stopped, shut down cleanly; returns the exit status.
+
+        0 after a clean stop, :data:`EXIT_REFUSED` if another process holds the node's lease,
+        :data:`EXIT_LEASE_LOST` if this one lost it while running.
+        """
         config = self.config
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -271,13 +329,99 @@ class NodeProcess:
         self._identity_cache = self._identity()
         PAYLOADS.limits = config.limits
         configure_wire_limits(config.limits)
+        lease_database = self._open_database()
+        if lease_database is None:
+            return EXIT_REFUSED
+        try:
+            lease = lease_database.new_lease(self.worker, config.lease_seconds)
+            try:
+                lease.acquire()
+            except LeaseHeldError as error:
+                log.error("%s: %s", config.name, error)
+                return EXIT_REFUSED
+            self.lease = lease
+            keeper = LeaseKeeper(lease, self._on_lease_lost, config.name)
+            keeper.start()
+            try:
+                return self._run_holding_lease(lease)
+            finally:
+                keeper.stop()
+                if self.lease_lost is None:
+                    lease.release()
+        finally:
+            lease_database.close()
+
+    def _open_database(self) -> NodeDatabase | None:
+        """The node database, waiting (with backoff) while it cannot be reached.
+
+        One log line per attempt. A problem waiting cannot cure (a wrong password, a missing
+        database) ends the wait at once; so does running out of ``database_wait_seconds``.
+        Returns None when the node must not start (the reason was logged).
+        """
+        config = self.config
+        url = _safe_url(config.database_url)
+        deadline = time.monotonic() + config.database_wait_seconds
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return NodeDatabase(
+                    config.database_url,
+                    synchronous=config.synchronous,
+                    schema_name=config.database_schema,
+                    application_name=application_name(self.worker.worker_id),
+                )
+            except (SQLAlchemyError, OSError) as error:
+                problem = _first_line(error)
+                if is_permanent_connect_error(error):
+                    log.error("%s: cannot use the database %s: %s", config.name, url, problem)
+                    return None
+                delay = min(0.5 * 2 ** (attempt - 1), 10.0)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.error(
+                        "%s: gave up on the database %s after %d attempts in %.0f s: %s",
+                        config.name,
+                        url,
+                        attempt,
+                        config.database_wait_seconds,
+                        problem,
+                    )
+                    return None
+                delay = min(delay, left)
+                log.warning(
+                    "%s: cannot reach the database %s (attempt %d): %s; next try in %.1f s",
+                    config.name,
+                    url,
+                    attempt,
+                    problem,
+                    delay,
+                )
+                if self._stop.wait(delay):
+                    return None
+
+    def _on_lease_lost(self, error: LeaseLostError) -> None:
+        """The lease was lost (from the keeper thread, or a fenced commit): stop at once."""
+        if self.lease_lost is None:
+            self.lease_lost = error
+            log.error(
+                "%s: lost the node lease: %s; committing nothing more and exiting",
+                self.config.name,
+                error,
+            )
+        self.request_stop()
+
+    def _run_holding_lease(self, lease: NodeLease) -> int:
+        config = self.config
         node = self._build_node()
         self._publish(node)
         log.info(
-            "%s: started (pid %d): %d flows restored from %s, %d outbox messages re-sent; "
-            "transport %s; cordapps %s",
+            "%s: started (pid %d, worker %s, lease epoch %d): %d flows restored from %s, %d "
+            "outbox messages re-sent; transport %s; cordapps %s",
             config.name,
             os.getpid(),
+            self.worker.worker_id[:8],
+            max(lease.epochs.values()),
             node.restored_flows,
             _safe_url(config.database_url),
             node.resent_messages,
@@ -291,20 +435,25 @@ class NodeProcess:
             assert final is not None
             self._write_status(final, running=False)
             final.stop()
-            log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
+            if self.lease_lost is None:
+                log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
+        return EXIT_LEASE_LOST if self.lease_lost is not None else 0
 
     def _build_node(self) -> Node:
         """A node from the config, started: flows restored, flows kept in the hospital kept."""
         config = self.config
         assert self._identity_cache is not None
         network_map = NetworkMap(config.network_map or Path("network-map"))
-        transport = open_transport(config.transport_url, config.name)
+        transport = open_transport(
+            config.transport_url, config.name, consumer_id=self.worker.worker_id
+        )
         node = Node(
             config.node_config(),
             transport,
             identity=self._identity_cache,
             peers=NetworkMapPeerKeys(network_map),
             background_relay=True,
+            lease=self.lease,
         )
         self.node = node
         if self._stop.is_set():
@@ -358,6 +507,9 @@ class NodeProcess:
         while not self._stop.is_set():
             try:
                 self._build_node()
+                return
+            except LeaseLostError as lost:
+                self._on_lease_lost(lost)
                 return
             except Exception as rebuild_error:  # still down: keep trying, backing off
                 self.hospital.diagnose(rebuild_error)
@@ -420,6 +572,9 @@ class NodeProcess:
             node.wakeup.clear()
             try:
                 worked = self._round(node)
+            except LeaseLostError as error:
+                self._on_lease_lost(error)
+                break
             except Exception as error:
                 self._recover(error)
                 continue
@@ -531,8 +686,7 @@ def run_node(config_path: str | Path) -> int:
         print(f"fiberflow node run: {error}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
-    NodeProcess(config).run()
-    return 0
+    return NodeProcess(config).run()
 
 
 __all__ = [

@@ -705,6 +705,27 @@ class NodeDatabase:
         self.engine.dispose()
 
 
+_PERMANENT_CONNECT_PROBLEMS = (
+    "does not exist",  # a missing database or role
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "unable to open database file",  # SQLite: a missing directory, or no right to write
+    "invalid dsn",
+    "invalid connection option",
+)
+
+
+def is_permanent_connect_error(error: BaseException) -> bool:
+    """True if connecting failed for a reason waiting will not cure.
+
+    Permanent: a wrong password, a missing database or role, a SQLite file that cannot be
+    opened. Not permanent: refused, timed out, the server starting up or full.
+    """
+    text = str(getattr(error, "orig", None) or error).lower()
+    return any(problem in text for problem in _PERMANENT_CONNECT_PROBLEMS)
+
+
 def normalize_url(url: str) -> str:
     """Pick psycopg (version 3) for plain ``postgresql://`` URLs; leave others alone."""
     if url.startswith("postgresql://") or url.startswith("postgres://"):

@@ -44,7 +44,14 @@ CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp"]
 class ClusterNode:
     """One node process of a :class:`Cluster`."""
 
-    def __init__(self, name: str, directory: Path, database_url: str | None, transport: str):
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        database_url: str | None,
+        transport: str,
+        extra_config: dict[str, Any] | None = None,
+    ):
         self.name = name
         self.short = Party(name).organisation.lower()
         self.schema: str | None = None
@@ -65,6 +72,7 @@ class ClusterNode:
         }
         if self.schema is not None:
             fields["database_schema"] = self.schema
+        fields.update(extra_config or {})
         lines = [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
         self.config_path.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
@@ -74,8 +82,13 @@ class ClusterNode:
 
     def start(self) -> None:
         """Start the node process (its log is appended to)."""
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
+        self.process = self.spawn(self.log_path)
+        self.starts += 1
+
+    def spawn(self, log_path: Path) -> subprocess.Popen[bytes]:
+        """Start a process of this node's config logging to ``log_path`` (not tracked)."""
+        with log_path.open("ab") as log:
+            return subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -88,7 +101,6 @@ class ClusterNode:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self.starts += 1
 
     def wait_started(self, timeout: float = 60.0) -> None:
         """Wait until the node logged its start (this incarnation)."""
@@ -135,11 +147,19 @@ class ClusterNode:
 class Cluster:
     """Alice, Bob and Carol as node processes on one transport (see the module docstring)."""
 
-    def __init__(self, directory: Path, transport: str, database_url: str | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        transport: str,
+        database_url: str | None,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
         self.directory = directory
         self.transport = transport
         self.database_url = database_url
-        self.nodes = [ClusterNode(name, directory, database_url, transport) for name in NAMES]
+        self.nodes = [
+            ClusterNode(name, directory, database_url, transport, extra_config) for name in NAMES
+        ]
 
     def start(self) -> None:
         """Start every node and wait until each has started."""

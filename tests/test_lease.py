@@ -1,0 +1,331 @@
+"""The node lease: one writer per node, takeover of expired or dead holders, fencing.
+
+Each case runs on SQLite and on PostgreSQL (a schema of its own). Process-level cases (two
+real node processes, SIGSTOP and SIGCONT) are in ``tests/test_single_writer.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from sqlalchemy import func, select, update
+
+from flows.node import Node
+from flows.testing import MockNetwork
+from persistence import schema
+from persistence.lease import (
+    PARTITIONS,
+    LeaseHeldError,
+    LeaseLostError,
+    NodeLease,
+    WorkerInfo,
+    application_name,
+    partition_of,
+)
+from persistence.store import NodeDatabase, drop_schema
+from statemachine.ports import InboundMessage
+from tests.conftest import database_for
+from tests.cordapp import PaymentFlow, ledger_entries
+from tests.test_flow_effects import with_ledger
+
+
+@attrs.frozen
+class Opened:
+    """A way to open the same node database several times (as several processes would)."""
+
+    url: str
+    schema_name: str | None
+
+    def database(self, worker: WorkerInfo | None = None) -> NodeDatabase:
+        return NodeDatabase(
+            self.url,
+            synchronous="NORMAL" if self.url.startswith("sqlite") else "FULL",
+            schema_name=self.schema_name,
+            application_name=None if worker is None else application_name(worker.worker_id),
+        )
+
+
+@pytest.fixture
+def opened(tmp_path: Path, backend: str) -> Iterator[Opened]:
+    if backend == "sqlite":
+        yield Opened(f"sqlite:///{tmp_path / 'node.db'}", None)
+        return
+    name = f"fflease_{uuid.uuid4().hex[:10]}"
+    yield Opened(backend, name)
+    drop_schema(backend, name)
+
+
+def another_process() -> WorkerInfo:
+    """A worker on this host whose process is alive (this one), under another worker id."""
+    return WorkerInfo.of_this_process()
+
+
+def dead_process() -> WorkerInfo:
+    """A worker on this host whose process has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return attrs.evolve(WorkerInfo.of_this_process(), pid=child.pid, process_start=0)
+
+
+def test_the_first_worker_takes_every_partition_at_epoch_one(opened: Opened) -> None:
+    database = opened.database()
+    try:
+        lease = database.new_lease(None, 20)
+        lease.acquire()
+        assert lease.epochs == dict.fromkeys(range(PARTITIONS), 1)
+        (holder,) = lease.holders()
+        assert holder.worker == lease.worker
+        assert holder.expires_at - holder.renewed_at == 20_000
+        lease.release()
+        assert lease.holders() == []
+    finally:
+        database.close()
+
+
+def test_a_second_live_worker_is_refused_naming_the_holder(opened: Opened) -> None:
+    first, second = opened.database(), opened.database()
+    try:
+        holder = first.new_lease(None, 20)
+        holder.acquire()
+        with pytest.raises(LeaseHeldError) as refused:
+            second.new_lease(another_process(), 20).acquire()
+        message = str(refused.value)
+        assert f"pid {holder.worker.pid} on host {holder.worker.host}" in message
+        assert f"(worker {holder.worker_id[:8]})" in message
+        assert " since 20" in message and " UTC" in message and "refusing to start" in message
+        first.lease = holder
+        with first.fenced():  # the holder is unaffected
+            pass
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_released_lease_is_taken_with_the_next_epoch(opened: Opened) -> None:
+    first, second = opened.database(), opened.database()
+    try:
+        lease = first.new_lease(None, 20)
+        lease.acquire()
+        lease.release()
+        successor = second.new_lease(another_process(), 20)
+        successor.acquire()
+        assert successor.epochs == dict.fromkeys(range(PARTITIONS), 2)
+        assert successor.taken_over_from == []  # released, not taken over
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_expired_holder_is_taken_over_and_fenced_out(opened: Opened) -> None:
+    old_db, new_db = opened.database(), opened.database()
+    try:
+        old = old_db.new_lease(None, 0.3)
+        old.acquire()
+        old_db.lease = old
+        with old_db.fenced():  # holding: writes go through
+            pass
+        with pytest.raises(LeaseHeldError):
+            new_db.new_lease(another_process(), 20).acquire()
+        time.sleep(0.4)  # the old holder does not renew: its lease runs out
+        new = new_db.new_lease(another_process(), 20)
+        new.acquire()
+        assert new.taken_over_from == [old.worker]
+        assert new.epochs == dict.fromkeys(range(PARTITIONS), 2)
+        # The old holder thaws: it can commit nothing, and renewing tells it it lost.
+        with pytest.raises(LeaseLostError, match="lost partitions"):
+            old_db.begin()
+        with pytest.raises(LeaseLostError):
+            old_db.dead_letter(InboundMessage("m", "O=X,L=Y,C=GB", b""), "x", time.time())
+        with pytest.raises(LeaseLostError):
+            old.renew()
+        assert old_db.count("node_dead_letters") == 0
+        assert [h.worker for h in new.holders()] == [new.worker]  # the old row is gone
+    finally:
+        old_db.close()
+        new_db.close()
+
+
+def test_a_holder_whose_process_died_is_taken_over_at_once(opened: Opened) -> None:
+    first, second = opened.database(), opened.database()
+    try:
+        ghost = first.new_lease(dead_process(), 20)  # unexpired for 20 s, but its process is gone
+        ghost.acquire()
+        successor = second.new_lease(another_process(), 20)
+        successor.acquire()
+        assert successor.taken_over_from == [ghost.worker]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_holder_on_another_host_is_not_judged_by_its_pid(opened: Opened) -> None:
+    first, second = opened.database(), opened.database()
+    try:
+        elsewhere = attrs.evolve(dead_process(), host="some-other-host")
+        first.new_lease(elsewhere, 20).acquire()
+        with pytest.raises(LeaseHeldError, match="some-other-host"):
+            second.new_lease(another_process(), 20).acquire()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_expired_lease_nobody_took_is_renewed(opened: Opened) -> None:
+    database = opened.database()
+    try:
+        lease = database.new_lease(None, 0.2)
+        lease.acquire()
+        database.lease = lease
+        time.sleep(0.3)
+        lease.renew()  # never replaced: still the holder
+        with database.fenced():
+            pass
+        (holder,) = lease.holders()
+        assert holder.expires_at > holder.renewed_at
+    finally:
+        database.close()
+
+
+def test_a_takeover_waits_for_a_commit_in_progress(opened: Opened) -> None:
+    """The fence holds off a takeover until the fenced transaction ends (then it wins)."""
+    old_db, new_db = opened.database(), opened.database()
+    try:
+        old = old_db.new_lease(None, 0.3)
+        old.acquire()
+        old_db.lease = old
+        transaction = old_db.begin()  # fenced: the check ran, the transaction stays open
+        time.sleep(0.4)  # expired meanwhile
+        taken = threading.Event()
+        errors: list[BaseException] = []
+
+        def take_over() -> None:
+            try:
+                new_db.new_lease(another_process(), 20).acquire()
+                taken.set()
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        thief = threading.Thread(target=take_over)
+        thief.start()
+        time.sleep(0.3)
+        assert not taken.is_set(), "a takeover went through while a fenced commit was open"
+        transaction.commit()  # the old holder's commit, begun while it held the lease
+        thief.join(30)
+        assert not errors and taken.is_set()
+        with pytest.raises(LeaseLostError):
+            old_db.begin()
+    finally:
+        old_db.close()
+        new_db.close()
+
+
+@pytest.fixture
+def postgres_opened() -> Iterator[Opened]:
+    url = database_for("postgresql")
+    name = f"fflease_{uuid.uuid4().hex[:10]}"
+    yield Opened(url, name)
+    drop_schema(url, name)
+
+
+def test_postgresql_ends_the_sessions_of_a_holder_frozen_in_a_transaction(
+    postgres_opened: Opened,
+) -> None:
+    """A holder paused in the middle of a commit past its lease: its session is ended.
+
+    (On SQLite such a holder keeps the database's write lock: the takeover waits until it
+    thaws, and then its next commit fails the fence.)
+    """
+    opened = postgres_opened
+    frozen_worker = another_process()
+    old_db, new_db = opened.database(frozen_worker), opened.database()
+    try:
+        old = old_db.new_lease(frozen_worker, 0.3)
+        old.acquire()
+        old_db.lease = old
+        transaction = old_db.begin()  # holds its FOR SHARE lock, then "freezes"
+        time.sleep(0.4)
+        new = new_db.new_lease(another_process(), 20)
+        new.acquire()  # waits for the lock, ends the frozen session, takes over
+        assert new.taken_over_from == [frozen_worker]
+        with pytest.raises(Exception, match="terminat|closed|connection"):
+            transaction.commit()
+    finally:
+        old_db.close()
+        new_db.close()
+
+
+def test_flows_map_to_partitions_evenly() -> None:
+    counts = [0] * PARTITIONS
+    for _ in range(16_000):
+        counts[partition_of(uuid.uuid4().hex)] += 1
+    assert min(counts) > 800 and max(counts) < 1200
+
+
+def test_lease_rows_are_plain_columns(opened: Opened) -> None:
+    database = opened.database()
+    try:
+        lease = database.new_lease(None, 20)
+        lease.acquire()
+        with database.engine.connect() as connection:
+            rows = connection.execute(select(schema.node_partitions)).all()
+            assert {row.holder for row in rows} == {lease.worker_id}
+            workers = select(func.count()).select_from(schema.node_workers)
+            assert connection.execute(workers).scalar() == 1
+    finally:
+        database.close()
+
+
+def test_a_lease_needs_positive_seconds(opened: Opened) -> None:
+    database = opened.database()
+    try:
+        with pytest.raises(ValueError, match="positive"):
+            NodeLease(database.engine, None, 0)
+    finally:
+        database.close()
+
+
+def test_a_thawed_node_commits_nothing_after_another_took_over(net: MockNetwork) -> None:
+    """In one process, step by step: the replaced node's next commit is refused."""
+    alice = with_ledger(net.create_node("O=Alice,L=London,C=GB"))
+    carol = with_ledger(net.create_node("O=Carol,L=Paris,C=FR"))
+    handles = [alice.start_flow(PaymentFlow(carol.party, amount)) for amount in (1, 2, 3)]
+    alice.run_once()  # the debits commit, the payments go out
+    for _ in range(10):  # Carol credits and answers; her receipts wait in Alice's queue
+        if net.messaging.pending(alice.name) >= 3:
+            break
+        carol.run_once()
+    assert net.messaging.pending(alice.name) >= 3
+    old = alice.node
+    assert net.messaging.deliver(alice.name) > 0  # handed to the old node, not yet processed
+    database = old.database
+    assert isinstance(database, NodeDatabase)
+    with database.engine.begin() as connection:  # the old node is "frozen" past its lease
+        connection.execute(update(schema.node_workers).values(expires_at=0))
+    successor = Node(
+        alice.config,
+        net.messaging.endpoint(alice.name),
+        net.clock,
+        identity=alice.identity,
+        peers=net.peer_keys,
+    )
+    successor.start()
+    assert successor.lease is not None and successor.lease.taken_over_from
+    with pytest.raises(LeaseLostError):
+        old.run_once()  # it thaws with the receipts in hand: its commit is fenced out
+    assert [e for _, e in ledger_entries(database.engine) if e.startswith("receipt")] == []
+    old.stop()  # (its unacknowledged deliveries go back to the queue)
+    alice.node = successor
+    net.run_network()
+    assert [h.result() for h in handles] == ["receipt 1", "receipt 2", "receipt 3"]
+    entries = ledger_entries(successor.database.engine)  # type: ignore[union-attr]
+    for handle, amount in zip(handles, (1, 2, 3), strict=True):
+        mine = [entry for flow_id, entry in entries if flow_id == handle.flow_id]
+        assert mine == [f"debit {amount}", f"receipt {amount}"]
