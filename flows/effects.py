@@ -48,11 +48,15 @@ class FlowEffectRegistry:
         self._effects[(flow_id, ordinal)] = (label, effect)
 
     def run(self, actions: Sequence[RunFlowEffects], transaction: StoreTransaction) -> None:
-        """Run the effects of ``actions`` in order, with the transaction's handle."""
+        """Run the effects of ``actions`` in order, with the transaction's handle.
+
+        They are kept until :meth:`committed`: if the transaction fails, the same step may be
+        committed again (alone, or after a retry) and its effects must run again.
+        """
         handle = transaction.handle
         for action in actions:
             for ordinal in action.ordinals:
-                found = self._effects.pop((action.flow_id, ordinal), None)
+                found = self._effects.get((action.flow_id, ordinal))
                 if found is None:
                     raise FlowEffectError(
                         f"flow {action.flow_id}: side effect #{ordinal} was asked for but is "
@@ -74,14 +78,20 @@ class FlowEffectRegistry:
                         f"{type(error).__name__}: {error}",
                         action.flow_id,
                     ) from error
+
+    def committed(self, actions: Sequence[RunFlowEffects]) -> None:
+        """The transaction that ran ``actions``' effects committed: they are done."""
+        for action in actions:
+            for ordinal in action.ordinals:
+                self._effects.pop((action.flow_id, ordinal), None)
         self._purge_ended()
 
     def forget(self, flow_id: str) -> None:
         """The flow ended: drop what is left of it once its last transaction has run.
 
         (A flow ends before the round's transaction runs its last effects, so the entries
-        left over, effects registered again during a replay, are dropped by the next
-        :meth:`run`, after its effects.)
+        left over, effects registered again during a replay, are dropped once the next
+        transaction that ran effects has committed.)
         """
         self._ended.add(flow_id)
 

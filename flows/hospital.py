@@ -2,37 +2,48 @@
 
 Errors inside flow code are the flow's: a ``FlowException`` or any other exception fails
 the flow and reaches its counterparties (as itself, or as an unexpected end). What reaches
-the hospital is everything else, diagnosed by the first rule that matches:
+the hospital is everything else. The state machine manager pins each failure on the flow or
+the inbound message that caused it whenever it can (:mod:`statemachine.manager`), and asks
+:meth:`Hospital.flow_failed` or :meth:`Hospital.message_failed` what to do; the node goes on
+serving every other flow meanwhile. The rules, first match wins:
 
-``transient``
-    The database is locked, busy or disconnected, or the transport is unavailable
-    (``OperationalError``, ``InterfaceError``, an invalidated connection,
-    ``TransportError``, ``ConnectionError``, ``TimeoutError``), also when one flow's side
-    effect hit it. Nothing of the failed round was committed: the node drops its memory and
-    resumes every flow from its last checkpoint, after a capped, jittered backoff (0.1 s
-    doubling to 30 s, 50-100 % of it). A failure of one flow's step is counted against it.
-``repeated_failure``
-    The same flow's step failed ``MAX_FLOW_FAILURES`` times in a row (its counter starts
-    again once it commits a later step): the flow is kept for observation (HOSPITALIZED, the
-    reason recorded, the counterparties not told) until an operator retries or kills it; the
-    others go on.
 ``flow_error``
-    Anything else that one flow caused (its ``in_transaction`` effect raised a
-    non-transient error, a ``ValueError`` say): that flow fails with the error, which
-    propagates as any error in flow code does (its counterparties get
-    ``UnexpectedFlowEndException``, its handle raises ``FlowEffectError``); the others
-    resume.
-``unknown``
-    Anything else, that no flow can be blamed for (a bug outside flow code): resume from the
-    last checkpoint after the backoff, logged as an error with its traceback. With no flow
-    to fail, this is the one case the node can only retry.
+    Something one flow caused that is not transient (its ``in_transaction`` effect raised a
+    ``ValueError``, say): that flow fails with the error, which propagates as any error in
+    flow code does (its counterparties get ``UnexpectedFlowEndException``, its handle raises
+    ``FlowEffectError``).
+``transient``
+    One flow's step met a locked, busy or disconnected database or transport (its effect
+    did, say): the flow is resumed from its last checkpoint after a capped, jittered backoff
+    of its own (0.1 s doubling to 30 s, 50-100 % of it), the failure counted against it.
+``unexplained``
+    Any other error pinned on one flow (its transaction failed, a bug in the framework for
+    this flow's state) or on one message: the flow is resumed from its last checkpoint, or
+    the message routed again, after the flow's or the message's own backoff, counted.
+``repeated_failure``
+    A flow failed ``MAX_FLOW_FAILURES`` times in a row (its count starts again once it
+    commits a step): it is kept for observation (HOSPITALIZED, the reason recorded, the
+    counterparties not told, messages for it held) until an operator retries or kills it.
+``quarantine``
+    A message failed ``MAX_MESSAGE_FAILURES`` times in a row: it is dead-lettered with the
+    reason and acknowledged.
+``node_wide``
+    What no flow or message can be blamed for (the database or transport is down for
+    everyone: ``OperationalError``, ``InterfaceError``, an invalidated connection,
+    ``TransportError``, ``ConnectionError``, ``TimeoutError``; the lease was lost): the node
+    process drops its memory and resumes every flow from its last checkpoint after the
+    node-wide backoff (:meth:`Hospital.diagnose`), which starts again from the bottom only
+    after ``RECOVERED_AFTER_SECONDS`` without such a failure, never after one good round.
 
-Kept for observation without going through these rules (they are found when a flow is
-loaded or replayed): ``non_determinism`` (replay found the flow asking for something else,
-``FlowNonDeterminismError``), ``untrusted_checkpoint`` (its MAC does not match, or it does not
-decode) and ``incompatible_checkpoint`` (the installed flows cannot resume it). Each rule has
-a test that injects its error (``tests/test_hospital.py`` and the tests named in
-docs/operations.md).
+Each flow's and each message's backoff is its own: it does not start again because other
+flows succeed. Kept for observation without going through these rules (they are found when
+a flow is loaded or replayed): ``non_determinism`` (replay found the flow asking for
+something else, ``FlowNonDeterminismError``), ``untrusted_checkpoint`` (its MAC does not
+match, it does not decode, or it is older than what the node committed for it),
+``unrestorable_checkpoint`` (the state machine cannot restore it) and
+``incompatible_checkpoint`` (the installed flows cannot resume it). Each rule has a test that
+injects its error (``tests/test_hospital.py``, ``tests/test_quarantine.py`` and the tests
+named in docs/operations.md).
 """
 
 from __future__ import annotations
@@ -45,11 +56,20 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from flows.effects import FlowEffectError
 from messaging.service import TransportError
+from persistence.lease import LeaseError
+from persistence.serialization import qualified_name
+from statemachine.errors import AfterCommitError
+from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.ports import FailureAction, FailureTreatment
 
 MAX_FLOW_FAILURES = 3
 """Failures of one flow's step, in a row, after which it is kept for observation."""
+MAX_MESSAGE_FAILURES = 3
+"""Failures to take in one message, in a row, after which it is quarantined."""
 MIN_BACKOFF_SECONDS = 0.1
 MAX_BACKOFF_SECONDS = 30.0
+RECOVERED_AFTER_SECONDS = 60.0
+"""Node-wide failures count as "in a row" unless this long passed without one."""
 
 
 class Treatment(enum.Enum):
@@ -70,6 +90,11 @@ class Diagnosis:
     reason: str
 
 
+def _transient(error: BaseException) -> bool:
+    """``error`` or its cause is transient (see :func:`is_transient`)."""
+    return is_transient(error) or (error.__cause__ is not None and is_transient(error.__cause__))
+
+
 def is_transient(error: BaseException) -> bool:
     """True for errors that go away by themselves (see the ``transient`` rule)."""
     if isinstance(error, OperationalError | InterfaceError | TransportError):
@@ -80,13 +105,90 @@ def is_transient(error: BaseException) -> bool:
 
 
 class Hospital:
-    """Diagnoses errors and remembers each flow's failures in a row."""
+    """Diagnoses errors; remembers each flow's and message's failures in a row.
+
+    It is the manager's :class:`~statemachine.ports.FailurePolicy` for failures pinned on a
+    flow or a message, and the node process's guide for node-wide ones (:meth:`diagnose`).
+    """
 
     def __init__(self, seed: int | None = None) -> None:
         self._failures: dict[str, int] = {}
+        self._message_failures: dict[str, int] = {}
         self._random = random.Random(seed)
         self.consecutive = 0
-        """Rounds that failed in a row (any cause); sets the backoff."""
+        """Node-wide failures in a row; sets the node-wide backoff."""
+        self.pinned = 0
+        """Failures pinned on a flow or a message so far (each handled without stopping)."""
+
+    # --- failures pinned on a flow or a message (the manager's FailurePolicy) --------------
+
+    def is_node_wide(self, error: Exception) -> bool:
+        """True for errors no single flow or message caused (they stop the round)."""
+        if isinstance(error, LeaseError | AfterCommitError):
+            return True
+        flow_id = error.flow_id if isinstance(error, FlowEffectError) else None
+        return flow_id is None and _transient(error)
+
+    def flow_failed(self, flow_id: str, error: Exception) -> FailureTreatment:
+        """The rule for a failure of one flow's step (see the module docstring)."""
+        self.pinned += 1
+        described = f"{type(error).__name__}: {error}"
+        if isinstance(error, FlowEffectError) and not _transient(error):
+            self._failures.pop(flow_id, None)
+            failure = FlowError(ErrorKind.INTERNAL, qualified_name(FlowEffectError), str(error))
+            return FailureTreatment(FailureAction.FAIL, str(error), "flow_error", error=failure)
+        failures = self._failures.get(flow_id, 0) + 1
+        self._failures[flow_id] = failures
+        if failures >= MAX_FLOW_FAILURES:
+            self._failures.pop(flow_id, None)
+            return FailureTreatment(
+                FailureAction.KEEP,
+                f"failed {failures} times in a row: {described}",
+                "repeated_failure",
+            )
+        rule = "transient" if _transient(error) else "unexplained"
+        return FailureTreatment(
+            FailureAction.RETRY,
+            f"{described}; resumed from its last checkpoint (failure {failures} of "
+            f"{MAX_FLOW_FAILURES})",
+            rule,
+            self._backoff(failures),
+        )
+
+    def message_failed(self, key: str, error: Exception) -> FailureTreatment:
+        """The rule for a failure to take in one message (see the module docstring)."""
+        self.pinned += 1
+        described = f"{type(error).__name__}: {error}"
+        failures = self._message_failures.get(key, 0) + 1
+        self._message_failures[key] = failures
+        if failures >= MAX_MESSAGE_FAILURES:
+            self._message_failures.pop(key, None)
+            return FailureTreatment(
+                FailureAction.QUARANTINE,
+                f"taking it in failed {failures} times in a row: {described}",
+                "quarantine",
+            )
+        return FailureTreatment(
+            FailureAction.RETRY,
+            f"{described}; routed again (failure {failures} of {MAX_MESSAGE_FAILURES})",
+            "unexplained",
+            self._backoff(failures),
+        )
+
+    def flow_recovered(self, flow_id: str) -> None:
+        """The flow committed a step since it failed: its failures are forgiven."""
+        self._failures.pop(flow_id, None)
+
+    def message_recovered(self, key: str) -> None:
+        """The message was taken in since it failed: its failures are forgiven."""
+        self._message_failures.pop(key, None)
+
+    def _backoff(self, failures: int) -> float:
+        exponent = min(max(failures - 1, 0), 20)
+        base: float = min(MIN_BACKOFF_SECONDS * 2.0**exponent, MAX_BACKOFF_SECONDS)
+        return base * (0.5 + self._random.random() / 2)
+
+    # --- node-wide failures (the node process) ----------------------------------------------
 
     def diagnose(self, error: BaseException) -> Diagnosis:
         """The first rule that matches ``error`` (see the module docstring)."""
@@ -124,6 +226,4 @@ class Hospital:
 
     def backoff_seconds(self) -> float:
         """The wait before resuming: capped exponential on the failures in a row, jittered."""
-        exponent = min(max(self.consecutive - 1, 0), 20)
-        base: float = min(MIN_BACKOFF_SECONDS * 2.0**exponent, MAX_BACKOFF_SECONDS)
-        return base * (0.5 + self._random.random() / 2)
+        return self._backoff(self.consecutive)

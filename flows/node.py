@@ -40,7 +40,7 @@ from persistence.store import CHECKPOINT_INTEGRITY_ERROR, CheckpointSummary, Nod
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
-from statemachine.ports import Clock, InboundMessage, OutboxRow
+from statemachine.ports import Clock, FailurePolicy, InboundMessage, OutboxRow
 from statemachine.session_messages import OutboundSessionMessage
 from statemachine.state import FlowStatus
 
@@ -155,6 +155,7 @@ class Node:
         peers: PeerKeys,
         background_relay: bool = False,
         lease: NodeLease | None = None,
+        hospital: FailurePolicy | None = None,
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
@@ -166,7 +167,12 @@ class Node:
         ``lease`` is the process's (already acquired) lease on the node database; without
         one, :meth:`start` acquires a lease of its own and :meth:`stop` releases it. Either
         way every write of the node's flows is fenced by it (:mod:`persistence.lease`).
+
+        ``hospital`` decides about failures pinned on one flow or one message (a node process
+        passes its :class:`~flows.hospital.Hospital`); without one, such errors propagate
+        from :meth:`run_once` (what a test wants to see).
         """
+        self.hospital = hospital
         if identity.name != config.name:
             raise ValueError(f"node {config.name}: its identity is {identity.name!r}")
         if messaging.my_address != config.name:
@@ -223,6 +229,7 @@ class Node:
             clock=self.clock,
             on_boundary=on_boundary,
             effects=self.effects,
+            failures=hospital,
         )
         self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
         messaging.add_handler(SESSION_TOPIC, self._on_message)
@@ -389,8 +396,49 @@ class Node:
                 FlowToStart(request.request_id, request.flow_class, request.arguments, None)
             )
         claim = ClaimFlowRequests(tuple(ids), self.clock.now())
-        self.manager.start_flows(to_start, also=(*refused, claim))
+        try:
+            self.manager.start_flows(to_start, also=(*refused, claim))
+        except Exception as error:
+            if self.hospital is None or self.hospital.is_node_wide(error) or len(ids) == 1:
+                raise
+            # One request per transaction, to find the ones that cannot be started.
+            return sum(self._start_requests_one_by_one(to_start, refused, error))
         return len(to_start)
+
+    def _start_requests_one_by_one(
+        self, to_start: list[FlowToStart], refused: list[StoreFlowError], error: Exception
+    ) -> list[int]:
+        """Start each request in its own transaction; refuse those that fail (pinned)."""
+        assert self.hospital is not None
+        log.warning(
+            "%s: starting %d requested flows failed (%s); one by one now",
+            self.party,
+            len(to_start),
+            error,
+        )
+        started = []
+        for flow in to_start:
+            at = self.clock.now()
+            try:
+                self.manager.start_flows([flow], also=(ClaimFlowRequests((flow.flow_id,), at),))
+                started.append(1)
+                continue
+            except Exception as failure:
+                if self.hospital.is_node_wide(failure):
+                    raise
+                reason = f"could not be started: {type(failure).__name__}: {failure}"
+            log.error("refusing flow request %s: %s", flow.flow_id, reason)
+            refusal = StoreFlowError(
+                flow.flow_id,
+                flow.flow_class,
+                FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason[:8192]),
+                at,
+            )
+            self.manager.start_flows([], also=(refusal, ClaimFlowRequests((flow.flow_id,), at)))
+        for refusal in refused:
+            claim = ClaimFlowRequests((refusal.flow_id,), self.clock.now())
+            self.manager.start_flows([], also=(refusal, claim))
+        return started
 
     # --- operators ------------------------------------------------------------------------
 
@@ -484,6 +532,11 @@ class Node:
             return f"ok: {action} {flow_id}"
         except (KeyError, UntrustedCheckpointError) as error:
             return f"error: {error.args[0] if error.args else error}"
+        except Exception as error:  # pinned on this command: the node goes on
+            if self.hospital is None or self.hospital.is_node_wide(error):
+                raise
+            log.exception("%s: operator %s %s failed", self.party, action, flow_id or "")
+            return f"error: {type(error).__name__}: {error}"
 
     def keep_in_hospital(self, flow_id: str, reason: str) -> None:
         """Keep a live flow for observation (it does not run until retried or killed)."""

@@ -152,7 +152,7 @@ def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
             ).first()
         if row is None:
             raise KeyError(f"no checkpoint for flow {flow_id} on {config.name}")
-        expected = database.checkpoint_mac(flow_id, row.blob)
+        expected = database.checkpoint_mac(flow_id, row.checkpoint_version, row.blob)
     finally:
         database.close()
     if expected is None:

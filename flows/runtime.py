@@ -48,8 +48,7 @@ import attrs
 from sqlalchemy.exc import SQLAlchemyError
 
 from flows.cordapps import CordappError, Cordapps
-from flows.effects import FlowEffectError
-from flows.hospital import Hospital, Treatment
+from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
@@ -69,10 +68,8 @@ from persistence.serialization import (
     DEFAULT_LIMITS,
     PAYLOADS,
     SerializationLimits,
-    qualified_name,
 )
 from persistence.store import NodeDatabase, is_permanent_connect_error
-from statemachine.flow_error import ErrorKind, FlowError
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -293,10 +290,9 @@ class NodeProcess:
         self.node: Node | None = None
         self.hospital = Hospital()
         self.recoveries = 0
-        """Rounds that failed and were resumed from the last checkpoints."""
-        self._kept: dict[str, str] = {}
-        self._to_fail: dict[str, str] = {}  # flow id -> why (the flow_error rule)
-        self._failure_marks: dict[str, int] = {}  # flow id -> journal length when it failed
+        """Node-wide failures: rounds that failed and were resumed from the last checkpoints
+        (failures pinned on a flow or a message are counted by ``hospital.pinned``)."""
+        self._last_failure = 0.0
         self._next_poll = 0.0
         self._identity_cache: NodeIdentity | None = None
         self._started_at = time.time()
@@ -454,51 +450,40 @@ class NodeProcess:
             peers=NetworkMapPeerKeys(network_map),
             background_relay=True,
             lease=self.lease,
+            hospital=self.hospital,
         )
         self.node = node
         if self._stop.is_set():
             node.wakeup.set()
         try:
             node.start()
-            for flow_id, reason in list(self._kept.items()):
-                node.keep_in_hospital(flow_id, reason)
-                del self._kept[flow_id]  # its row says HOSPITALIZED now: later starts keep it
-            for flow_id, reason in list(self._to_fail.items()):
-                if node.manager.flow_state(flow_id) is not None:
-                    error = FlowError(ErrorKind.INTERNAL, qualified_name(FlowEffectError), reason)
-                    node.fail_flow(flow_id, error)
-                del self._to_fail[flow_id]  # (lost in a crash: the error is diagnosed again)
         except BaseException:
             with contextlib.suppress(Exception):  # what started must not leak
                 node.stop()
             raise
-        self._failure_marks = {}
-        for flow_id in self.hospital.counted():
-            state = node.manager.flow_state(flow_id)
-            self._failure_marks[flow_id] = -1 if state is None else len(state.checkpoint.journal)
         return node
 
     def _recover(self, error: BaseException) -> None:
-        """The flow hospital's treatment of a failed round (see :mod:`flows.hospital`)."""
+        """A node-wide failure: drop the node's memory, resume from the last checkpoints.
+
+        (Failures pinned on one flow or one message never get here: the manager treats them
+        by the flow hospital's rules while the node goes on.)
+        """
         diagnosis = self.hospital.diagnose(error)
         delay = self.hospital.backoff_seconds()
         self.recoveries += 1
+        self._last_failure = time.monotonic()
         level = logging.WARNING if diagnosis.rule == "transient" else logging.ERROR
         log.log(
             level,
-            "%s: hospital rule %s (%s): %s; resuming from the last checkpoints in %.2f s",
+            "%s: hospital rule %s (node-wide): %s; resuming every flow from its last "
+            "checkpoint in %.2f s",
             self.config.name,
             diagnosis.rule,
-            diagnosis.treatment.value,
             diagnosis.reason,
             delay,
             exc_info=diagnosis.rule == "unknown",
         )
-        if diagnosis.treatment is Treatment.KEEP and diagnosis.flow_id is not None:
-            self._kept[diagnosis.flow_id] = diagnosis.reason
-            self.hospital.forget(diagnosis.flow_id)
-        if diagnosis.treatment is Treatment.FAIL and diagnosis.flow_id is not None:
-            self._to_fail[diagnosis.flow_id] = diagnosis.reason
         with contextlib.suppress(Exception):  # the database may be the thing that is down
             if self.node is not None:
                 self.node.stop()
@@ -578,11 +563,9 @@ class NodeProcess:
             except Exception as error:
                 self._recover(error)
                 continue
-            if self.hospital.consecutive:
-                self.hospital.recovered()
-            if self._failure_marks:
-                self._forget_flows_past_their_failures(node)
             now = time.monotonic()
+            if self.hospital.consecutive and now - self._last_failure > RECOVERED_AFTER_SECONDS:
+                self.hospital.recovered()  # not after one good round: after a quiet while
             if now >= next_status:
                 self._write_status(node, running=True)
                 next_status = now + STATUS_SECONDS
@@ -591,18 +574,6 @@ class NodeProcess:
                 next_report = now + REPORT_SECONDS
             if not worked:
                 node.wakeup.wait(self._idle_wait(node))
-
-    def _forget_flows_past_their_failures(self, node: Node) -> None:
-        """Start counting again for flows that got past their failing step (or ended).
-
-        "Failures in a row" means failures of the same step: once a flow commits a later
-        step, its earlier failures no longer count towards keeping it.
-        """
-        for flow_id, mark in list(self._failure_marks.items()):
-            state = node.manager.flow_state(flow_id)
-            if state is None or len(state.checkpoint.journal) > mark:
-                self.hospital.forget(flow_id)
-                del self._failure_marks[flow_id]
 
     def _round(self, node: Node) -> bool:
         """One scheduling round, plus operator commands and flow requests when due."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flows.flow_logic import FlowLogic
+from flows.hospital import Hospital
 from flows.identity import NodeIdentity, StaticPeerKeys
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
 from flows.party import Party
@@ -54,8 +55,12 @@ class MockClock:
         self._now = max(self._now, moment)
 
 
-class SimulatedCrash(Exception):
-    """Raised at an armed crash point: the node "dies" there (see ``MockNode.crash_at``)."""
+class SimulatedCrash(BaseException):
+    """Raised at an armed crash point: the node "dies" there (see ``MockNode.crash_at``).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: nothing that recovers from errors
+    (the flow hospital, failure isolation) may catch it, as nothing survives a real crash.
+    """
 
 
 class NetworkNotQuiescentError(RuntimeError):
@@ -74,6 +79,9 @@ class MockNode:
         self.identity = NodeIdentity.generate(config.name)
         """The node's key pair (kept across restarts, as its key file would be)."""
         network.peer_keys.add(config.name, self.identity.public_key)
+        self.hospital: Hospital | None = Hospital(seed=0) if network.hospital else None
+        """The node's flow hospital (``MockNetwork(hospital=True)``), else None: errors
+        propagate out of ``run_network`` for the test to see."""
         self._armed: tuple[str, int] | None = None
         self.node = self._build()
 
@@ -131,6 +139,7 @@ class MockNode:
                 self._on_boundary,
                 identity=self.identity,
                 peers=self._network.peer_keys,
+                hospital=self.hospital,
             )
             try:
                 node.start()
@@ -240,6 +249,7 @@ class MockNetwork:
         synchronous: str = "NORMAL",
         database: str = "sqlite",
         receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT,
+        hospital: bool = False,
     ) -> None:
         if database not in ("sqlite", "memory") and not database.startswith("postgres"):
             raise ValueError(
@@ -248,6 +258,10 @@ class MockNetwork:
             )
         self.database = database
         self.receive_timeout = receive_timeout
+        self.hospital = hospital
+        """With True each node has a flow hospital, as a node process does: failures pinned
+        on a flow or a message are retried, kept or quarantined (on the mock clock) while
+        the other flows go on. With False (the default) they propagate to the test."""
         self._schema_prefix = f"ff_{uuid.uuid4().hex[:12]}"
         self._schemas: list[str] = []
         self.cordapps = tuple(cordapps)

@@ -134,6 +134,14 @@ class InMemoryStore:
             c for c, _ in sorted(self.tables.checkpoints.values(), key=lambda x: x[0].created_at)
         ]
 
+    def load_checkpoint(self, flow_id: str) -> Checkpoint | None:
+        """One flow's checkpoint, or None."""
+        entry = self.tables.checkpoints.get(flow_id)
+        return None if entry is None else entry[0]
+
+    def mark_hospitalized(self, flow_id: str, reason: str) -> None:
+        """Nothing to mark: the in-memory flow's status is what callers see."""
+
     def checkpoint_summaries(self) -> list[CheckpointSummary]:
         """(flow id, class, status) per checkpoint."""
         return [

@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Column,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -82,6 +83,7 @@ node_message_ids = Table(
     Column("session_id", String(120), nullable=False),
     Column("sequence", BigInteger, nullable=False),
     Column("inserted_at", BigInteger, nullable=False),
+    Index("node_message_ids_session", "session_id", "sequence"),
 )
 
 node_outbox = Table(

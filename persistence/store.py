@@ -38,7 +38,6 @@ from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.lease import NodeLease, WorkerInfo
 from persistence.schema import millis
-from persistence.serialization import SerializationError
 from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,
@@ -56,6 +55,9 @@ QUERY_CHUNK = 500
 
 CHECKPOINT_INTEGRITY_ERROR = "persistence.store.CheckpointIntegrityError"
 """The error class recorded for a flow whose checkpoint could not be trusted."""
+
+MAC_CONTEXT = b"fiberflow-checkpoint-v2"
+"""Domain separation of checkpoint MACs (v2: the version is bound in)."""
 
 log = logging.getLogger("fiberflow.store")
 """Ids per ``IN (...)`` query (well under every backend's bound-parameter limit)."""
@@ -147,6 +149,7 @@ class SqlTransaction:
                     "waiting_for": waiting_for,
                     "journal_length": len(checkpoint.journal),
                     "checkpoint_bytes": len(blob),
+                    "checkpoint_version": checkpoint.version,
                     "error_message": checkpoint.error.message if checkpoint.error else None,
                     "created_at": millis(checkpoint.created_at),
                     "updated_at": millis(action.at),
@@ -156,7 +159,9 @@ class SqlTransaction:
                 {
                     "flow_id": checkpoint.flow_id,
                     "blob": blob,
-                    "mac": self._database.checkpoint_mac(checkpoint.flow_id, blob),
+                    "mac": self._database.checkpoint_mac(
+                        checkpoint.flow_id, checkpoint.version, blob
+                    ),
                 }
             )
         self._database.upsert(self._connection, schema.node_checkpoints, rows, "flow_id")
@@ -394,18 +399,26 @@ class NodeDatabase:
                 found.update(connection.execute(query).scalars())
         return found
 
-    def checkpoint_mac(self, flow_id: str, blob: bytes) -> bytes | None:
-        """The MAC of a flow's checkpoint blob (None when the database has no MAC key)."""
+    def checkpoint_mac(self, flow_id: str, version: int, blob: bytes) -> bytes | None:
+        """The MAC of version ``version`` of a flow's checkpoint blob (None without a key).
+
+        It binds the blob to its flow and to its version: a blob moved to another flow, or
+        an older blob put back, does not match the row it sits in.
+        """
         if self._mac_key is None:
             return None
-        return hmac.new(self._mac_key, flow_id.encode() + b"\0" + blob, "sha256").digest()
+        message = b"\0".join((MAC_CONTEXT, flow_id.encode(), str(version).encode(), blob))
+        return hmac.new(self._mac_key, message, "sha256").digest()
 
     def load_checkpoints(self, flow_ids: Sequence[str] | None = None) -> list[Checkpoint]:
         """Every stored checkpoint, oldest first.
 
-        A blob whose MAC does not match, or that does not decode, is not trusted: the flow
-        comes back HOSPITALIZED with the reason (its row says so too; the blob is kept as
-        found, for the operator).
+        A checkpoint is not trusted if its MAC does not match (the blob was changed, moved
+        from another flow, or an older version of it was put back), if it does not decode,
+        or if it is older than what the node committed for its flow since: the flow has a
+        stored outcome (it finished), or messages were recorded as consumed on its sessions
+        that the checkpoint does not know. An untrusted flow comes back HOSPITALIZED with the
+        reason (its row says so too; the blob is kept as found, for the operator).
         """
         rows, blobs = schema.node_checkpoints, schema.node_checkpoint_blobs
         query = (
@@ -415,6 +428,7 @@ class NodeDatabase:
                 rows.c.created_at,
                 rows.c.status,
                 rows.c.error_message,
+                rows.c.checkpoint_version,
                 blobs.c.blob,
                 blobs.c.mac,
             )
@@ -425,9 +439,18 @@ class NodeDatabase:
             query = query.where(rows.c.flow_id.in_(list(flow_ids)))
         with self.engine.connect() as connection:
             found = connection.execute(query).all()
+            decoded = {
+                row.flow_id: self._trusted_checkpoint(
+                    row.flow_id, row.checkpoint_version, row.blob, row.mac
+                )
+                for row in found
+            }
+            trusted = {f: c for f, (c, problem) in decoded.items() if c is not None}
+            stale = checkpoint_staleness(connection, list(trusted.values()))
         checkpoints = []
         for row in found:
-            checkpoint, problem = self._trusted_checkpoint(row.flow_id, row.blob, row.mac)
+            checkpoint, problem = decoded[row.flow_id]
+            problem = problem or stale.get(row.flow_id)
             if problem is not None:
                 checkpoint = self._hospitalize_untrusted(row, problem)
             assert checkpoint is not None
@@ -441,21 +464,40 @@ class NodeDatabase:
         return checkpoints
 
     def _trusted_checkpoint(
-        self, flow_id: str, blob: bytes, mac: bytes | None
+        self, flow_id: str, version: int, blob: bytes, mac: bytes | None
     ) -> tuple[Checkpoint | None, str | None]:
-        expected = self.checkpoint_mac(flow_id, blob)
+        expected = self.checkpoint_mac(flow_id, version, blob)
         if expected is not None and (mac is None or not hmac.compare_digest(expected, mac)):
-            return None, (
-                "checkpoint MAC does not match: the blob was changed outside this node "
-                "(or written with another key)"
-            )
+            return None, self._mac_problem(flow_id, version, blob, mac)
         try:
             checkpoint = decode_checkpoint(blob)
-        except SerializationError as error:
-            return None, f"undecodable checkpoint: {error}"
+        except Exception as error:  # a blob that breaks the decoder in any way is untrusted
+            return None, f"undecodable checkpoint: {type(error).__name__}: {error}"
         if checkpoint.flow_id != flow_id:
             return None, f"the checkpoint stored for {flow_id} is flow {checkpoint.flow_id}'s"
+        if checkpoint.version != version:
+            return None, (
+                f"stale checkpoint: its blob is version {checkpoint.version}, its row says the "
+                f"node committed version {version}"
+            )
         return checkpoint, None
+
+    def _mac_problem(self, flow_id: str, version: int, blob: bytes, mac: bytes | None) -> str:
+        """Why a MAC does not match: an older version put back, or a changed blob."""
+        if mac is not None:
+            with contextlib.suppress(Exception):
+                older = decode_checkpoint(blob).version
+                if older < version and hmac.compare_digest(
+                    mac, self.checkpoint_mac(flow_id, older, blob) or b""
+                ):
+                    return (
+                        f"stale checkpoint: an older genuine checkpoint (version {older}) was "
+                        f"put back, the node committed version {version}"
+                    )
+        return (
+            "checkpoint MAC does not match: the blob was changed outside this node "
+            "(or written with another key)"
+        )
 
     def mark_status(self, flow_id: str, status: FlowStatus, reason: str | None) -> None:
         """Set the status (and error message) shown in a flow's row; its blob is not touched."""
@@ -724,6 +766,59 @@ def is_permanent_connect_error(error: BaseException) -> bool:
     """
     text = str(getattr(error, "orig", None) or error).lower()
     return any(problem in text for problem in _PERMANENT_CONNECT_PROBLEMS)
+
+
+def checkpoint_staleness(
+    connection: Connection, checkpoints: Sequence[Checkpoint]
+) -> dict[str, str]:
+    """Why each of ``checkpoints`` is older than what the node committed for its flow.
+
+    Facts the node writes in the same transactions as its checkpoints: a finished flow's
+    stored outcome, and the dedup id of every message a flow consumed. A checkpoint whose
+    flow has an outcome, or that does not know a message recorded as consumed on one of its
+    sessions, is stale. Flows not in the result are fresh.
+    """
+    problems: dict[str, str] = {}
+    ids = [c.flow_id for c in checkpoints]
+    for table, what in (
+        (schema.node_flow_results, "completed"),
+        (schema.node_flow_exceptions, "failed"),
+    ):
+        for start in range(0, len(ids), QUERY_CHUNK):
+            chunk = ids[start : start + QUERY_CHUNK]
+            for flow_id in connection.execute(
+                select(table.c.flow_id).where(table.c.flow_id.in_(chunk))
+            ).scalars():
+                problems[flow_id] = (
+                    f"stale checkpoint: the flow already {what} (its outcome is stored); a "
+                    "finished flow's checkpoint never runs again"
+                )
+    expected: dict[str, tuple[str, int, frozenset[int]]] = {}
+    for checkpoint in checkpoints:
+        for session in checkpoint.sessions:
+            early = frozenset(e.sequence for e in session.early)
+            expected[session.session_id] = (
+                checkpoint.flow_id,
+                session.next_receive_sequence,
+                early,
+            )
+    table = schema.node_message_ids
+    sessions = list(expected)
+    for start in range(0, len(sessions), QUERY_CHUNK):
+        chunk = sessions[start : start + QUERY_CHUNK]
+        query = (
+            select(table.c.session_id, table.c.sequence)
+            .where(table.c.session_id.in_(chunk))
+            .order_by(table.c.session_id, table.c.sequence)
+        )
+        for session_id, sequence in connection.execute(query):
+            flow_id, next_receive, early = expected[session_id]
+            if sequence >= next_receive and sequence not in early and flow_id not in problems:
+                problems[flow_id] = (
+                    f"stale checkpoint: message {sequence} of session {session_id} was "
+                    f"consumed, but this checkpoint expects message {next_receive} next"
+                )
+    return problems
 
 
 def normalize_url(url: str) -> str:

@@ -35,3 +35,11 @@ class UnknownSessionError(StateMachineError):
         self.flow_id = flow_id
         self.session_id = session_id
         super().__init__(f"flow {flow_id} has no session {session_id}")
+
+
+class AfterCommitError(StateMachineError):
+    """Something failed after a transaction committed (acknowledging, handing off, timers).
+
+    What was committed stands; the node must not run the same actions again. Its cause is
+    the original error.
+    """

@@ -6,7 +6,9 @@ Only after that transaction commits do the ``AFTER_COMMIT`` actions run: acknowl
 inbound messages, handing outbox rows to the transport, arming timers. If anything fails
 before the commit, the transaction is rolled back and the error propagates: nothing was
 acknowledged and nothing was sent, so the transport redelivers and a restarted node replays
-from the previous checkpoint.
+from the previous checkpoint. A failure after the commit is raised as
+:class:`~statemachine.errors.AfterCommitError`: the commit stands, so the caller must not
+run the same actions again.
 
 Kinds run in the order of ``IN_TRANSACTION_ORDER``. Reordering across flows is harmless (each
 flow's rows are its own), and within one flow a removal never precedes a checkpoint of the
@@ -36,6 +38,7 @@ from statemachine.actions import (
     StoreFlowResult,
     WriteOutbox,
 )
+from statemachine.errors import AfterCommitError
 from statemachine.ports import (
     CheckpointStore,
     FlowEffects,
@@ -110,10 +113,15 @@ class ActionExecutor:
                 raise
             self.transactions += 1
             self._boundary("after_commit")
-        for kind in AFTER_COMMIT_ORDER:
-            if kind in by_kind:
-                self._run_after_commit(kind, by_kind[kind], rows)
-                self._boundary(f"after_{kind.__name__}")
+        try:
+            if RunFlowEffects in by_kind and self._effects is not None:
+                self._effects.committed(by_kind[RunFlowEffects])
+            for kind in AFTER_COMMIT_ORDER:
+                if kind in by_kind:
+                    self._run_after_commit(kind, by_kind[kind], rows)
+                    self._boundary(f"after_{kind.__name__}")
+        except Exception as error:
+            raise AfterCommitError(f"after the commit: {type(error).__name__}: {error}") from error
 
     def _run_in_transaction(
         self,

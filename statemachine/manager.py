@@ -7,6 +7,20 @@ transaction (group commit), and only then applies the continuations (resuming fi
 A transition with no actions resumes its fiber at once, so replay and non-blocking requests
 cost no round trip through the database.
 
+With a :class:`~statemachine.ports.FailurePolicy` (the node's flow hospital), a failure is
+pinned on what caused it whenever possible, and the node goes on serving everything else:
+
+* an error while taking in one inbound message is that message's: it is routed again after
+  a delay, and quarantined (dead-lettered with the reason) when it keeps failing;
+* an error in one flow's step (its transition, its fiber, or its transaction: a failed group
+  commit is retried one flow per transaction to find which flows are at fault, and the
+  others commit) is that flow's: it is resumed from its last checkpoint after a delay (the
+  messages it had taken in are held for it meanwhile), kept in the hospital when it keeps
+  failing, or failed, as the policy says;
+* a checkpoint that cannot even be restored keeps its flow in the hospital at start.
+
+Errors the policy calls node-wide (the database is down, the lease is lost) propagate.
+
 Inbound messages are dedup-checked twice: against the ids the store has recorded, and
 against an in-memory set of ids taken in but not yet committed ("being processed"). They are
 acknowledged only after the transition that took them in has committed.
@@ -14,6 +28,7 @@ acknowledged only after the transition that took them in has committed.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import uuid
@@ -22,7 +37,8 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from statemachine.actions import Action
+from statemachine.actions import AcknowledgeMessages, Action, RecordInboundMessages
+from statemachine.errors import AfterCommitError
 from statemachine.events import (
     DeliverSessionMessage,
     Event,
@@ -36,11 +52,13 @@ from statemachine.events import (
     WakeUp,
 )
 from statemachine.executor import ActionExecutor, BoundaryHook
-from statemachine.flow_error import FlowError
+from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.ports import (
     CheckpointStore,
     Clock,
     Failed,
+    FailureAction,
+    FailurePolicy,
     Fiber,
     FiberFactory,
     FiberOutcome,
@@ -114,6 +132,12 @@ class _FlowRuntime:
     events: deque[Event] = attrs.field(factory=deque)
     continuation: Continuation | None = None
     result: bytes | None = None
+    holding: bool = False
+    """The flow does not run: it waits for a retry after a failure, or is kept after
+    repeated ones. Messages for it are held raw in ``held`` (unacknowledged)."""
+    held: list[InboundMessage] = attrs.field(factory=list)
+    retry_at: float | None = None
+    """When a flow that failed is resumed from its last checkpoint (None: not waiting)."""
 
 
 @attrs.define
@@ -129,6 +153,9 @@ class ManagerStatistics:
     flows_completed: int = 0
     flows_failed: int = 0
     flows_hospitalized: int = 0
+    failures_pinned: int = 0
+    """Failures pinned on one flow or one message (each resumed, kept, failed or quarantined)."""
+    messages_quarantined: int = 0
 
 
 class StateMachineManager:
@@ -148,8 +175,10 @@ class StateMachineManager:
         clock: Clock,
         on_boundary: BoundaryHook | None = None,
         effects: FlowEffects | None = None,
+        failures: FailurePolicy | None = None,
     ) -> None:
         self.our_identity = our_identity
+        self._failures = failures
         self._session_tag = identity_tag(our_identity)
         self._store = store
         self._fibers = fibers
@@ -188,6 +217,12 @@ class StateMachineManager:
         self._timer_sequence = 0
         self._end_listeners: list[Callable[[FlowEnd], None]] = []
         self.statistics = ManagerStatistics()
+        # Failures pinned on flows and messages (see the module docstring).
+        self._flow_retries: list[tuple[float, int, str]] = []
+        self._message_retries: list[tuple[float, int, InboundMessage]] = []
+        self._retry_sequence = 0
+        self._failed_flows: set[str] = set()  # flows with failures counted against them
+        self._failed_messages: set[str] = set()
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -195,12 +230,35 @@ class StateMachineManager:
         """Load every stored checkpoint and schedule its replay; returns how many were loaded."""
         checkpoints = self._store.load_checkpoints()
         for checkpoint in checkpoints:
-            result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
-            runtime = _FlowRuntime(result.state)
-            self._flows[checkpoint.flow_id] = runtime
-            self._index_sessions(runtime.state)
-            self._set_continuation(runtime, result.continuation)
+            try:
+                self._restore_one(checkpoint)
+            except Exception as error:
+                if self._failures is None or self._failures.is_node_wide(error):
+                    raise
+                self._keep_unrestorable(checkpoint, error)
         return len(checkpoints)
+
+    def _restore_one(self, checkpoint: Checkpoint, *, holding: bool = False) -> _FlowRuntime:
+        result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
+        runtime = _FlowRuntime(result.state, holding=holding)
+        self._flows[checkpoint.flow_id] = runtime
+        self._index_sessions(runtime.state)
+        self._set_continuation(runtime, result.continuation)
+        return runtime
+
+    def _keep_unrestorable(self, checkpoint: Checkpoint, error: Exception) -> None:
+        """Keep a flow whose checkpoint cannot be restored (its row says why)."""
+        reason = f"its checkpoint cannot be restored: {type(error).__name__}: {error}"
+        self._forget_runtime(checkpoint.flow_id)
+        kept = attrs.evolve(
+            checkpoint,
+            status=FlowStatus.HOSPITALIZED,
+            error=FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, reason),
+        )
+        self._restore_one(kept, holding=True)
+        self._store.mark_hospitalized(checkpoint.flow_id, reason)
+        self.statistics.flows_hospitalized += 1
+        log.error("flow %s kept in the hospital: %s", checkpoint.flow_id, reason)
 
     def add_end_listener(self, listener: Callable[[FlowEnd], None]) -> None:
         """Call ``listener`` whenever a flow completes or fails."""
@@ -246,7 +304,18 @@ class StateMachineManager:
         messages = [self._inbox.popleft() for _ in range(len(self._inbox))]
         consumed = self._store.consumed_among([m.message_id for m in messages])
         for message in messages:
-            self._route(message, message.message_id in consumed)
+            if self._failures is None:
+                self._route(message, message.message_id in consumed)
+                continue
+            try:
+                self._route(message, message.message_id in consumed)
+            except Exception as error:
+                self._message_failed(message, error)
+            else:
+                key = _message_key(message)
+                if key in self._failed_messages:
+                    self._failed_messages.discard(key)
+                    self._failures.message_recovered(key)
 
     def _route(self, message: InboundMessage, consumed: bool) -> None:
         self.statistics.messages_received += 1
@@ -315,7 +384,11 @@ class StateMachineManager:
         flow_id = uuid.uuid5(
             _RESPONDER_NAMESPACE, f"{message.sender}|{initial.initiator_session_id}"
         ).hex
-        if flow_id in self._flows:
+        existing = self._flows.get(flow_id)
+        if existing is not None and existing.holding:
+            existing.held.append(message)  # its first step failed: it is retried with this
+            return
+        if existing is not None:
             self._dead_letter(message, f"session {initial.initiator_session_id} already open")
             return
         self._take_in(message)
@@ -364,6 +437,9 @@ class StateMachineManager:
                 f"sequence number {decoded.sequence} is too far ahead of session {session_id} "
                 f"(expecting {session.next_receive_sequence}, window {MAX_REORDER_WINDOW})",
             )
+            return
+        if runtime.holding:
+            runtime.held.append(message)
             return
         self._take_in(message)
         self._queue_event(
@@ -491,6 +567,9 @@ class StateMachineManager:
         """The earliest pending wake-up (or expiry of parked messages), or None."""
         self._drop_stale_timers()
         deadlines = [self._timers[0][0]] if self._timers else []
+        for retries in (self._flow_retries, self._message_retries):
+            if retries:
+                deadlines.append(retries[0][0])
         if self._parked_since:
             deadlines.append(min(self._parked_since.values()) + PARKED_TIMEOUT_SECONDS)
         return min(deadlines) if deadlines else None
@@ -505,10 +584,14 @@ class StateMachineManager:
             del self._parked_since[session_id]
             for message in self._parked.pop(session_id, []):
                 self._parked_total -= 1
-                self._dead_letter(
-                    message,
-                    f"session {session_id} did not open within {PARKED_TIMEOUT_SECONDS:.0f} s",
-                )
+                reason = f"session {session_id} did not open within {PARKED_TIMEOUT_SECONDS:.0f} s"
+                if self._failures is None:
+                    self._dead_letter(message, reason)
+                    continue
+                try:
+                    self._dead_letter(message, reason)
+                except Exception as error:
+                    self._message_failed(message, error)
         return bool(expired)
 
     def _fire_due_timers(self) -> bool:
@@ -546,49 +629,81 @@ class StateMachineManager:
         """True if a round would do something now (not counting future timers)."""
         if self._inbox or self._ready:
             return True
-        return bool(self._timers) and self._timers[0][0] <= self._clock.now()
+        now = self._clock.now()
+        for due in (self._timers, self._flow_retries, self._message_retries):
+            if due and due[0][0] <= now:
+                return True
+        return False
 
     def run_once(self) -> bool:
         """One round: route, transition, commit once, continue fibers. True if it did work."""
         did_work = self._fire_due_timers()
+        did_work = self._retry_due() or did_work
         did_work = self._expire_parked() or did_work
         if self._inbox:
             self._route_all()
             did_work = True
-        batch: list[tuple[Action, ...]] = []
+        batch: list[tuple[str, tuple[Action, ...]]] = []
         to_continue: list[_FlowRuntime] = []
+        awaiting: set[str] = set()  # flows with actions in the batch: their fibers wait
         while self._ready:
             flow_id = self._ready.popleft()
             self._ready_set.discard(flow_id)
             runtime = self._flows.get(flow_id)
             if runtime is None:
                 continue
+            if runtime.holding and not _kill_queued(runtime):
+                continue
             did_work = True
-            self._step_flow(runtime, batch, to_continue)
+            if self._failures is None:
+                self._step_flow(runtime, batch, to_continue, awaiting)
+                continue
+            try:
+                self._step_flow(runtime, batch, to_continue, awaiting)
+            except Exception as error:
+                self._flow_failed(runtime, error, _take_actions_of(flow_id, batch))
         if batch:
-            self.executor.execute(batch)
+            for flow_id, failure in self._commit(batch).items():
+                runtime = self._flows[flow_id]
+                self._flow_failed(runtime, failure, [a for f, a in batch if f == flow_id])
+            if self._failed_flows:
+                self._forgive_flows_that_committed(batch)
         for runtime in to_continue:
-            self._continue(runtime)
+            if runtime.holding or self._flows.get(runtime.state.flow_id) is not runtime:
+                continue  # it failed this round
+            if self._failures is None:
+                self._continue(runtime)
+                continue
+            try:
+                self._continue(runtime)
+            except Exception as error:
+                self._flow_failed(runtime, error, [])
         return did_work
 
     def _step_flow(
         self,
         runtime: _FlowRuntime,
-        batch: list[tuple[Action, ...]],
+        batch: list[tuple[str, tuple[Action, ...]]],
         to_continue: list[_FlowRuntime],
+        awaiting: set[str],
     ) -> None:
-        """Feed the flow its queued events; run its fiber at once while nothing needs a commit."""
-        awaiting_commit = False
+        """Feed the flow its queued events; run its fiber at once while nothing needs a commit.
+
+        Once a transition of the flow has actions in the round's batch (``awaiting``), its
+        fiber waits for the commit, also if the flow is stepped again in the same round.
+        """
+        flow_id = runtime.state.flow_id
+        awaiting_commit = flow_id in awaiting
         while True:
             if runtime.continuation is not None and not awaiting_commit:
-                if any(isinstance(event, KillFlow) for event in runtime.events):
+                if _kill_queued(runtime):
                     # The flow is being killed: its fiber must not run another step (what it
                     # would do next is moot, and its outcome would arrive after the kill).
                     if not isinstance(runtime.continuation, Abort):
                         runtime.continuation = None
                 else:
                     self._continue(runtime)
-            if not runtime.events or self._flows.get(runtime.state.flow_id) is not runtime:
+            if not runtime.events or self._flows.get(flow_id) is not runtime:
                 break
             if isinstance(runtime.continuation, Abort):
                 break  # the flow has ended: what is still queued is dropped by _abort
@@ -598,10 +713,220 @@ class StateMachineManager:
             if not isinstance(result.continuation, ProcessEvents):
                 runtime.continuation = result.continuation
             if result.actions:
-                batch.append(result.actions)
+                batch.append((flow_id, result.actions))
                 awaiting_commit = True
+                awaiting.add(flow_id)
         if runtime.continuation is not None:
             to_continue.append(runtime)
+
+    # --- failures pinned on one flow or one message ----------------------------------------
+
+    def _commit(self, batch: list[tuple[str, tuple[Action, ...]]]) -> dict[str, Exception]:
+        """Commit the round's actions in one transaction; on failure, find the flows at fault.
+
+        A failed group commit is retried one flow per transaction: the flows whose
+        transaction fails again are returned with their errors, the others are committed.
+        Errors that are nobody's in particular propagate.
+        """
+        try:
+            self.executor.execute([actions for _, actions in batch])
+            return {}
+        except AfterCommitError:
+            raise
+        except Exception as error:
+            if self._failures is None or self._failures.is_node_wide(error):
+                raise
+            group_error = error
+        by_flow: dict[str, list[tuple[Action, ...]]] = {}
+        for flow_id, actions in batch:
+            by_flow.setdefault(flow_id, []).append(actions)
+        if len(by_flow) == 1:
+            return {next(iter(by_flow)): group_error}
+        failures: dict[str, Exception] = {}
+        for flow_id, groups in by_flow.items():
+            try:
+                self.executor.execute(groups)
+            except AfterCommitError:
+                raise
+            except Exception as error:
+                if self._failures.is_node_wide(error):
+                    raise
+                failures[flow_id] = error
+        return failures
+
+    def _forgive_flows_that_committed(self, batch: list[tuple[str, tuple[Action, ...]]]) -> None:
+        """Flows that failed before and have now committed a step start counting again."""
+        assert self._failures is not None
+        for flow_id, _ in batch:
+            runtime = self._flows.get(flow_id)
+            if flow_id in self._failed_flows and runtime is not None and not runtime.holding:
+                self._failed_flows.discard(flow_id)
+                self._failures.flow_recovered(flow_id)
+
+    def _flow_failed(
+        self, runtime: _FlowRuntime, error: Exception, actions: Sequence[tuple[Action, ...]]
+    ) -> None:
+        """Apply the policy to a failure pinned on ``runtime``'s flow (see the docstring)."""
+        assert self._failures is not None
+        flow_id = runtime.state.flow_id
+        treatment = self._failures.flow_failed(flow_id, error)
+        if treatment.action is FailureAction.RAISE:
+            raise error
+        self.statistics.failures_pinned += 1
+        self._failed_flows.add(flow_id)
+        log.warning(
+            "flow %s: %s (rule %s): %s",
+            flow_id,
+            treatment.action.value,
+            treatment.rule,
+            treatment.reason,
+            exc_info=treatment.rule == "unexplained",
+        )
+        self._hold(runtime, actions)
+        if treatment.action is FailureAction.RETRY:
+            runtime.retry_at = self._clock.now() + treatment.delay
+            self._retry_sequence += 1
+            heapq.heappush(self._flow_retries, (runtime.retry_at, self._retry_sequence, flow_id))
+        elif treatment.action is FailureAction.KEEP:
+            self._resume_from_checkpoint(flow_id, keep=treatment.reason)
+        elif treatment.action is FailureAction.FAIL:
+            assert treatment.error is not None
+            self._resume_from_checkpoint(flow_id)
+            if flow_id in self._flows:
+                self.kill_flow(flow_id, treatment.reason, treatment.error)
+        else:
+            raise ValueError(f"{treatment.action} is not a treatment for a flow")
+
+    def _hold(self, runtime: _FlowRuntime, actions: Sequence[tuple[Action, ...]]) -> None:
+        """Stop a failed flow where it is; hold the deliveries it had taken in, raw."""
+        if runtime.fiber is not None:
+            runtime.fiber.abort()
+            runtime.fiber = None
+        runtime.continuation = None
+        runtime.holding = True
+        taken: list[str] = [r.message_id for r in runtime.state.unrecorded_inbound]
+        for group in actions:
+            for action in group:
+                if isinstance(action, RecordInboundMessages):
+                    taken.extend(r.message_id for r in action.records)
+                elif isinstance(action, AcknowledgeMessages):
+                    taken.extend(action.message_ids)
+        kept_events: deque[Event] = deque()
+        for event in runtime.events:
+            if isinstance(event, DeliverSessionMessage):
+                taken.append(event.message_id)
+            elif isinstance(event, KillFlow):
+                kept_events.append(event)
+        runtime.events = kept_events
+        for mid in dict.fromkeys(taken):
+            runtime.held.extend(self._in_process.pop(mid, ()))
+        flow_id = runtime.state.flow_id
+        self._deadline_of.pop(flow_id, None)
+        if flow_id in self._ready_set:
+            self._ready_set.discard(flow_id)
+            self._ready.remove(flow_id)
+
+    def _retry_due(self) -> bool:
+        """Resume failed flows and route failed messages whose delay has passed."""
+        now = self._clock.now()
+        did_work = False
+        while self._flow_retries and self._flow_retries[0][0] <= now:
+            due, _, flow_id = heapq.heappop(self._flow_retries)
+            runtime = self._flows.get(flow_id)
+            if runtime is not None and runtime.retry_at == due:
+                self._resume_from_checkpoint(flow_id)
+                did_work = True
+        while self._message_retries and self._message_retries[0][0] <= now:
+            _, _, message = heapq.heappop(self._message_retries)
+            self._inbox.append(message)
+            did_work = True
+        return did_work
+
+    def _resume_from_checkpoint(self, flow_id: str, keep: str | None = None) -> None:
+        """Drop a failed flow's memory and restore it from its stored checkpoint.
+
+        With ``keep`` (the reason), the flow is restored kept in the hospital, holding its
+        messages. A flow that never committed (a responder whose first step failed) is just
+        forgotten: the messages it held, its initial message among them, are routed again
+        (or, with ``keep``, the initial message is quarantined).
+        """
+        runtime = self._flows[flow_id]
+        held = runtime.held
+        events = [e for e in runtime.events if isinstance(e, KillFlow)]
+        checkpoint = self._store.load_checkpoint(flow_id)
+        self._forget_runtime(flow_id)
+        if checkpoint is None:
+            if keep is not None:
+                for message in held:
+                    self._quarantine(message, f"its flow {flow_id} failed before starting: {keep}")
+            else:
+                self._inbox.extend(held)
+            return
+        if keep is not None:
+            error = FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, keep)
+            checkpoint = attrs.evolve(checkpoint, status=FlowStatus.HOSPITALIZED, error=error)
+        fresh = self._restore_one(checkpoint, holding=keep is not None)
+        fresh.events.extend(events)
+        if events:
+            self._mark_ready(flow_id)
+        if keep is None:
+            self._inbox.extend(held)
+            return
+        fresh.held = held
+        self._store.mark_hospitalized(flow_id, keep)
+        self.statistics.flows_hospitalized += 1
+        log.error("flow %s kept in the hospital: %s", flow_id, keep)
+
+    def _forget_runtime(self, flow_id: str) -> None:
+        """Remove a flow's in-memory runtime and what points at it (not its checkpoint)."""
+        runtime = self._flows.pop(flow_id, None)
+        if runtime is None:
+            return
+        if runtime.fiber is not None:
+            runtime.fiber.abort()
+        for session in runtime.state.checkpoint.sessions:
+            if self._session_owner.get(session.session_id) == flow_id:
+                del self._session_owner[session.session_id]
+        self._deadline_of.pop(flow_id, None)
+        if flow_id in self._ready_set:
+            self._ready_set.discard(flow_id)
+            self._ready.remove(flow_id)
+
+    def _message_failed(self, message: InboundMessage, error: Exception) -> None:
+        """Apply the policy to a failure pinned on one inbound message."""
+        assert self._failures is not None
+        held = self._in_process.get(message.message_id)
+        if held is not None and held[0] is message:
+            del self._in_process[message.message_id]  # not taken in after all
+        key = _message_key(message)
+        treatment = self._failures.message_failed(key, error)
+        if treatment.action is FailureAction.RAISE:
+            raise error
+        self.statistics.failures_pinned += 1
+        self._failed_messages.add(key)
+        log.warning(
+            "message %s from %s: %s (rule %s): %s",
+            message.message_id[:MAX_LOGGED_ID],
+            message.sender[:MAX_LOGGED_ID],
+            treatment.action.value,
+            treatment.rule,
+            treatment.reason,
+            exc_info=treatment.rule == "unexplained",
+        )
+        if treatment.action is FailureAction.RETRY:
+            self._retry_sequence += 1
+            due = self._clock.now() + treatment.delay
+            heapq.heappush(self._message_retries, (due, self._retry_sequence, message))
+        elif treatment.action is FailureAction.QUARANTINE:
+            self._failed_messages.discard(key)
+            self._quarantine(message, treatment.reason)
+        else:
+            raise ValueError(f"{treatment.action} is not a treatment for a message")
+
+    def _quarantine(self, message: InboundMessage, reason: str) -> None:
+        """Dead-letter a message that keeps failing, with the reason, and acknowledge it."""
+        self.statistics.messages_quarantined += 1
+        self._dead_letter(message, f"quarantined: {reason}")
 
     def _continue(self, runtime: _FlowRuntime) -> None:
         continuation, runtime.continuation = runtime.continuation, None
@@ -659,6 +984,10 @@ class StateMachineManager:
         late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]
         runtime.events.clear()
         self._acknowledge(late)
+        for message in runtime.held:  # held while it was kept: its sessions are over now
+            self.statistics.late_messages_dropped += 1
+            self._acknowledge_one(message)
+        runtime.held = []
         for session in state.checkpoint.sessions:
             self._session_owner.pop(session.session_id, None)
         end = FlowEnd(
@@ -720,6 +1049,7 @@ class StateMachineManager:
         result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
         fresh = _FlowRuntime(result.state)
         fresh.events.extend(runtime.events)
+        self._inbox.extend(runtime.held)  # held while it was kept: routed to it now
         self._flows[checkpoint.flow_id] = fresh
         self._held_for.pop(checkpoint.flow_id, None)  # indexing its sessions releases them
         self._index_sessions(fresh.state)
@@ -748,8 +1078,15 @@ class StateMachineManager:
 
         It ends with ``error``, or by default ``FlowKilledException`` with ``reason``.
         """
-        if flow_id not in self._flows:
+        runtime = self._flows.get(flow_id)
+        if runtime is None:
             raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
+        if runtime.retry_at is not None:
+            # Waiting for a retry after a failure, its memory is ahead of its checkpoint:
+            # the kill starts from the checkpoint.
+            self._resume_from_checkpoint(flow_id)
+            if flow_id not in self._flows:
+                return  # it never committed: nothing is left to kill
         self._paused.discard(flow_id)  # a kill runs even if the flow was paused
         self._paused_ready.discard(flow_id)
         self._queue_event(flow_id, KillFlow(reason, self._clock.now(), error))
@@ -766,3 +1103,31 @@ class StateMachineManager:
     def parked_message_count(self) -> int:
         """Messages waiting for a session that has not been opened yet."""
         return sum(len(messages) for messages in self._parked.values())
+
+
+KEPT_AFTER_FAILURES = "flows.errors.FlowFailedError"
+"""The error class recorded for a flow kept in the hospital after failures."""
+MAX_LOGGED_ID = 200
+"""Characters of an inbound id or sender shown in a log line (they come from outside)."""
+
+
+def _kill_queued(runtime: _FlowRuntime) -> bool:
+    return any(isinstance(event, KillFlow) for event in runtime.events)
+
+
+def _take_actions_of(
+    flow_id: str, batch: list[tuple[str, tuple[Action, ...]]]
+) -> list[tuple[Action, ...]]:
+    """Remove ``flow_id``'s actions from the round's batch; returns them."""
+    mine = [actions for owner, actions in batch if owner == flow_id]
+    batch[:] = [(owner, actions) for owner, actions in batch if owner != flow_id]
+    return mine
+
+
+def _message_key(message: InboundMessage) -> str:
+    """What identifies a message across its deliveries (id, sender and contents)."""
+    digest = hashlib.sha256()
+    for part in (message.message_id.encode(), message.sender.encode(), message.data):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()

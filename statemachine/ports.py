@@ -7,6 +7,7 @@ contract in its docstring; the conformance tests hold every implementation to it
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Protocol, Union
 
@@ -89,6 +90,9 @@ class FlowEffects(Protocol):
     def run(self, actions: Sequence[RunFlowEffects], transaction: StoreTransaction) -> None:
         """Run each action's effects, in order, inside ``transaction``."""
 
+    def committed(self, actions: Sequence[RunFlowEffects]) -> None:
+        """The transaction that ran ``actions`` committed: forget their effects."""
+
 
 class CheckpointStore(Protocol):
     """The node database, as the state machine needs it."""
@@ -105,8 +109,65 @@ class CheckpointStore(Protocol):
     def load_checkpoints(self) -> list[Checkpoint]:
         """Every stored checkpoint, oldest first."""
 
+    def load_checkpoint(self, flow_id: str) -> Checkpoint | None:
+        """One flow's stored checkpoint (untrusted ones come back HOSPITALIZED), or None."""
+
+    def mark_hospitalized(self, flow_id: str, reason: str) -> None:
+        """Show a flow as kept in the hospital, with the reason, in its stored row."""
+
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
         """Keep a message that cannot be processed, with the reason, in its own transaction."""
+
+
+class FailureAction(enum.Enum):
+    """What the node does about a failure pinned on one flow or one inbound message."""
+
+    RETRY = "retry"
+    """Resume the flow from its last checkpoint (or route the message again) after a delay."""
+    KEEP = "keep"
+    """Keep the flow in the hospital (it does not run; messages for it are held)."""
+    FAIL = "fail"
+    """End the flow with the error, as if its code had raised it."""
+    QUARANTINE = "quarantine"
+    """Dead-letter the message with the reason and acknowledge it."""
+    RAISE = "raise"
+    """Not this flow's or message's doing (the database is down, the lease is lost): the
+    error propagates to the node."""
+
+
+@attrs.frozen
+class FailureTreatment:
+    """The action for a pinned failure, when (``delay`` seconds from now) and why."""
+
+    action: FailureAction
+    reason: str
+    rule: str
+    delay: float = 0.0
+    error: FlowError | None = None
+    """For FAIL: the error the flow ends with."""
+
+
+class FailurePolicy(Protocol):
+    """Decides what to do about failures the manager pins on a flow or a message.
+
+    The node's flow hospital (:mod:`flows.hospital`) implements it. Without a policy the
+    manager lets every error propagate (the test harness's default: a test sees the bug).
+    """
+
+    def is_node_wide(self, error: Exception) -> bool:
+        """True if ``error`` is no single flow's or message's doing (it must propagate)."""
+
+    def flow_failed(self, flow_id: str, error: Exception) -> FailureTreatment:
+        """A step of ``flow_id`` failed with ``error`` (counted against the flow)."""
+
+    def message_failed(self, key: str, error: Exception) -> FailureTreatment:
+        """Taking in the inbound message ``key`` failed with ``error`` (counted against it)."""
+
+    def flow_recovered(self, flow_id: str) -> None:
+        """``flow_id`` committed a step after failing: its failures are forgiven."""
+
+    def message_recovered(self, key: str) -> None:
+        """The message ``key`` was taken in after failing: its failures are forgiven."""
 
 
 class Outbound(Protocol):

@@ -173,6 +173,11 @@ class Checkpoint:
     """The step the flow last reported (``FlowLogic.progress``), for operators."""
     session_tag: str = ""
     """This node's identity tag, put in front of the ids of sessions the flow opens."""
+    version: int = 0
+    """How many times this flow's checkpoint has been committed (this is the ``version``-th).
+
+    The store binds it into the checkpoint's MAC and its row, so that an older checkpoint put
+    back in place of the newest is refused (see docs/security.md)."""
 
     @property
     def flow_class(self) -> str:

@@ -135,8 +135,14 @@ def _flow_id_of(state: FlowState | None, event: Event) -> str:
 
 
 def _commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]:
-    """Persist the checkpoint with everything since the last commit; clear the pending work."""
-    in_transaction: list[Action] = [PersistCheckpoint(state.checkpoint, at)]
+    """Persist the checkpoint with everything since the last commit; clear the pending work.
+
+    Each commit of a flow's checkpoint has the next version (bound into its MAC by the
+    store, so an older checkpoint put back is told from the newest).
+    """
+    checkpoint = attrs.evolve(state.checkpoint, version=state.checkpoint.version + 1)
+    state = attrs.evolve(state, checkpoint=checkpoint)
+    in_transaction: list[Action] = [PersistCheckpoint(checkpoint, at)]
     after_commit: list[Action] = []
     in_transaction.extend(_record_and_send(state, at, after_commit))
     return _clean(state), tuple(in_transaction + after_commit)
@@ -209,6 +215,7 @@ def _start_flow(_: None, event: StartFlow) -> TransitionResult:
         status=FlowStatus.UNSTARTED,
         created_at=event.at,
         session_tag=event.session_tag,
+        version=1,
     )
     actions: tuple[Action, ...] = (PersistCheckpoint(checkpoint, event.at),)
     state = FlowState(checkpoint=attrs.evolve(checkpoint, status=FlowStatus.RUNNABLE))

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import hmac
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import NoResultFound
 
 from flows.node import FlowHospitalizedError, UntrustedCheckpointError
 from flows.testing import MockNetwork, MockNode
 from persistence import schema
+from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from statemachine.state import FlowStatus
+from tests.cordapp import EchoFlow, PaymentFlow, ledger_entries
+from tests.test_flow_effects import with_ledger
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
@@ -42,6 +46,16 @@ def write_blob(node: MockNode, flow_id: str, blob: bytes, mac: bytes) -> None:
     with node.node.database.engine.begin() as connection:  # type: ignore[union-attr]
         connection.execute(
             update(table).where(table.c.flow_id == flow_id).values(blob=blob, mac=mac)
+        )
+
+
+def row_version(node: MockNode, flow_id: str) -> int:
+    table = schema.node_checkpoints
+    with node.node.database.engine.connect() as connection:  # type: ignore[union-attr]
+        return int(
+            connection.execute(
+                select(table.c.checkpoint_version).where(table.c.flow_id == flow_id)
+            ).scalar_one()
         )
 
 
@@ -89,8 +103,10 @@ def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(
 ) -> None:
     net, alice, (victim,) = suspended_pings(tmp_path, 1, backend)
     garbage = b"\x93\x01\x02"
-    key = alice.identity.mac_key()
-    mac = hmac.new(key, victim.encode() + b"\0" + garbage, "sha256").digest()
+    database = alice.node.database
+    assert isinstance(database, NodeDatabase)
+    mac = database.checkpoint_mac(victim, row_version(alice, victim), garbage)
+    assert mac is not None and len(mac) == 32
     write_blob(alice, victim, garbage, mac)
     alice.restart()
     with pytest.raises(FlowHospitalizedError, match="undecodable checkpoint"):
@@ -132,4 +148,102 @@ def test_messages_held_for_an_untrusted_flow_are_settled_when_it_is_killed(
     net.run_network()
     assert net.messaging.in_flight(address) == 0
     assert alice.checkpoints() == []
+    net.stop_nodes()
+
+
+# --- freshness: an older genuine checkpoint is refused ----------------------------------------
+
+
+def stored(node: MockNode, flow_id: str) -> tuple[dict[str, object], dict[str, object]]:
+    """A flow's whole stored checkpoint: its row and its blob row (a backup of them)."""
+    rows, blob_rows = schema.node_checkpoints, schema.node_checkpoint_blobs
+    with node.node.database.engine.connect() as connection:  # type: ignore[union-attr]
+        row = connection.execute(select(rows).where(rows.c.flow_id == flow_id)).one()
+        blob = connection.execute(select(blob_rows).where(blob_rows.c.flow_id == flow_id)).one()
+    return dict(row._mapping), dict(blob._mapping)
+
+
+def put_back(node: MockNode, row: dict[str, object], blob: dict[str, object]) -> None:
+    """Restore a flow's row and blob from a backup (as an operator, or an attacker, would)."""
+    rows, blob_rows = schema.node_checkpoints, schema.node_checkpoint_blobs
+    flow_id = row["flow_id"]
+    with node.node.database.engine.begin() as connection:  # type: ignore[union-attr]
+        for table, values in ((rows, row), (blob_rows, blob)):
+            connection.execute(delete(table).where(table.c.flow_id == flow_id))
+            connection.execute(insert(table).values(**values))
+
+
+def echoing(tmp_path: Path, backend: str) -> tuple[MockNetwork, MockNode, MockNode, str]:
+    net = MockNetwork(cordapps=["tests.cordapp"], directory=tmp_path, database=backend)
+    alice, bob = net.create_node(ALICE), net.create_node(BOB)
+    flow_id = alice.start_flow(EchoFlow(bob.party, ["a", "b", "c"])).flow_id
+    return net, alice, bob, flow_id
+
+
+def run_until(net: MockNetwork, condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        net.run_once()
+    raise AssertionError("the condition never held")
+
+
+def version_of(node: MockNode, flow_id: str) -> int:
+    try:
+        return row_version(node, flow_id)
+    except NoResultFound:
+        return 0
+
+
+def test_an_older_blob_put_back_is_refused_and_its_effects_do_not_run_again(
+    tmp_path: Path, backend: str
+) -> None:
+    net = MockNetwork(cordapps=["tests.cordapp"], directory=tmp_path, database=backend)
+    alice, bob = with_ledger(net.create_node(ALICE)), with_ledger(net.create_node(BOB))
+    victim = alice.start_flow(PaymentFlow(bob.party, 7)).flow_id
+    other = alice.start_flow(PaymentFlow(bob.party, 8)).flow_id
+    _, unstarted = stored(alice, victim)  # version 1: before the debit
+    alice.run_once()  # version 2: the debit is committed, the payment sent
+    assert version_of(alice, victim) == 2
+    write_blob(alice, victim, unstarted["blob"], unstarted["mac"])  # type: ignore[arg-type]
+    alice.restart()
+    net.run_network()
+    with pytest.raises(FlowHospitalizedError, match=r"stale checkpoint: an older genuine .* 1"):
+        alice.flow_handle(victim).result()
+    assert alice.flow_handle(other).result() == "receipt 8"
+    debits = [e for f, e in ledger_entries(alice.node.database.engine) if f == victim]  # type: ignore[union-attr]
+    assert debits == ["debit 7"]  # not replayed: the committed debit did not run again
+    net.stop_nodes()
+
+
+def test_an_older_row_and_blob_put_back_are_refused_by_the_consumed_messages(
+    tmp_path: Path, backend: str
+) -> None:
+    net = MockNetwork(cordapps=["tests.cordapp"], directory=tmp_path, database=backend)
+    alice, bob = net.create_node(ALICE), net.create_node(BOB)
+    victim = alice.start_flow(EchoFlow(bob.party, ["a", "b", "c"])).flow_id
+    alice.run_once()
+    assert version_of(alice, victim) == 2  # "a" sent, nothing received yet
+    backup = stored(alice, victim)
+    run_until(net, lambda: version_of(alice, victim) >= 3)  # the echo of "a" was consumed
+    put_back(alice, *backup)  # a whole older copy of the flow's checkpoint
+    alice.restart()
+    with pytest.raises(FlowHospitalizedError, match=r"stale checkpoint: message 0 of session"):
+        alice.flow_handle(victim).result()
+    net.stop_nodes()
+
+
+def test_a_finished_flow_never_comes_back(tmp_path: Path, backend: str) -> None:
+    net, alice, (victim,) = suspended_pings(tmp_path, 1, backend)
+    backup = stored(alice, victim)
+    net.run_network()
+    assert alice.flow_handle(victim).result() == "Pong"
+    sent = net.messaging.statistics.sent
+    put_back(alice, *backup)
+    alice.restart()
+    net.run_network()
+    assert alice.flow_status(victim) is FlowStatus.HOSPITALIZED
+    with pytest.raises(FlowHospitalizedError, match="stale checkpoint: the flow already completed"):
+        alice.flow_handle(victim).result()
+    assert net.messaging.statistics.sent == sent  # the old copy sent nothing again
     net.stop_nodes()

@@ -121,7 +121,10 @@ def test_a_flow_whose_effect_has_a_bug_fails_and_its_counterparty_is_told(
             assert [decode_outcome(outcomes[f]) for f in pings] == ["Pong"] * 3
             with pytest.raises(FlowEffectError, match="RuntimeError: the effect is broken"):
                 decode_outcome(outcomes[broken])
-            assert processes[0].recoveries == 1  # diagnosed once: no retries of a bug
+            # Pinned on the flow and diagnosed once (no retries of a bug); the node itself
+            # never stopped for it (issue 12: quarantine, not node-wide retry).
+            assert processes[0].hospital.pinned == 1
+            assert processes[0].recoveries == 0
             _wait_for(lambda: _responder_error(bobs) is not None)
             assert _responder_error(bobs) == "flows.errors.UnexpectedFlowEndException"
     finally:
@@ -166,10 +169,8 @@ def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_pa
             waiting = [f for f in list_flows(bob) if f["class"] == "WaitingResponder"]
             assert [f["status"] for f in waiting] == ["SUSPENDED"]
             assert _responder_error(NodeClient(bob.database_url)) is None
-            assert processes[0].recoveries == MAX_FLOW_FAILURES
-            # Its row says HOSPITALIZED now; the process does not re-apply the diagnosis at
-            # later recoveries (which would undo an operator's retry).
-            assert processes[0]._kept == {}
+            assert processes[0].hospital.pinned == MAX_FLOW_FAILURES
+            assert processes[0].recoveries == 0  # the others never waited for it
         with running([alice]) as again:  # a restart keeps it in the hospital
             _wait_for_status(alice, broken, "HOSPITALIZED")
             assert again[0].recoveries == 0
@@ -186,7 +187,8 @@ def test_failures_in_a_row_count_again_once_the_flow_gets_past_the_step(tmp_path
             (flow_id,) = client.start_flows([FlakyEffectsFlow(MAX_FLOW_FAILURES - 1)])
             outcomes = client.wait([flow_id], timeout=60)
             assert decode_outcome(outcomes[flow_id]) == "both done"
-            assert processes[0].recoveries == 2 * (MAX_FLOW_FAILURES - 1)
+            assert processes[0].hospital.pinned == 2 * (MAX_FLOW_FAILURES - 1)
+            assert processes[0].recoveries == 0
     finally:
         client.close()
 
