@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flows.busy import BusyMonitor
 from flows.errors import FiberflowError
 from statemachine.actions import RunFlowEffects
 from statemachine.ports import StoreTransaction
@@ -39,9 +40,10 @@ class FlowEffectError(FiberflowError):
 class FlowEffectRegistry:
     """The effects flows asked for and not yet run (implements ``ports.FlowEffects``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, monitor: BusyMonitor | None = None) -> None:
         self._effects: dict[tuple[str, int], tuple[str, FlowEffect]] = {}
         self._ended: set[str] = set()
+        self._monitor = monitor or BusyMonitor()
 
     def register(self, flow_id: str, ordinal: int, label: str, effect: FlowEffect) -> None:
         """Keep ``effect`` until the transaction of its step runs it."""
@@ -71,7 +73,8 @@ class FlowEffectRegistry:
                         action.flow_id,
                     )
                 try:
-                    effect(handle)
+                    with self._monitor.running(action.flow_id, ""):
+                        effect(handle)
                 except Exception as error:
                     raise FlowEffectError(
                         f"flow {action.flow_id}: side effect {label!r} raised "

@@ -16,6 +16,7 @@ from typing import Any
 
 import greenlet
 
+from flows.busy import BusyMonitor
 from flows.effects import FlowEffect, FlowEffectRegistry
 from flows.errors import error_from_exception, exception_from_error
 from flows.flow_logic import FlowInfo, FlowLogic, FlowSession
@@ -72,10 +73,14 @@ class GreenletFiber:
         clock_now: Callable[[], float],
         effects: FlowEffectRegistry,
         default_receive_timeout: float | None = None,
+        monitor: BusyMonitor | None = None,
+        flow_class: str = "",
     ) -> None:
         self._runtime = _FiberRuntime(
             self, flow_id, our_identity, clock_now, effects, default_receive_timeout
         )
+        self._monitor = monitor or BusyMonitor()
+        self._flow_class = flow_class
         self._build = build
         self._greenlet = greenlet.greenlet(self._run)
         self._resumer: greenlet.greenlet | None = None
@@ -105,7 +110,8 @@ class GreenletFiber:
             raise RuntimeError(f"flow {self._runtime.flow_id}: its fiber has already ended")
         self._resumer = greenlet.getcurrent()
         self._greenlet.parent = self._resumer
-        outcome = method(*args)
+        with self._monitor.running(self._runtime.flow_id, self._flow_class):
+            outcome = method(*args)
         if not isinstance(outcome, (Suspended, Returned, Failed)):
             raise RuntimeError(
                 f"flow {self._runtime.flow_id} switched greenlets on its own: flows must not "
@@ -156,8 +162,11 @@ class GreenletFiberFactory:
         resolve: Callable[[str], type[FlowLogic[Any]] | None],
         effects: FlowEffectRegistry | None = None,
         default_receive_timeout: float | None = None,
+        monitor: BusyMonitor | None = None,
     ) -> None:
         self._effects = effects if effects is not None else FlowEffectRegistry()
+        self.monitor = monitor or BusyMonitor()
+        """Which flow's code runs now (read by the node process's watchdog)."""
         self._default_receive_timeout = default_receive_timeout
         self._our_identity = our_identity
         self._clock_now = clock_now
@@ -195,4 +204,6 @@ class GreenletFiberFactory:
             self._clock_now,
             self._effects,
             self._default_receive_timeout,
+            self.monitor,
+            origin.flow_class,
         )

@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
+from flows.busy import BusyMonitor
 from flows.cordapps import Cordapps
 from flows.effects import FlowEffectRegistry
 from flows.errors import (
@@ -156,6 +157,7 @@ class Node:
         background_relay: bool = False,
         lease: NodeLease | None = None,
         hospital: FailurePolicy | None = None,
+        busy: BusyMonitor | None = None,
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
@@ -209,13 +211,16 @@ class Node:
         )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
-        self.effects = FlowEffectRegistry()
+        self.busy = busy or BusyMonitor()
+        """Which flow's code runs now (the node process's watchdog reads it)."""
+        self.effects = FlowEffectRegistry(self.busy)
         fibers = GreenletFiberFactory(
             self.party,
             self.clock.now,
             self.cordapps.flow_class,
             self.effects,
             config.receive_timeout,
+            self.busy,
         )
         self.manager = StateMachineManager(
             our_identity=config.name,

@@ -53,6 +53,12 @@ def _waiting_on(suspended_on: str | None, waiting_for: str | None) -> str:
     return "receive from " + ", ".join(n.split(",")[0].removeprefix("O=") for n in names)
 
 
+def _status(flow_id: str, stored: str, paused: set[str], busy: dict[str, tuple[int, str]]) -> str:
+    if flow_id in busy:
+        return "RUNNING"  # its code has run too long without suspending (see docs)
+    return "PAUSED" if flow_id in paused else stored
+
+
 def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
     """One dict per flow with a checkpoint: id, class, status, waiting on, age, step."""
     database = _database(config)
@@ -61,14 +67,19 @@ def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
         with database.engine.connect() as connection:
             rows = connection.execute(select(table).order_by(table.c.created_at)).all()
         paused = database.paused_flows()
+        busy = database.busy_flows()
     finally:
         database.close()
     return [
         {
             "flow_id": row.flow_id,
             "class": row.flow_class.rsplit(".", 1)[-1],
-            "status": "PAUSED" if row.flow_id in paused else row.status,
-            "waiting_on": _waiting_on(row.suspended_on, row.waiting_for),
+            "status": _status(row.flow_id, row.status, paused, busy),
+            "waiting_on": (
+                f"running {_age(busy[row.flow_id][0])} at {busy[row.flow_id][1]}"
+                if row.flow_id in busy
+                else _waiting_on(row.suspended_on, row.waiting_for)
+            ),
             "age": _age(row.created_at),
             "step": row.progress_step or "-",
             "error": row.error_message,

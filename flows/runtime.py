@@ -19,6 +19,7 @@ database; every flow stays checkpointed). The config file::
     limits = { max_bytes = 16777216, max_depth = 64 }   # optional: payload/message limits
     lease_seconds = 20                       # optional: the node lease's length
     database_wait_seconds = 60               # optional: wait this long for the database
+    busy_warning_seconds = 5                 # optional: log flows running this long
 
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
 
@@ -47,6 +48,7 @@ from typing import Any
 import attrs
 from sqlalchemy.exc import SQLAlchemyError
 
+from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.cordapps import CordappError, Cordapps
 from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
@@ -94,6 +96,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "limits": dict,
     "lease_seconds": (int, float),
     "database_wait_seconds": (int, float),
+    "busy_warning_seconds": (int, float),
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -102,6 +105,8 @@ class ConfigError(ValueError):
     """A node config that cannot be used; the message names the file and the field."""
 
 
+DEFAULT_BUSY_WARNING_SECONDS = 5.0
+"""A flow whose code runs this long without suspending is logged (and shown as RUNNING)."""
 DEFAULT_DATABASE_WAIT_SECONDS = 60.0
 """How long a starting node retries a database that refuses connections."""
 
@@ -134,6 +139,8 @@ class RuntimeConfig:
     """How long the node lease lasts without renewal (renewed every third of it)."""
     database_wait_seconds: float = DEFAULT_DATABASE_WAIT_SECONDS
     """How long a starting node waits for an unreachable database before giving up."""
+    busy_warning_seconds: float = DEFAULT_BUSY_WARNING_SECONDS
+    """A flow whose code runs this long without suspending is logged and listed."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -239,6 +246,9 @@ def config_from_mapping(
     database_wait = document.get("database_wait_seconds", DEFAULT_DATABASE_WAIT_SECONDS)
     if isinstance(database_wait, bool) or not database_wait >= 0:
         raise fail("database_wait_seconds", "must be zero or positive seconds")
+    busy_warning = document.get("busy_warning_seconds", DEFAULT_BUSY_WARNING_SECONDS)
+    if isinstance(busy_warning, bool) or not busy_warning > 0:
+        raise fail("busy_warning_seconds", "must be positive seconds")
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -254,6 +264,7 @@ def config_from_mapping(
         limits=limits,
         lease_seconds=float(lease_seconds),
         database_wait_seconds=float(database_wait),
+        busy_warning_seconds=float(busy_warning),
     )
 
 
@@ -299,6 +310,9 @@ class NodeProcess:
         self.worker = WorkerInfo.of_this_process()
         """This process as a worker of the node (its id names its lease and consumer)."""
         self.lease: NodeLease | None = None
+        self.busy = BusyMonitor()
+        """Which flow's code runs now, across rebuilds of the node (the watchdog reads it)."""
+        self._watchdog: BusyWatchdog | None = None
         self.lease_lost: LeaseLostError | None = None
         """Set when the lease was lost: the process stops and exits with status 3."""
 
@@ -309,8 +323,13 @@ class NodeProcess:
             self.node.wakeup.set()
 
     def _on_signal(self, number: int, _: FrameType | None) -> None:
-        log.info("%s: received %s, shutting down", self.config.name, signal.Signals(number).name)
+        if not self._stop.is_set():
+            name = signal.Signals(number).name
+            log.info("%s: received %s, shutting down", self.config.name, name)
         self.request_stop()
+        if self._watchdog is not None:
+            self._watchdog.stop_requested()
+            self._watchdog.interrupt_if_due()  # flow code that overstays: NodeStopping
 
     def run(self, install_signal_handlers: bool = True) -> int:
         """Start the node, serve until stopped, shut down cleanly; returns the exit status.
@@ -338,9 +357,20 @@ class NodeProcess:
             self.lease = lease
             keeper = LeaseKeeper(lease, self._on_lease_lost, config.name)
             keeper.start()
+            watchdog = BusyWatchdog(
+                self.busy,
+                config.busy_warning_seconds,
+                lease_database.note_busy_flow,
+                lease_database.clear_busy_flow,
+                config.name,
+            )
+            self._watchdog = watchdog
+            watchdog.start()
             try:
                 return self._run_holding_lease(lease)
             finally:
+                watchdog.close()
+                self._watchdog = None
                 keeper.stop()
                 if self.lease_lost is None:
                     lease.release()
@@ -451,6 +481,7 @@ class NodeProcess:
             background_relay=True,
             lease=self.lease,
             hospital=self.hospital,
+            busy=self.busy,
         )
         self.node = node
         if self._stop.is_set():
@@ -559,6 +590,14 @@ class NodeProcess:
                 worked = self._round(node)
             except LeaseLostError as error:
                 self._on_lease_lost(error)
+                break
+            except NodeStopping as stopping:
+                log.warning(
+                    "%s: %s: interrupted it to stop; it resumes from its last checkpoint at the "
+                    "next start",
+                    self.config.name,
+                    stopping,
+                )
                 break
             except Exception as error:
                 self._recover(error)

@@ -172,6 +172,18 @@ node_partitions = Table(
 """Which worker holds each partition of the node's flows, and its fencing epoch."""
 
 
+node_running_flows = Table(
+    "node_running_flows",
+    metadata,
+    Column("flow_id", String(64), primary_key=True),
+    Column("since", BigInteger, nullable=False),
+    Column("location", Text, nullable=False),
+    Column("noted_at", BigInteger, nullable=False),
+)
+"""Flows whose code has run longer than the node allows without suspending (the node
+process's watchdog writes and clears these; ``fiberflow flow list`` shows them)."""
+
+
 def millis(seconds: float) -> int:
     """Seconds since the epoch to the integer milliseconds the tables store."""
     return round(seconds * 1000)

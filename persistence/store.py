@@ -717,6 +717,35 @@ class NodeDatabase:
             found = connection.execute(select(table.c.value).where(table.c.name == name))
             return found.scalar_one_or_none()
 
+    def note_busy_flow(self, flow_id: str, since: float, location: str) -> None:
+        """Record that ``flow_id``'s code has been running since ``since`` (at ``location``).
+
+        Written by the node process's watchdog thread, outside the lease's fencing: it is a
+        note for operators, never a fact flows depend on.
+        """
+        table = schema.node_running_flows
+        row = {
+            "flow_id": flow_id,
+            "since": millis(since),
+            "location": location[:2000],
+            "noted_at": millis(time.time()),
+        }
+        with self.writer.begin() as connection:
+            self.upsert(connection, table, [row], "flow_id")
+
+    def clear_busy_flow(self, flow_id: str) -> None:
+        """Forget the note of :meth:`note_busy_flow` (the flow suspended or stopped)."""
+        table = schema.node_running_flows
+        with self.writer.begin() as connection:
+            connection.execute(delete(table).where(table.c.flow_id == flow_id))
+
+    def busy_flows(self) -> dict[str, tuple[int, str]]:
+        """Flow id -> (running since, in ms; location) of the flows noted as running long."""
+        table = schema.node_running_flows
+        with self.engine.connect() as connection:
+            rows = connection.execute(select(table.c.flow_id, table.c.since, table.c.location))
+            return {row.flow_id: (row.since, row.location) for row in rows}
+
     def paused_flows(self) -> set[str]:
         """The flows operators paused."""
         table = schema.node_paused_flows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import attrs
@@ -486,3 +487,24 @@ class BlobResponder(FlowLogic[None]):
         if error_chars:
             raise FlowException("e" * error_chars)
         self.session.send(len(blob))
+
+
+# --- flow code that does not suspend ------------------------------------------------------
+
+
+class BusyFlow(FlowLogic[str]):
+    """Computes (``how="compute"``) or blocks in a system call (``how="block"``) for
+    ``seconds`` without suspending: what flow code must not do (docs/writing-flows.md)."""
+
+    def __init__(self, seconds: float, how: str = "compute") -> None:
+        self.seconds = seconds
+        self.how = how
+
+    def call(self) -> str:
+        if self.how == "block":
+            time.sleep(self.seconds)  # the line the watchdog names
+        else:
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:  # the line the watchdog names
+                pass
+        return "done"

@@ -63,6 +63,12 @@ def opened(tmp_path: Path, backend: str) -> Iterator[Opened]:
     drop_schema(backend, name)
 
 
+def expire(database: NodeDatabase) -> None:
+    """Make every lease of the database run out now (as if its holder stopped renewing)."""
+    with database.engine.begin() as connection:
+        connection.execute(update(schema.node_workers).values(expires_at=0))
+
+
 def another_process() -> WorkerInfo:
     """A worker on this host whose process is alive (this one), under another worker id."""
     return WorkerInfo.of_this_process()
@@ -127,14 +133,14 @@ def test_a_released_lease_is_taken_with_the_next_epoch(opened: Opened) -> None:
 def test_an_expired_holder_is_taken_over_and_fenced_out(opened: Opened) -> None:
     old_db, new_db = opened.database(), opened.database()
     try:
-        old = old_db.new_lease(None, 0.3)
+        old = old_db.new_lease(None, 20)
         old.acquire()
         old_db.lease = old
         with old_db.fenced():  # holding: writes go through
             pass
         with pytest.raises(LeaseHeldError):
             new_db.new_lease(another_process(), 20).acquire()
-        time.sleep(0.4)  # the old holder does not renew: its lease runs out
+        expire(old_db)  # the old holder does not renew: its lease runs out
         new = new_db.new_lease(another_process(), 20)
         new.acquire()
         assert new.taken_over_from == [old.worker]
@@ -181,10 +187,10 @@ def test_a_holder_on_another_host_is_not_judged_by_its_pid(opened: Opened) -> No
 def test_an_expired_lease_nobody_took_is_renewed(opened: Opened) -> None:
     database = opened.database()
     try:
-        lease = database.new_lease(None, 0.2)
+        lease = database.new_lease(None, 20)
         lease.acquire()
         database.lease = lease
-        time.sleep(0.3)
+        expire(database)
         lease.renew()  # never replaced: still the holder
         with database.fenced():
             pass
@@ -198,11 +204,11 @@ def test_a_takeover_waits_for_a_commit_in_progress(opened: Opened) -> None:
     """The fence holds off a takeover until the fenced transaction ends (then it wins)."""
     old_db, new_db = opened.database(), opened.database()
     try:
-        old = old_db.new_lease(None, 0.3)
+        old = old_db.new_lease(None, 20)
         old.acquire()
         old_db.lease = old
+        expire(old_db)  # (in its own transaction, before the commit below begins)
         transaction = old_db.begin()  # fenced: the check ran, the transaction stays open
-        time.sleep(0.4)  # expired meanwhile
         taken = threading.Event()
         errors: list[BaseException] = []
 
@@ -247,11 +253,11 @@ def test_postgresql_ends_the_sessions_of_a_holder_frozen_in_a_transaction(
     frozen_worker = another_process()
     old_db, new_db = opened.database(frozen_worker), opened.database()
     try:
-        old = old_db.new_lease(frozen_worker, 0.3)
+        old = old_db.new_lease(frozen_worker, 20)
         old.acquire()
         old_db.lease = old
+        expire(old_db)
         transaction = old_db.begin()  # holds its FOR SHARE lock, then "freezes"
-        time.sleep(0.4)
         new = new_db.new_lease(another_process(), 20)
         new.acquire()  # waits for the lock, ends the frozen session, takes over
         assert new.taken_over_from == [frozen_worker]

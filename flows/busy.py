@@ -1,0 +1,220 @@
+"""Flows that run too long without suspending: who is running, for how long, on which line.
+
+A node runs its flows one at a time on its scheduler thread (greenlets are cooperative): a
+flow that computes or blocks without suspending holds back every other flow of its node.
+:class:`BusyMonitor` records which flow's code is running now (its fiber, or one of its
+``in_transaction`` effects); :func:`where` finds the line it is on from another thread; the
+node process's watchdog (:class:`BusyWatchdog`) logs a flow that has run longer than a
+configured time, shows it in ``fiberflow flow list``, and makes SIGTERM take effect within
+seconds whatever the flow does (:class:`NodeStopping`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+import attrs
+
+log = logging.getLogger("fiberflow.busy")
+
+STOP_GRACE_SECONDS = 2.0
+"""After SIGTERM, flow code still running this long is interrupted (see NodeStopping)."""
+REPEAT_SECONDS = 30.0
+"""A flow still running is logged again this often."""
+_FRAMEWORK = tuple(
+    str(Path(__file__).resolve().parent.parent / package)
+    for package in ("flows", "statemachine", "messaging", "persistence")
+)
+
+
+class NodeStopping(BaseException):
+    """Raised in flow code that still runs after the node was asked to stop.
+
+    A ``BaseException``, so flow code's ``except Exception`` does not swallow it and the
+    flow is not failed by it: the node stops without committing anything more, and the flow
+    resumes from its last checkpoint at the next start.
+    """
+
+
+@attrs.frozen
+class Running:
+    """A flow whose code is running now."""
+
+    flow_id: str
+    flow_class: str
+    since: float
+    """``time.monotonic()`` when it was switched in."""
+    thread_id: int
+    run: int
+    """A number for this stretch of running (a flow switched in again gets a new one)."""
+
+    def seconds(self) -> float:
+        """How long it has been running."""
+        return time.monotonic() - self.since
+
+
+class BusyMonitor:
+    """Which flow's code the scheduler thread runs now (set by the fibers and effects)."""
+
+    def __init__(self) -> None:
+        self._current: Running | None = None
+        self._runs = 0
+
+    @contextlib.contextmanager
+    def running(self, flow_id: str, flow_class: str) -> Iterator[None]:
+        """Mark ``flow_id``'s code as running for the duration of the block."""
+        outer = self._current
+        self._runs += 1
+        self._current = Running(
+            flow_id, flow_class, time.monotonic(), threading.get_ident(), self._runs
+        )
+        try:
+            yield
+        finally:
+            self._current = outer
+
+    def current(self) -> Running | None:
+        """The flow running now, if any (safe to read from any thread)."""
+        return self._current
+
+
+def where(running: Running) -> str:
+    """``file.py:42 in call`` of the flow's own code, from another thread (best effort).
+
+    The innermost frame outside fiberflow's packages is the line the flow is on (if the
+    flow is inside a library call, that call's line in the flow's code is named too).
+    """
+    frame: FrameType | None = sys._current_frames().get(running.thread_id)
+    innermost: FrameType | None = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_FRAMEWORK):
+            if innermost is None:
+                innermost = frame
+            module = frame.f_globals.get("__name__", "")
+            if running.flow_class.startswith(module + "."):
+                line = _describe(frame)
+                return line if frame is innermost else f"{line} (in {_describe(innermost)})"
+        frame = frame.f_back
+    return _describe(innermost) if innermost is not None else "an unknown line"
+
+
+def _describe(frame: FrameType) -> str:
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+class BusyWatchdog:
+    """Watches a node's flows for long runs without suspending (a thread of its own).
+
+    ``note(flow_id, since, location)`` and ``clear(flow_id)`` record and forget a busy flow
+    where ``fiberflow flow list`` shows it (the node database). After :meth:`stop_requested`,
+    flow code still running after ``STOP_GRACE_SECONDS`` is interrupted: the watchdog sends
+    SIGTERM to the scheduler thread, whose handler (:meth:`interrupt_if_due`) raises
+    :class:`NodeStopping` in the flow.
+    """
+
+    def __init__(
+        self,
+        monitor: BusyMonitor,
+        warn_after: float,
+        note: Callable[[str, float, str], None],
+        clear: Callable[[str], None],
+        name: str,
+    ) -> None:
+        self._monitor = monitor
+        self._warn_after = warn_after
+        self._note = note
+        self._clear = clear
+        self._name = name
+        self._stop = threading.Event()
+        self._stop_requested_at: float | None = None
+        self._reported: Running | None = None
+        self._next_report = 0.0
+        self._thread = threading.Thread(target=self._watch, name=f"busy-{name}", daemon=True)
+
+    def start(self) -> None:
+        """Start watching."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching (a flow still reported is cleared)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def stop_requested(self) -> None:
+        """The node was asked to stop: flow code may run ``STOP_GRACE_SECONDS`` more."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
+
+    def interrupt_if_due(self) -> None:
+        """In the scheduler thread's signal handler: raise NodeStopping in overdue flow code."""
+        running = self._monitor.current()
+        if (
+            self._stop_requested_at is not None
+            and running is not None
+            and running.thread_id == threading.get_ident()
+            and time.monotonic() - max(self._stop_requested_at, running.since) >= STOP_GRACE_SECONDS
+        ):
+            raise NodeStopping(
+                f"flow {running.flow_id} ({running.flow_class}) still running "
+                f"{running.seconds():.1f} s after the node was asked to stop"
+            )
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self._check()
+            except Exception:  # the watchdog must not die: it is how a stuck node is seen
+                log.exception("%s: the busy-flow watchdog failed", self._name)
+        if self._reported is not None:
+            with contextlib.suppress(Exception):
+                self._clear(self._reported.flow_id)
+
+    def _check(self) -> None:
+        running = self._monitor.current()
+        reported = self._reported
+        if reported is not None and (running is None or running.run != reported.run):
+            log.warning(
+                "%s: flow %s (%s) ran %.1f s without suspending",
+                self._name,
+                reported.flow_id,
+                reported.flow_class,
+                time.monotonic() - reported.since,
+            )
+            self._clear(reported.flow_id)
+            self._reported = None
+        if running is None:
+            return
+        now = time.monotonic()
+        seconds = now - running.since
+        if seconds >= self._warn_after and (self._reported is None or now >= self._next_report):
+            location = where(running)
+            log.warning(
+                "%s: flow %s (%s) has been running %.1f s without suspending, at %s; every "
+                "other flow of this node waits for it (flow code must not block or compute "
+                "for long: see docs/writing-flows.md)",
+                self._name,
+                running.flow_id,
+                running.flow_class,
+                seconds,
+                location,
+            )
+            self._note(running.flow_id, time.time() - seconds, location)
+            self._reported = running
+            self._next_report = now + REPEAT_SECONDS
+        requested = self._stop_requested_at
+        if (
+            requested is not None
+            and now - max(requested, running.since) >= STOP_GRACE_SECONDS
+            and threading.main_thread().ident == running.thread_id
+        ):
+            signal.pthread_kill(running.thread_id, signal.SIGTERM)
