@@ -222,6 +222,7 @@ class StateMachineManager:
         self._message_retries: list[tuple[float, int, InboundMessage]] = []
         self._retry_sequence = 0
         self._failed_flows: set[str] = set()  # flows with failures counted against them
+        self._fail_on_start: dict[str, tuple[str, FlowError]] = {}
         self._failed_messages: set[str] = set()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -409,6 +410,9 @@ class StateMachineManager:
         self._index_sessions(runtime.state)
         self._set_continuation(runtime, result.continuation)
         self.statistics.flows_started += 1
+        failed = self._fail_on_start.pop(flow_id, None)
+        if failed is not None:  # its first step failed for good: it ends at once
+            self.kill_flow(flow_id, *failed)
 
     def _route_existing(self, message: InboundMessage, decoded: ExistingSessionMessage) -> None:
         session_id = decoded.recipient_session_id
@@ -794,6 +798,8 @@ class StateMachineManager:
             self._resume_from_checkpoint(flow_id)
             if flow_id in self._flows:
                 self.kill_flow(flow_id, treatment.reason, treatment.error)
+            else:  # a responder that never committed: it ends as soon as it is created again
+                self._fail_on_start[flow_id] = (treatment.reason, treatment.error)
         else:
             raise ValueError(f"{treatment.action} is not a treatment for a flow")
 
@@ -924,9 +930,26 @@ class StateMachineManager:
             raise ValueError(f"{treatment.action} is not a treatment for a message")
 
     def _quarantine(self, message: InboundMessage, reason: str) -> None:
-        """Dead-letter a message that keeps failing, with the reason, and acknowledge it."""
+        """Dead-letter a message that keeps failing, with the reason, and acknowledge it.
+
+        If even that fails (for a reason that is not node-wide), the message is left
+        unacknowledged in the transport, out of the node's way, and logged: never lost.
+        """
+        assert self._failures is not None
         self.statistics.messages_quarantined += 1
-        self._dead_letter(message, f"quarantined: {reason}")
+        try:
+            self._dead_letter(message, f"quarantined: {reason}")
+        except Exception as error:
+            if self._failures.is_node_wide(error):
+                raise
+            log.error(
+                "message %s from %s could not be quarantined (%s: %s); left unacknowledged "
+                "in the transport, set aside until the node restarts",
+                message.message_id[:MAX_LOGGED_ID],
+                message.sender[:MAX_LOGGED_ID],
+                type(error).__name__,
+                error,
+            )
 
     def _continue(self, runtime: _FlowRuntime) -> None:
         continuation, runtime.continuation = runtime.continuation, None

@@ -508,3 +508,28 @@ class BusyFlow(FlowLogic[str]):
             while time.monotonic() < deadline:  # the line the watchdog names
                 pass
         return "done"
+
+
+@initiating_flow
+class AskFragileFlow(FlowLogic[str]):
+    """Asks a responder whose first step's effect has a bug (see FragileResponder)."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        return self.initiate_flow(self.peer).send_and_receive(str, "well?").unwrap(str)
+
+
+@initiated_by(AskFragileFlow)
+class FragileResponder(FlowLogic[str]):
+    """Its effect raises before its first checkpoint: it never committed anything."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        self.session.receive(str)
+        self.in_transaction(functools.partial(_broken, False), "broken")
+        self.session.send("unreachable")
+        return "unreachable"

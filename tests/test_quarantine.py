@@ -17,7 +17,7 @@ import attrs
 import pytest
 from sqlalchemy import insert, select, update
 
-from flows.errors import FlowTimeoutException
+from flows.errors import FlowTimeoutException, UnexpectedFlowEndException
 from flows.hospital import MAX_FLOW_FAILURES, MAX_MESSAGE_FAILURES, Hospital
 from flows.node import FlowHospitalizedError
 from flows.testing import MockNetwork, MockNode
@@ -28,7 +28,7 @@ from samples.pingpong import PingFlow
 from statemachine.ports import FailureAction
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
-from tests.cordapp import PaymentFlow
+from tests.cordapp import AskFragileFlow, PaymentFlow
 from tests.test_flow_effects import with_ledger
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
@@ -184,3 +184,25 @@ def test_node_wide_errors_are_not_pinned() -> None:
     effect.__cause__ = locked
     assert not hospital.is_node_wide(effect)  # one flow's effect met it: counted on the flow
     assert not hospital.is_node_wide(RuntimeError("bug"))
+
+
+def test_a_responder_whose_first_step_fails_ends_and_its_initiator_is_told(
+    hnet: MockNetwork,
+) -> None:
+    """No checkpoint to resume from: the responder ends with the error, once (no loop)."""
+    alice, bob = hnet.create_node(ALICE), hnet.create_node(BOB)
+    asking = alice.start_flow(AskFragileFlow(bob.party))
+    pings = [alice.start_flow(PingFlow(bob.party)) for _ in range(2)]
+    hnet.run_network()
+    with pytest.raises(UnexpectedFlowEndException):
+        asking.result()
+    assert [p.result() for p in pings] == ["Pong"] * 2
+    assert bob.hospital is not None and bob.hospital.pinned == 1
+    table = schema.node_flow_exceptions
+    with database_of(bob).engine.connect() as connection:
+        (failed,) = connection.execute(
+            select(table.c.flow_class, table.c.exception_class, table.c.message)
+        ).all()
+    assert failed.flow_class == "tests.cordapp.FragileResponder"
+    assert failed.exception_class == "flows.effects.FlowEffectError"
+    assert "RuntimeError: the effect is broken" in failed.message
