@@ -11,6 +11,7 @@ seconds whatever the flow does (:class:`NodeStopping`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import signal
@@ -139,6 +140,9 @@ class BusyWatchdog:
         self._reported: Running | None = None
         self._next_report = 0.0
         self._thread = threading.Thread(target=self._watch, name=f"busy-{name}", daemon=True)
+        # Notes are written on a thread of their own: writing one may wait for the database
+        # (the busy flow itself may hold SQLite's write lock), the watchdog never does.
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, f"busy-notes-{name}")
 
     def start(self) -> None:
         """Start watching."""
@@ -149,6 +153,7 @@ class BusyWatchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self._writer.shutdown(wait=True, cancel_futures=False)
 
     def stop_requested(self) -> None:
         """The node was asked to stop: flow code may run ``STOP_GRACE_SECONDS`` more."""
@@ -176,11 +181,28 @@ class BusyWatchdog:
             except Exception:  # the watchdog must not die: it is how a stuck node is seen
                 log.exception("%s: the busy-flow watchdog failed", self._name)
         if self._reported is not None:
-            with contextlib.suppress(Exception):
-                self._clear(self._reported.flow_id)
+            self._write(self._clear, self._reported.flow_id)
+
+    def _write(self, note: Callable[..., None], *args: object) -> None:
+        def write() -> None:
+            try:
+                note(*args)
+            except Exception as error:  # a locked or unreachable database: a note is lost
+                log.warning("%s: cannot note a busy flow in the database: %s", self._name, error)
+
+        self._writer.submit(write)
 
     def _check(self) -> None:
         running = self._monitor.current()
+        now = time.monotonic()
+        requested = self._stop_requested_at
+        if (
+            running is not None
+            and requested is not None
+            and now - max(requested, running.since) >= STOP_GRACE_SECONDS
+            and threading.main_thread().ident == running.thread_id
+        ):
+            signal.pthread_kill(running.thread_id, signal.SIGTERM)
         reported = self._reported
         if reported is not None and (running is None or running.run != reported.run):
             log.warning(
@@ -190,11 +212,10 @@ class BusyWatchdog:
                 reported.flow_class,
                 time.monotonic() - reported.since,
             )
-            self._clear(reported.flow_id)
+            self._write(self._clear, reported.flow_id)
             self._reported = None
         if running is None:
             return
-        now = time.monotonic()
         seconds = now - running.since
         if seconds >= self._warn_after and (self._reported is None or now >= self._next_report):
             location = where(running)
@@ -208,13 +229,6 @@ class BusyWatchdog:
                 seconds,
                 location,
             )
-            self._note(running.flow_id, time.time() - seconds, location)
+            self._write(self._note, running.flow_id, time.time() - seconds, location)
             self._reported = running
             self._next_report = now + REPEAT_SECONDS
-        requested = self._stop_requested_at
-        if (
-            requested is not None
-            and now - max(requested, running.since) >= STOP_GRACE_SECONDS
-            and threading.main_thread().ident == running.thread_id
-        ):
-            signal.pthread_kill(running.thread_id, signal.SIGTERM)

@@ -41,13 +41,15 @@ class FlowEffectRegistry:
     """The effects flows asked for and not yet run (implements ``ports.FlowEffects``)."""
 
     def __init__(self, monitor: BusyMonitor | None = None) -> None:
-        self._effects: dict[tuple[str, int], tuple[str, FlowEffect]] = {}
+        self._effects: dict[tuple[str, int], tuple[str, FlowEffect, str]] = {}
         self._ended: set[str] = set()
         self._monitor = monitor or BusyMonitor()
 
-    def register(self, flow_id: str, ordinal: int, label: str, effect: FlowEffect) -> None:
+    def register(
+        self, flow_id: str, ordinal: int, label: str, effect: FlowEffect, flow_class: str = ""
+    ) -> None:
         """Keep ``effect`` until the transaction of its step runs it."""
-        self._effects[(flow_id, ordinal)] = (label, effect)
+        self._effects[(flow_id, ordinal)] = (label, effect, flow_class)
 
     def run(self, actions: Sequence[RunFlowEffects], transaction: StoreTransaction) -> None:
         """Run the effects of ``actions`` in order, with the transaction's handle.
@@ -65,7 +67,7 @@ class FlowEffectRegistry:
                         "not known to this node (was the flow's code changed?)",
                         action.flow_id,
                     )
-                label, effect = found
+                label, effect, flow_class = found
                 if handle is None:
                     raise FlowEffectError(
                         f"flow {action.flow_id}: in_transaction({label!r}) needs a database; "
@@ -73,7 +75,7 @@ class FlowEffectRegistry:
                         action.flow_id,
                     )
                 try:
-                    with self._monitor.running(action.flow_id, ""):
+                    with self._monitor.running(action.flow_id, flow_class):
                         effect(handle)
                 except Exception as error:
                     raise FlowEffectError(

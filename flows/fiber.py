@@ -58,7 +58,7 @@ class _FiberRuntime:
         """Keep ``effect`` for the transaction of this step; returns its ordinal."""
         ordinal = self._next_effect
         self._next_effect += 1
-        self._effects.register(self.flow_id, ordinal, label, effect)
+        self._effects.register(self.flow_id, ordinal, label, effect, self._fiber.flow_class)
         return ordinal
 
 
@@ -80,7 +80,8 @@ class GreenletFiber:
             self, flow_id, our_identity, clock_now, effects, default_receive_timeout
         )
         self._monitor = monitor or BusyMonitor()
-        self._flow_class = flow_class
+        self.flow_class = flow_class
+        """The flow's class name (for the busy-flow watchdog's messages)."""
         self._build = build
         self._greenlet = greenlet.greenlet(self._run)
         self._resumer: greenlet.greenlet | None = None
@@ -110,7 +111,7 @@ class GreenletFiber:
             raise RuntimeError(f"flow {self._runtime.flow_id}: its fiber has already ended")
         self._resumer = greenlet.getcurrent()
         self._greenlet.parent = self._resumer
-        with self._monitor.running(self._runtime.flow_id, self._flow_class):
+        with self._monitor.running(self._runtime.flow_id, self.flow_class):
             outcome = method(*args)
         if not isinstance(outcome, (Suspended, Returned, Failed)):
             raise RuntimeError(

@@ -131,6 +131,8 @@ class Hospital:
 
     def flow_failed(self, flow_id: str, error: Exception) -> FailureTreatment:
         """The rule for a failure of one flow's step (see the module docstring)."""
+        if self.is_node_wide(error):
+            return FailureTreatment(FailureAction.RAISE, str(error), "node_wide")
         self.pinned += 1
         described = f"{type(error).__name__}: {error}"
         if isinstance(error, FlowEffectError) and not _transient(error):
@@ -157,6 +159,8 @@ class Hospital:
 
     def message_failed(self, key: str, error: Exception) -> FailureTreatment:
         """The rule for a failure to take in one message (see the module docstring)."""
+        if self.is_node_wide(error):
+            return FailureTreatment(FailureAction.RAISE, str(error), "node_wide")
         self.pinned += 1
         described = f"{type(error).__name__}: {error}"
         failures = self._message_failures.get(key, 0) + 1

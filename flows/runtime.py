@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any
 
 import attrs
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.cordapps import CordappError, Cordapps
@@ -353,6 +353,15 @@ class NodeProcess:
                 lease.acquire()
             except LeaseHeldError as error:
                 log.error("%s: %s", config.name, error)
+                return EXIT_REFUSED
+            except OperationalError as error:
+                if "locked" not in str(error):
+                    raise
+                log.error(
+                    "%s: the node database is write-locked by another process (a node "
+                    "running it, busy in a long transaction?); refusing to start",
+                    config.name,
+                )
                 return EXIT_REFUSED
             self.lease = lease
             keeper = LeaseKeeper(lease, self._on_lease_lost, config.name)

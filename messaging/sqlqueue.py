@@ -65,6 +65,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from messaging.frame import MalformedFrameError, decode_frame, encode_frame
 from messaging.service import Message, MessageHandler, TransportError
+from persistence.lease import application_name
 from persistence.store import configure_sqlite, create_tables, normalize_url
 
 log = logging.getLogger("fiberflow.sqlqueue")
@@ -138,9 +139,19 @@ def _wakeup_for(url: str, queue: str) -> threading.Event:
 class SqlQueueBroker:
     """The queue tables of one database: enqueue, claim, acknowledge, dead-letter."""
 
-    def __init__(self, url: str, *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self, url: str, *, synchronous: str = "FULL", application_name: str | None = None
+    ) -> None:
+        """Open the queue tables at ``url`` (creating them if new).
+
+        ``application_name`` names the connections on PostgreSQL (a node's consumer uses its
+        worker's, so that a node taking over from a frozen process can end them).
+        """
         self.url = normalize_url(url)
-        engine = create_engine(self.url)
+        connect_args: dict[str, Any] = {}
+        if application_name is not None and self.url.startswith("postgresql"):
+            connect_args["application_name"] = application_name
+        engine = create_engine(self.url, connect_args=connect_args)
         self.dialect = engine.dialect.name
         if self.dialect == "sqlite":
             configure_sqlite(engine, synchronous)
@@ -369,7 +380,11 @@ class SqlQueueMessaging:
     ) -> None:
         self._address = address
         self._lease_seconds = lease_seconds
-        self.broker = SqlQueueBroker(url, synchronous=synchronous)
+        self.broker = SqlQueueBroker(
+            url,
+            synchronous=synchronous,
+            application_name=None if consumer_id is None else application_name(consumer_id),
+        )
         self._handlers: dict[str, MessageHandler] = {}
         self._owner = consumer_id or uuid.uuid4().hex
         self._pending_acks: list[int] = []  # row ids of settled deliveries

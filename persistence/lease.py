@@ -72,6 +72,8 @@ PARTITIONS = 16
 """Partitions of a node's flows (fixed for a database: its rows are made with it)."""
 DEFAULT_LEASE_SECONDS = 20.0
 """How long a worker's lease lasts without renewal."""
+RETRY_RENEWAL_SECONDS = 0.5
+"""After a failed renewal (the database went away for a moment), the next try comes soon."""
 TAKEOVER_LOCK_TIMEOUT_MS = 2000
 """PostgreSQL: how long a takeover waits for a row lock held by an expired holder's backend
 before ending that backend (a process frozen in the middle of a transaction)."""
@@ -130,6 +132,9 @@ class WorkerInfo:
     host: str
     boot_id: str
     process_start: int
+    pid_namespace: int = 0
+    """The inode of the process's PID namespace (0: unknown). Process ids of two
+    containers on one host are comparable only within one namespace."""
 
     @classmethod
     def of_this_process(cls, worker_id: str | None = None) -> WorkerInfo:
@@ -141,6 +146,7 @@ class WorkerInfo:
             host=socket.gethostname()[:255],
             boot_id=_read_text("/proc/sys/kernel/random/boot_id") or "",
             process_start=process_start_ticks(pid) or 0,
+            pid_namespace=_pid_namespace(),
         )
 
     def describe(self) -> str:
@@ -148,13 +154,24 @@ class WorkerInfo:
         return f"pid {self.pid} on host {self.host} (worker {self.worker_id[:8]})"
 
 
-def process_is_gone(worker: WorkerInfo) -> bool:
-    """True only if ``worker`` ran on this host (same boot) and its process no longer exists.
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
-    A process id reused by another program counts as gone (its start time differs).
+
+def process_is_gone(worker: WorkerInfo) -> bool:
+    """True only if ``worker``'s process, on this host, no longer exists.
+
+    Same host, same boot and same PID namespace are required to judge it: a worker in
+    another PID namespace (another container) is never judged by its process id. A process
+    id reused by another program counts as gone (its start time differs).
     """
     here = WorkerInfo.of_this_process("")
     if worker.host != here.host or not worker.boot_id or worker.boot_id != here.boot_id:
+        return False
+    if not worker.pid_namespace or worker.pid_namespace != here.pid_namespace:
         return False
     try:
         os.kill(worker.pid, 0)
@@ -190,7 +207,9 @@ class Holder:
 
 
 def _holder(row: Any) -> Holder:
-    worker = WorkerInfo(row.worker_id, row.pid, row.host, row.boot_id, row.process_start)
+    worker = WorkerInfo(
+        row.worker_id, row.pid, row.host, row.boot_id, row.process_start, row.pid_namespace
+    )
     return Holder(worker, row.started_at, row.renewed_at, row.expires_at)
 
 
@@ -241,6 +260,7 @@ class NodeLease:
                 with self._immediate.begin() as connection:
                     self._acquire(connection)
                 self._next_renewal = time.monotonic() + self.lease_seconds / 3
+                self._end_sessions_of(self.taken_over_from)
                 return
             except OperationalError as error:
                 if attempt == 5 or not self._end_frozen_holders(error):
@@ -284,6 +304,7 @@ class NodeLease:
                 host=self.worker.host,
                 boot_id=self.worker.boot_id,
                 process_start=self.worker.process_start,
+                pid_namespace=self.worker.pid_namespace,
                 started_at=now,
                 renewed_at=now,
                 expires_at=expires,
@@ -312,6 +333,27 @@ class NodeLease:
                 "took the node over from %s, whose lease expired or whose process is gone",
                 worker.describe(),
             )
+
+    def _end_sessions_of(self, workers: list[WorkerInfo]) -> None:
+        """PostgreSQL: end every database session left by workers taken over.
+
+        That fences them out of the node database, and of a SQL queue on the same server,
+        at once.
+        """
+        if not workers or self.engine.dialect.name != "postgresql":
+            return
+        names = [application_name(worker.worker_id) for worker in workers]
+        with self.engine.connect() as connection:
+            ended = connection.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = ANY(:names) AND pid <> pg_backend_pid()"
+                ),
+                {"names": names},
+            ).scalar_one()
+            connection.commit()
+        if ended:
+            log.warning("ended %d database session(s) of the workers taken over", ended)
 
     def _end_frozen_holders(self, error: OperationalError) -> bool:
         """PostgreSQL: end the backends of expired holders that block a takeover.
@@ -366,8 +408,10 @@ class NodeLease:
                 "this process holds no lease on the node (released or never taken)"
             )
         partitions = schema.node_partitions
-        query = select(partitions.c.partition, partitions.c.epoch).where(
-            partitions.c.holder == self.worker_id
+        query = (
+            select(partitions.c.partition, partitions.c.epoch)
+            .where(partitions.c.holder == self.worker_id)
+            .order_by(partitions.c.partition)  # the lock order of a takeover
         )
         if connection.dialect.name == "postgresql":
             query = query.with_for_update(read=True)
@@ -477,14 +521,17 @@ class LeaseKeeper:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        interval = self._lease.lease_seconds / 3
+        regular = self._lease.lease_seconds / 3
+        interval = regular
         while not self._stop.wait(interval):
+            interval = regular
             try:
                 self._lease.renew()
             except LeaseLostError as error:
                 self._on_lost(error)
                 return
             except (DBAPIError, OSError) as error:
+                interval = min(RETRY_RENEWAL_SECONDS, regular)  # try again soon
                 log.warning("cannot renew the node lease yet: %s", error)
             except Exception:  # a bug here must not end renewal silently
                 log.exception("renewing the node lease failed")

@@ -142,6 +142,9 @@ class InMemoryStore:
     def mark_hospitalized(self, flow_id: str, reason: str) -> None:
         """Nothing to mark: the in-memory flow's status is what callers see."""
 
+    def check_lease(self) -> None:
+        """No lease: a non-durable store is never shared."""
+
     def checkpoint_summaries(self) -> list[CheckpointSummary]:
         """(flow id, class, status) per checkpoint."""
         return [

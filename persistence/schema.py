@@ -155,6 +155,7 @@ node_workers = Table(
     Column("host", String(255), nullable=False),
     Column("boot_id", String(64), nullable=False),
     Column("process_start", BigInteger, nullable=False),
+    Column("pid_namespace", BigInteger, nullable=False),
     Column("started_at", BigInteger, nullable=False),
     Column("renewed_at", BigInteger, nullable=False),
     Column("expires_at", BigInteger, nullable=False),

@@ -373,6 +373,12 @@ class NodeDatabase:
             self.check_fence(connection)
             yield connection
 
+    def check_lease(self) -> None:
+        """Raise ``LeaseLostError`` unless the node still holds its lease (writes nothing)."""
+        if self.lease is not None:
+            with self.fenced():
+                pass
+
     def new_lease(self, worker: WorkerInfo | None, lease_seconds: float) -> NodeLease:
         """A (not yet acquired) lease of this database for ``worker`` (this process)."""
         return NodeLease(self.engine, worker, lease_seconds, immediate=self.writer)

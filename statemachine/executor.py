@@ -71,7 +71,7 @@ class ActionExecutor:
         store: CheckpointStore,
         encode_message: Callable[[OutboundSessionMessage], OutboxRow],
         outbound: Outbound,
-        acknowledge: Callable[[Sequence[str]], None],
+        acknowledge: Callable[[Sequence[str], bool], None],
         schedule_wake_up: Callable[[str, float], None],
         on_boundary: BoundaryHook | None = None,
         effects: FlowEffects | None = None,
@@ -99,7 +99,8 @@ class ActionExecutor:
         if not by_kind:
             return
         rows: dict[str, OutboxRow] = {}
-        if any(kind.phase is Phase.IN_TRANSACTION for kind in by_kind):  # type: ignore[attr-defined]
+        committed = any(kind.phase is Phase.IN_TRANSACTION for kind in by_kind)  # type: ignore[attr-defined]
+        if committed:
             self._boundary("before_transaction")
             transaction = self._store.begin()
             try:
@@ -118,7 +119,7 @@ class ActionExecutor:
                 self._effects.committed(by_kind[RunFlowEffects])
             for kind in AFTER_COMMIT_ORDER:
                 if kind in by_kind:
-                    self._run_after_commit(kind, by_kind[kind], rows)
+                    self._run_after_commit(kind, by_kind[kind], rows, committed)
                     self._boundary(f"after_{kind.__name__}")
         except Exception as error:
             raise AfterCommitError(f"after the commit: {type(error).__name__}: {error}") from error
@@ -157,9 +158,12 @@ class ActionExecutor:
         else:
             raise TypeError(f"{kind.__name__} is not an in-transaction action")
 
-    def _run_after_commit(self, kind: type, actions: list[Any], rows: dict[str, OutboxRow]) -> None:
+    def _run_after_commit(
+        self, kind: type, actions: list[Any], rows: dict[str, OutboxRow], committed: bool
+    ) -> None:
         if kind is AcknowledgeMessages:
-            self._acknowledge([mid for action in actions for mid in action.message_ids])
+            ids = [mid for action in actions for mid in action.message_ids]
+            self._acknowledge(ids, committed)
         elif kind is HandOffMessages:
             self._outbound.hand_off(
                 [

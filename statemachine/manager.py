@@ -135,7 +135,8 @@ class _FlowRuntime:
     holding: bool = False
     """The flow does not run: it waits for a retry after a failure, or is kept after
     repeated ones. Messages for it are held raw in ``held`` (unacknowledged)."""
-    held: list[InboundMessage] = attrs.field(factory=list)
+    held: dict[tuple[str, str], InboundMessage] = attrs.field(factory=dict)
+    """By (message id, sender): a redelivery replaces the copy held before."""
     retry_at: float | None = None
     """When a flow that failed is resumed from its last checkpoint (None: not waiting)."""
 
@@ -223,6 +224,10 @@ class StateMachineManager:
         self._retry_sequence = 0
         self._failed_flows: set[str] = set()  # flows with failures counted against them
         self._fail_on_start: dict[str, tuple[str, FlowError]] = {}
+        if failures is not None:  # counts that outlived an earlier manager of the node
+            self._failed_flows.update(failures.counted())
+        self._unsettled: list[InboundMessage] = []  # dropped, settled after a lease check
+        self._unsettled_mark = 0
         self._failed_messages: set[str] = set()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -239,9 +244,9 @@ class StateMachineManager:
                 self._keep_unrestorable(checkpoint, error)
         return len(checkpoints)
 
-    def _restore_one(self, checkpoint: Checkpoint, *, holding: bool = False) -> _FlowRuntime:
+    def _restore_one(self, checkpoint: Checkpoint) -> _FlowRuntime:
         result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
-        runtime = _FlowRuntime(result.state, holding=holding)
+        runtime = _FlowRuntime(result.state)
         self._flows[checkpoint.flow_id] = runtime
         self._index_sessions(runtime.state)
         self._set_continuation(runtime, result.continuation)
@@ -256,7 +261,7 @@ class StateMachineManager:
             status=FlowStatus.HOSPITALIZED,
             error=FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, reason),
         )
-        self._restore_one(kept, holding=True)
+        self._restore_one(kept)
         self._store.mark_hospitalized(checkpoint.flow_id, reason)
         self.statistics.flows_hospitalized += 1
         log.error("flow %s kept in the hospital: %s", checkpoint.flow_id, reason)
@@ -325,7 +330,7 @@ class StateMachineManager:
             return
         if consumed:
             self.statistics.duplicates_dropped += 1
-            self._acknowledge_one(message)
+            self._settle_after_fence(message)
             return
         held = self._in_process.get(message.message_id)
         if held is not None and held[0].sender == message.sender:
@@ -387,7 +392,7 @@ class StateMachineManager:
         ).hex
         existing = self._flows.get(flow_id)
         if existing is not None and existing.holding:
-            existing.held.append(message)  # its first step failed: it is retried with this
+            _hold_message(existing, message)  # its first step failed: retried with this
             return
         if existing is not None:
             self._dead_letter(message, f"session {initial.initiator_session_id} already open")
@@ -443,7 +448,7 @@ class StateMachineManager:
             )
             return
         if runtime.holding:
-            runtime.held.append(message)
+            _hold_message(runtime, message)
             return
         self._take_in(message)
         self._queue_event(
@@ -477,7 +482,7 @@ class StateMachineManager:
                 return
         log.info("dropping message %s for ended session %s", message.message_id, session_id)
         self.statistics.late_messages_dropped += 1
-        self._acknowledge_one(message)
+        self._settle_after_fence(message)
 
     def _kept_flow_for(self, session_id: str, sender: str) -> str | None:
         """The hospitalized flow that ``session_id`` belongs to but its checkpoint lacks.
@@ -519,7 +524,7 @@ class StateMachineManager:
             for message in self._parked.pop(session_id, []):
                 self._parked_total -= 1
                 self.statistics.late_messages_dropped += 1
-                self._acknowledge_one(message)
+                self._settle_after_fence(message)
 
     def _index_sessions(self, state: FlowState) -> None:
         for session in state.checkpoint.sessions:
@@ -534,11 +539,40 @@ class StateMachineManager:
         """Hold ``message``'s delivery until the transition that takes it in commits."""
         self._in_process[message.message_id] = [message]
 
-    def _acknowledge(self, message_ids: Sequence[str]) -> None:
-        """Settle every held delivery of each id (called after the commit)."""
+    def _acknowledge(self, message_ids: Sequence[str], fenced: bool = True) -> None:
+        """Settle every held delivery of each id.
+
+        ``fenced``: a transaction that checked the node's lease committed after the decision
+        (the executor's commit). Otherwise (a transition that only drops a duplicate) the
+        deliveries are settled once a lease check has passed (:meth:`_settle_after_fence`).
+        """
         for mid in message_ids:
             for delivery in self._in_process.pop(mid, ()):
-                self._acknowledge_one(delivery)
+                if fenced:
+                    self._acknowledge_one(delivery)
+                else:
+                    self._settle_after_fence(delivery)
+
+    def _settle_after_fence(self, message: InboundMessage) -> None:
+        """Acknowledge ``message`` (dropped without being consumed) once the lease is checked.
+
+        A process that was replaced without knowing it yet must not drop a message meant
+        for its successor's flows: what a round drops is settled only after a transaction
+        that checked the lease (the round's commit, or :meth:`CheckpointStore.check_lease`)
+        has passed, after the decision.
+        """
+        if not self._unsettled:
+            self._unsettled_mark = self.executor.transactions
+        self._unsettled.append(message)
+
+    def _settle_dropped(self) -> None:
+        if not self._unsettled:
+            return
+        if self.executor.transactions == self._unsettled_mark:
+            self._store.check_lease()  # no fenced commit since the decisions: check now
+        dropped, self._unsettled = self._unsettled, []
+        for message in dropped:
+            self._acknowledge_one(message)
 
     # --- timers -------------------------------------------------------------------------
 
@@ -682,6 +716,7 @@ class StateMachineManager:
                 self._continue(runtime)
             except Exception as error:
                 self._flow_failed(runtime, error, [])
+        self._settle_dropped()
         return did_work
 
     def _step_flow(
@@ -825,7 +860,8 @@ class StateMachineManager:
                 kept_events.append(event)
         runtime.events = kept_events
         for mid in dict.fromkeys(taken):
-            runtime.held.extend(self._in_process.pop(mid, ()))
+            for delivery in self._in_process.pop(mid, ()):
+                _hold_message(runtime, delivery)
         flow_id = runtime.state.flow_id
         self._deadline_of.pop(flow_id, None)
         if flow_id in self._ready_set:
@@ -851,37 +887,34 @@ class StateMachineManager:
     def _resume_from_checkpoint(self, flow_id: str, keep: str | None = None) -> None:
         """Drop a failed flow's memory and restore it from its stored checkpoint.
 
-        With ``keep`` (the reason), the flow is restored kept in the hospital, holding its
-        messages. A flow that never committed (a responder whose first step failed) is just
-        forgotten: the messages it held, its initial message among them, are routed again
-        (or, with ``keep``, the initial message is quarantined).
+        With ``keep`` (the reason), the flow is restored kept in the hospital: it does not
+        run, and messages for it are taken in and buffered in its checkpoint, as for any
+        kept flow. A flow that never committed (a responder whose first step failed) is
+        forgotten and its held messages routed again: its initial message creates it again
+        (with ``keep``, it then ends at once with the reason and its initiator is told).
         """
         runtime = self._flows[flow_id]
-        held = runtime.held
+        held = list(runtime.held.values())
         events = [e for e in runtime.events if isinstance(e, KillFlow)]
         checkpoint = self._store.load_checkpoint(flow_id)
         self._forget_runtime(flow_id)
+        self._inbox.extend(held)
         if checkpoint is None:
             if keep is not None:
-                for message in held:
-                    self._quarantine(message, f"its flow {flow_id} failed before starting: {keep}")
-            else:
-                self._inbox.extend(held)
+                error = FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, keep)
+                self._fail_on_start[flow_id] = (keep, error)
             return
         if keep is not None:
             error = FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, keep)
             checkpoint = attrs.evolve(checkpoint, status=FlowStatus.HOSPITALIZED, error=error)
-        fresh = self._restore_one(checkpoint, holding=keep is not None)
+        fresh = self._restore_one(checkpoint)
         fresh.events.extend(events)
         if events:
             self._mark_ready(flow_id)
-        if keep is None:
-            self._inbox.extend(held)
-            return
-        fresh.held = held
-        self._store.mark_hospitalized(flow_id, keep)
-        self.statistics.flows_hospitalized += 1
-        log.error("flow %s kept in the hospital: %s", flow_id, keep)
+        if keep is not None:
+            self._store.mark_hospitalized(flow_id, keep)
+            self.statistics.flows_hospitalized += 1
+            log.error("flow %s kept in the hospital: %s", flow_id, keep)
 
     def _forget_runtime(self, flow_id: str) -> None:
         """Remove a flow's in-memory runtime and what points at it (not its checkpoint)."""
@@ -1006,11 +1039,11 @@ class StateMachineManager:
         self._paused_ready.discard(state.flow_id)
         late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]
         runtime.events.clear()
-        self._acknowledge(late)
-        for message in runtime.held:  # held while it was kept: its sessions are over now
+        self._acknowledge(late, fenced=False)
+        for message in runtime.held.values():  # held for it: its sessions are over now
             self.statistics.late_messages_dropped += 1
-            self._acknowledge_one(message)
-        runtime.held = []
+            self._settle_after_fence(message)
+        runtime.held = {}
         for session in state.checkpoint.sessions:
             self._session_owner.pop(session.session_id, None)
         end = FlowEnd(
@@ -1072,7 +1105,7 @@ class StateMachineManager:
         result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
         fresh = _FlowRuntime(result.state)
         fresh.events.extend(runtime.events)
-        self._inbox.extend(runtime.held)  # held while it was kept: routed to it now
+        self._inbox.extend(runtime.held.values())  # held for it: routed to it now
         self._flows[checkpoint.flow_id] = fresh
         self._held_for.pop(checkpoint.flow_id, None)  # indexing its sessions releases them
         self._index_sessions(fresh.state)
@@ -1132,6 +1165,11 @@ KEPT_AFTER_FAILURES = "flows.errors.FlowFailedError"
 """The error class recorded for a flow kept in the hospital after failures."""
 MAX_LOGGED_ID = 200
 """Characters of an inbound id or sender shown in a log line (they come from outside)."""
+
+
+def _hold_message(runtime: _FlowRuntime, message: InboundMessage) -> None:
+    """Hold ``message`` (unacknowledged) for a flow waiting for its retry."""
+    runtime.held[(message.message_id, message.sender)] = message
 
 
 def _kill_queued(runtime: _FlowRuntime) -> bool:

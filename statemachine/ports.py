@@ -115,6 +115,13 @@ class CheckpointStore(Protocol):
     def mark_hospitalized(self, flow_id: str, reason: str) -> None:
         """Show a flow as kept in the hospital, with the reason, in its stored row."""
 
+    def check_lease(self) -> None:
+        """Raise if the node no longer holds its lease.
+
+        A fenced transaction that writes nothing; the manager calls it before settling
+        messages it dropped.
+        """
+
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
         """Keep a message that cannot be processed, with the reason, in its own transaction."""
 
@@ -168,6 +175,9 @@ class FailurePolicy(Protocol):
 
     def message_recovered(self, key: str) -> None:
         """The message ``key`` was taken in after failing: its failures are forgiven."""
+
+    def counted(self) -> list[str]:
+        """The flows with failures counted against them (across the node's managers)."""
 
 
 class Outbound(Protocol):

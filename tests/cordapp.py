@@ -493,15 +493,20 @@ class BlobResponder(FlowLogic[None]):
 
 
 class BusyFlow(FlowLogic[str]):
-    """Computes (``how="compute"``) or blocks in a system call (``how="block"``) for
-    ``seconds`` without suspending: what flow code must not do (docs/writing-flows.md)."""
+    """Computes (``how="compute"``), blocks in a system call (``how="block"``) or in its
+    ``in_transaction`` effect (``how="effect"``) for ``seconds`` without suspending: what flow
+    code must not do (docs/writing-flows.md)."""
 
     def __init__(self, seconds: float, how: str = "compute") -> None:
         self.seconds = seconds
         self.how = how
 
     def call(self) -> str:
-        if self.how == "block":
+        if self.how == "effect":  # in the step's transaction: the write lock is held
+            seconds = self.seconds
+            self.in_transaction(lambda _: time.sleep(seconds), "slow")  # named by the watchdog
+            self.sleep(0.01)  # a checkpoint: the effect runs in its transaction
+        elif self.how == "block":
             time.sleep(self.seconds)  # the line the watchdog names
         else:
             deadline = time.monotonic() + self.seconds

@@ -28,7 +28,7 @@ from tests.test_single_writer import backends, log_of, wait_for
 ALICE = "O=Alice,L=London,C=GB"
 
 
-@pytest.mark.parametrize("how", ["compute", "block"])
+@pytest.mark.parametrize("how", ["compute", "block", "effect"])
 @pytest.mark.parametrize("which", ["sqlite", "postgresql"])
 def test_a_flow_that_never_suspends_is_logged_listed_and_sigterm_still_stops_the_node(
     tmp_path: Path, which: str, how: str
@@ -45,7 +45,8 @@ def test_a_flow_that_never_suspends_is_logged_listed_and_sigterm_still_stops_the
         )
         (line,) = [x for x in log_of(alice.log_path).splitlines() if "without suspending" in x]
         assert f"flow {flow_id} (tests.cordapp.BusyFlow) has been running" in line
-        assert "in call" in line and "every other flow of this node waits" in line
+        function = "<lambda>" if how == "effect" else "call"  # the effect, or call() itself
+        assert f"in {function}" in line and "every other flow of this node waits" in line
         config = load_config(alice.config_path)
         listed: Callable[[], list[dict[str, object]]] = lambda: [  # noqa: E731
             f for f in list_flows(config) if f["flow_id"] == flow_id

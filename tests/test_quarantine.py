@@ -184,6 +184,10 @@ def test_node_wide_errors_are_not_pinned() -> None:
     effect.__cause__ = locked
     assert not hospital.is_node_wide(effect)  # one flow's effect met it: counted on the flow
     assert not hospital.is_node_wide(RuntimeError("bug"))
+    for node_wide in (locked, LeaseLostError("gone")):  # not counted on whoever met it
+        assert hospital.flow_failed("f1", node_wide).action is FailureAction.RAISE
+        assert hospital.message_failed("m1", node_wide).action is FailureAction.RAISE
+    assert hospital.pinned == 0
 
 
 def test_a_responder_whose_first_step_fails_ends_and_its_initiator_is_told(
