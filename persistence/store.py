@@ -27,6 +27,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
     update,
 )
@@ -319,6 +320,8 @@ class NodeDatabase:
         self._create_schema()
 
     def _create_schema(self) -> None:
+        if self._schema_is_current():
+            return  # nothing to create: no write lock taken (a busy node may hold it)
         create_tables(self.engine, schema.metadata)
         immediate = self.engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
         with immediate.begin() as connection:
@@ -335,6 +338,15 @@ class NodeDatabase:
                     f"{self.url} has schema version {found}, this fiberflow needs "
                     f"{schema.SCHEMA_VERSION}"
                 )
+
+    def _schema_is_current(self) -> bool:
+        """True if every table exists and the schema version is this fiberflow's (a read)."""
+        with self.engine.connect() as connection:
+            present = set(inspect(connection).get_table_names())
+            if not set(schema.metadata.tables) <= present:
+                return False
+            versions = connection.execute(select(schema.node_schema_version.c.version))
+            return list(versions.scalars()) == [schema.SCHEMA_VERSION]
 
     def note_checkpoint(self, checkpoint: Checkpoint, size: int) -> None:
         """Count a checkpoint write and tell the listeners."""

@@ -51,10 +51,13 @@ def test_a_flow_that_never_suspends_is_logged_listed_and_sigterm_still_stops_the
         listed: Callable[[], list[dict[str, object]]] = lambda: [  # noqa: E731
             f for f in list_flows(config) if f["flow_id"] == flow_id
         ]
-        wait_for(lambda: [f["status"] for f in listed()] == ["RUNNING"], "flow list to show it")
-        (shown,) = listed()
-        assert str(shown["waiting_on"]).startswith("running ")
-        assert "at cordapp.py:" in str(shown["waiting_on"])
+        if (which, how) != ("sqlite", "effect"):
+            # (On SQLite an effect runs inside the step's transaction, which holds the write
+            # lock: nothing can be written until it ends, the note included; the log has it.)
+            wait_for(lambda: [f["status"] for f in listed()] == ["RUNNING"], "flow list to show it")
+            (shown,) = listed()
+            assert str(shown["waiting_on"]).startswith("running ")
+            assert "at cordapp.py:" in str(shown["waiting_on"])
         assert alice.process is not None
         asked = time.monotonic()
         alice.process.send_signal(signal.SIGTERM)
