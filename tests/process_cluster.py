@@ -37,7 +37,14 @@ from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
 from tests.cordapp import LEDGER_METADATA, PaymentFlow, ledger_entries
 
-NAMES = ("O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH")
+RUN = uuid.uuid4().hex[:6]
+"""Node names carry it: queues are named after nodes, so two test runs sharing a broker (or
+a queue database) never consume each other's messages."""
+NAMES = (
+    f"O=Alice {RUN},L=London,C=GB",
+    f"O=Bob {RUN},L=New York,C=US",
+    f"O=Carol {RUN},L=Zurich,C=CH",
+)
 CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp"]
 
 
@@ -53,7 +60,7 @@ class ClusterNode:
         extra_config: dict[str, Any] | None = None,
     ):
         self.name = name
-        self.short = Party(name).organisation.lower()
+        self.short = Party(name).organisation.split()[0].lower()
         self.schema: str | None = None
         if database_url is None:
             self.database_url = f"sqlite:///{directory / (self.short + '.db')}"

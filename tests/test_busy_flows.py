@@ -22,10 +22,10 @@ from flows.runtime import load_config
 from messaging.transports import purge_queues
 from persistence.store import drop_schema
 from tests.cordapp import BusyFlow
-from tests.process_cluster import ClusterNode
+from tests.process_cluster import NAMES, ClusterNode
 from tests.test_single_writer import backends, log_of, wait_for
 
-ALICE = "O=Alice,L=London,C=GB"
+ALICE = NAMES[0]
 
 
 @pytest.mark.parametrize("how", ["compute", "block", "effect"])

@@ -77,10 +77,23 @@ def with_session(state: FlowState) -> FlowState:
 
 def test_start_flow_persists_an_unstarted_checkpoint_and_starts_the_fiber() -> None:
     result = transition(None, StartFlow("f1", ORIGIN, T0))
-    unstarted = Checkpoint("f1", ORIGIN, FlowStatus.UNSTARTED, T0)
+    unstarted = Checkpoint("f1", ORIGIN, FlowStatus.UNSTARTED, T0, version=1)  # 1st commit
     assert result.actions == (PersistCheckpoint(unstarted, T0),)
     assert result.state == FlowState(attrs.evolve(unstarted, status=FlowStatus.RUNNABLE))
     assert result.continuation == Resume(None)
+
+
+def test_every_commit_of_a_checkpoint_has_the_next_version() -> None:
+    state = started()
+    assert state.checkpoint.version == 1
+    versions = []
+    for _ in range(3):  # a flow that sleeps three times commits three more checkpoints
+        result = transition(state, Suspend(Sleep(5.0), T0))
+        (persisted,) = [a for a in result.actions if isinstance(a, PersistCheckpoint)]
+        versions.append(persisted.checkpoint.version)
+        assert result.state.checkpoint.version == persisted.checkpoint.version
+        state = transition(result.state, WakeUp(T0 + 5)).state
+    assert versions == [2, 3, 4]
 
 
 def test_initiate_session_is_journaled_without_a_commit() -> None:
