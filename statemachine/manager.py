@@ -114,6 +114,8 @@ class _FlowRuntime:
     events: deque[Event] = attrs.field(factory=deque)
     continuation: Continuation | None = None
     result: bytes | None = None
+    indexed_sessions: int = 0
+    """How many of the flow's sessions (which only ever grow, in order) are indexed."""
 
 
 @attrs.define
@@ -198,7 +200,7 @@ class StateMachineManager:
             result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
             runtime = _FlowRuntime(result.state)
             self._flows[checkpoint.flow_id] = runtime
-            self._index_sessions(runtime.state)
+            self._index_sessions(runtime)
             self._set_continuation(runtime, result.continuation)
         return len(checkpoints)
 
@@ -329,7 +331,7 @@ class StateMachineManager:
         result = transition(None, event)
         runtime = _FlowRuntime(result.state)
         self._flows[flow_id] = runtime
-        self._index_sessions(runtime.state)
+        self._index_sessions(runtime)
         self._set_continuation(runtime, result.continuation)
         self.statistics.flows_started += 1
 
@@ -437,14 +439,23 @@ class StateMachineManager:
                 self.statistics.late_messages_dropped += 1
                 self._acknowledge_one(message)
 
-    def _index_sessions(self, state: FlowState) -> None:
-        for session in state.checkpoint.sessions:
+    def _index_sessions(self, runtime: _FlowRuntime) -> None:
+        """Route messages for the flow's new sessions to it (O(new sessions), not O(all))."""
+        state = runtime.state
+        sessions = state.checkpoint.sessions
+        start = runtime.indexed_sessions
+        if len(sessions) == start:
+            return
+        if len(sessions) < start:  # not expected (sessions only grow): index them all again
+            start = 0
+        for session in sessions[start:]:
             if session.session_id not in self._session_owner:
                 self._session_owner[session.session_id] = state.flow_id
                 self._parked_since.pop(session.session_id, None)
                 for parked in self._parked.pop(session.session_id, []):
                     self._parked_total -= 1
                     self._inbox.append(parked)
+        runtime.indexed_sessions = len(sessions)
 
     def _take_in(self, message: InboundMessage) -> None:
         """Hold ``message``'s delivery until the transition that takes it in commits."""
@@ -590,7 +601,7 @@ class StateMachineManager:
                 break  # the flow has ended: what is still queued is dropped by _abort
             result = transition(runtime.state, runtime.events.popleft())
             runtime.state = result.state
-            self._index_sessions(result.state)
+            self._index_sessions(runtime)
             if not isinstance(result.continuation, ProcessEvents):
                 runtime.continuation = result.continuation
             if result.actions:
@@ -718,7 +729,7 @@ class StateMachineManager:
         fresh.events.extend(runtime.events)
         self._flows[checkpoint.flow_id] = fresh
         self._held_for.pop(checkpoint.flow_id, None)  # indexing its sessions releases them
-        self._index_sessions(fresh.state)
+        self._index_sessions(fresh)
         self._set_continuation(fresh, result.continuation)
         if fresh.events:
             self._mark_ready(checkpoint.flow_id)
