@@ -195,10 +195,6 @@ def _push(node: _Node, shift: int, index: int, item: Any) -> _Node:
     return (*node, _path(shift - _BITS, item))
 
 
-EMPTY_VECTOR: PVector[Any] = PVector()
-"""The empty vector (shared)."""
-
-
 # --- maps -------------------------------------------------------------------------------
 
 
@@ -342,10 +338,3 @@ def _split(old: _Entry | _Bucket, entry: _Entry, shift: int) -> _Node:
 
 EMPTY_MAP: PMap[Any, Any] = PMap()
 """The empty map (shared)."""
-
-
-def as_tuple(items: Sequence[T]) -> tuple[T, ...]:
-    """``items`` as a tuple: itself if it is one, its items if it is a vector."""
-    if isinstance(items, tuple):
-        return items
-    return tuple(items)

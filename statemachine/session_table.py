@@ -131,7 +131,3 @@ class SessionTable(Sequence[S], Generic[S]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SessionTable, (self._items.to_tuple(),))
-
-
-EMPTY_TABLE: SessionTable[Any] = SessionTable()
-"""The table with no session (shared)."""
