@@ -187,7 +187,7 @@ def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
         document["undecodable"] = str(error)
         return document
     document["origin"] = _plain(checkpoint.origin)
-    document["sessions"] = _plain(checkpoint.sessions)
+    document["sessions"] = _plain(tuple(checkpoint.sessions))
     document["journal"] = [
         {"step": index + 1, "request": list(entry.signature), "outcome": _plain(entry.outcome)}
         for index, entry in enumerate(checkpoint.journal)

@@ -9,6 +9,8 @@ from persistence.serialization import (
     TypeRegistry,
 )
 from statemachine import flow_error, iorequests, session_messages, state
+from statemachine.persistent import PVector
+from statemachine.session_table import SessionTable
 
 CHECKPOINT_FORMAT = 1
 """Version of the checkpoint blob layout; bumped when a stored field changes meaning."""
@@ -45,7 +47,11 @@ CHECKPOINT_LIMITS = SerializationLimits(
 )
 """Checkpoints are written by the node itself and grow with the journal: wider limits."""
 
-_SERIALIZER = Serializer(CHECKPOINT_TYPES, "checkpoint", CHECKPOINT_LIMITS)
+_SERIALIZER = Serializer(
+    CHECKPOINT_TYPES, "checkpoint", CHECKPOINT_LIMITS, tuple_types=(PVector, SessionTable)
+)
+"""Sessions and journal are persistent vectors in memory and plain tuples in the blob (the
+blob layout is the same as when they were tuples)."""
 
 
 def encode_checkpoint(checkpoint: state.Checkpoint) -> bytes:

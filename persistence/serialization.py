@@ -116,11 +116,18 @@ class Serializer:
         registry: TypeRegistry,
         what: str = "value",
         limits: SerializationLimits = DEFAULT_LIMITS,
+        tuple_types: Iterable[type] = (),
     ) -> None:
+        """A serializer of the types ``registry`` allows, and of ``tuple_types``.
+
+        ``tuple_types`` are immutable sequence types encoded exactly as the tuple of their
+        items (they decode as tuples: the classes holding them convert them back).
+        """
         self.registry = registry
         self.what = what
         self.limits = limits
         """Replace to configure (for example from a node's config at start)."""
+        self._tuple_types = frozenset(tuple_types)
 
     def _broken(self, rule: str, detail: str, encoding: bool) -> SerializationError:
         verb = "serialize" if encoding else "deserialize"
@@ -211,6 +218,8 @@ class Serializer:
             raise self._broken("max_bytes_length", f"{len(value)} bytes at {path}", True)
         if value is None or type(value) in (bool, int, float, str, bytes):
             return value
+        if type(value) in self._tuple_types:
+            value = tuple(value)
         if type(value) in (list, tuple, dict) and len(value) > limits.max_collection_length:
             raise self._broken("max_collection_length", f"{len(value)} items at {path}", True)
         if type(value) is list:

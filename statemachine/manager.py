@@ -133,12 +133,14 @@ class _FlowRuntime:
     continuation: Continuation | None = None
     result: bytes | None = None
     holding: bool = False
-    """The flow does not run: it waits for a retry after a failure, or is kept after
-    repeated ones. Messages for it are held raw in ``held`` (unacknowledged)."""
+    """The flow does not run: it waits for a retry after a failure. Messages for it are
+    held raw in ``held`` (unacknowledged)."""
     held: dict[tuple[str, str], InboundMessage] = attrs.field(factory=dict)
     """By (message id, sender): a redelivery replaces the copy held before."""
     retry_at: float | None = None
     """When a flow that failed is resumed from its last checkpoint (None: not waiting)."""
+    indexed_sessions: int = 0
+    """How many of the flow's sessions (which only ever grow, in order) are indexed."""
 
 
 @attrs.define
@@ -248,7 +250,7 @@ class StateMachineManager:
         result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
         runtime = _FlowRuntime(result.state)
         self._flows[checkpoint.flow_id] = runtime
-        self._index_sessions(runtime.state)
+        self._index_sessions(runtime)
         self._set_continuation(runtime, result.continuation)
         return runtime
 
@@ -412,7 +414,7 @@ class StateMachineManager:
         result = transition(None, event)
         runtime = _FlowRuntime(result.state)
         self._flows[flow_id] = runtime
-        self._index_sessions(runtime.state)
+        self._index_sessions(runtime)
         self._set_continuation(runtime, result.continuation)
         self.statistics.flows_started += 1
         failed = self._fail_on_start.pop(flow_id, None)
@@ -526,14 +528,23 @@ class StateMachineManager:
                 self.statistics.late_messages_dropped += 1
                 self._settle_after_fence(message)
 
-    def _index_sessions(self, state: FlowState) -> None:
-        for session in state.checkpoint.sessions:
+    def _index_sessions(self, runtime: _FlowRuntime) -> None:
+        """Route messages for the flow's new sessions to it (O(new sessions), not O(all))."""
+        state = runtime.state
+        sessions = state.checkpoint.sessions
+        start = runtime.indexed_sessions
+        if len(sessions) == start:
+            return
+        if len(sessions) < start:  # not expected (sessions only grow): index them all again
+            start = 0
+        for session in sessions[start:]:
             if session.session_id not in self._session_owner:
                 self._session_owner[session.session_id] = state.flow_id
                 self._parked_since.pop(session.session_id, None)
                 for parked in self._parked.pop(session.session_id, []):
                     self._parked_total -= 1
                     self._inbox.append(parked)
+        runtime.indexed_sessions = len(sessions)
 
     def _take_in(self, message: InboundMessage) -> None:
         """Hold ``message``'s delivery until the transition that takes it in commits."""
@@ -748,7 +759,7 @@ class StateMachineManager:
                 break  # the flow has ended: what is still queued is dropped by _abort
             result = transition(runtime.state, runtime.events.popleft())
             runtime.state = result.state
-            self._index_sessions(result.state)
+            self._index_sessions(runtime)
             if not isinstance(result.continuation, ProcessEvents):
                 runtime.continuation = result.continuation
             if result.actions:
@@ -1108,7 +1119,7 @@ class StateMachineManager:
         self._inbox.extend(runtime.held.values())  # held for it: routed to it now
         self._flows[checkpoint.flow_id] = fresh
         self._held_for.pop(checkpoint.flow_id, None)  # indexing its sessions releases them
-        self._index_sessions(fresh.state)
+        self._index_sessions(fresh)
         self._set_continuation(fresh, result.continuation)
         if fresh.events:
             self._mark_ready(checkpoint.flow_id)

@@ -34,6 +34,7 @@ from statemachine.state import (
     InboxItem,
     Outcome,
     Raised,
+    ReceiveProgress,
     SessionState,
     Value,
 )
@@ -76,10 +77,13 @@ def error_for_terminal(session: SessionState, item: InboxItem) -> FlowError:
     )
 
 
-def _queue_outbound(
-    state: FlowState, session: SessionState, body: SessionBody | None, payload: bytes | None
-) -> tuple[FlowState, SessionState]:
-    """Queue the next message from ``session``: the initial message if not yet sent."""
+def _outbound_message(
+    session: SessionState, body: SessionBody | None, payload: bytes | None
+) -> tuple[OutboundSessionMessage, SessionState]:
+    """The next message from ``session`` and the session once it is queued.
+
+    The message is the initial message if the session has not sent that yet.
+    """
     sequence = session.next_send_sequence
     outbound: InitialSessionMessage | ExistingSessionMessage
     if not session.initial_sent:
@@ -96,9 +100,27 @@ def _queue_outbound(
     message = OutboundSessionMessage(
         message_id(session.session_id, sequence), session.counterparty, outbound
     )
-    session = attrs.evolve(session, initial_sent=True, next_send_sequence=sequence + 1)
-    state = attrs.evolve(state, unsent_outbound=(*state.unsent_outbound, message))
+    return message, attrs.evolve(session, initial_sent=True, next_send_sequence=sequence + 1)
+
+
+def _queue_outbound(
+    state: FlowState, session: SessionState, body: SessionBody | None, payload: bytes | None
+) -> tuple[FlowState, SessionState]:
+    """Queue the next message from ``session``: the initial message if not yet sent."""
+    message, session = _outbound_message(session, body, payload)
+    state = attrs.evolve(state, unsent_outbound=state.unsent_outbound.append(message))
     return _replace_session(state, session), session
+
+
+def _queue_many(
+    state: FlowState, queued: list[tuple[OutboundSessionMessage, SessionState]]
+) -> FlowState:
+    """Queue ``queued``'s messages and put in their sessions, all in one update."""
+    if not queued:
+        return state
+    checkpoint = state.checkpoint.with_sessions(session for _, session in queued)
+    outbound = state.unsent_outbound.extend(message for message, _ in queued)
+    return attrs.evolve(state, checkpoint=checkpoint, unsent_outbound=outbound)
 
 
 def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState, Outcome]:
@@ -160,10 +182,20 @@ def send_payloads(
         refusal = _refuse_send(session)
         if refusal is not None:
             return state, refusal
-    for item in payloads:
+    if len(payloads) == 1:
+        item = payloads[0]
         session = _session(state, item.session_id)
         state, _ = _queue_outbound(state, session, SessionData(item.payload), item.payload)
-    return state, Value(None)
+        return state, Value(None)
+    queued: list[tuple[OutboundSessionMessage, SessionState]] = []
+    latest: dict[str, SessionState] = {}  # a payload list may name a session twice
+    for item in payloads:
+        session = latest.get(item.session_id) or _session(state, item.session_id)
+        message, latest[item.session_id] = _outbound_message(
+            session, SessionData(item.payload), item.payload
+        )
+        queued.append((message, latest[item.session_id]))
+    return _queue_many(state, queued), Value(None)
 
 
 def _refuse_send(session: SessionState) -> Raised | None:
@@ -180,11 +212,12 @@ def _refuse_send(session: SessionState) -> Raised | None:
 
 def ensure_initiated(state: FlowState, session_ids: tuple[str, ...]) -> FlowState:
     """Send the initial message (without payload) on sessions that have not sent it yet."""
+    queued: list[tuple[OutboundSessionMessage, SessionState]] = []
     for session_id in session_ids:
         session = _session(state, session_id)
         if not session.initial_sent and not session.closed_by_us:
-            state, _ = _queue_outbound(state, session, None, None)
-    return state
+            queued.append(_outbound_message(session, None, None))
+    return _queue_many(state, queued)
 
 
 def try_receive(state: FlowState, request: Receive) -> tuple[FlowState, Outcome | None]:
@@ -192,7 +225,8 @@ def try_receive(state: FlowState, request: Receive) -> tuple[FlowState, Outcome 
 
     A session whose next item is the peer's end, error or reject fails the whole receive at
     once (the first such session in list order decides the error); that item stays put, so
-    every later receive on the session fails the same way.
+    every later receive on the session fails the same way. Taking the messages updates every
+    session in one step.
     """
     sessions = [_session(state, session_id) for session_id in request.session_ids]
     for session in sessions:
@@ -207,35 +241,81 @@ def try_receive(state: FlowState, request: Receive) -> tuple[FlowState, Outcome 
     if any(not session.inbox for session in sessions):
         return state, None
     payloads: list[bytes] = []
+    taken: list[SessionState] = []
     for session in sessions:
         head = session.inbox[0]
         assert isinstance(head, SessionData)
         payloads.append(head.payload)
-        state = _replace_session(state, attrs.evolve(session, inbox=session.inbox[1:]))
-    return state, Value(tuple(payloads))
+        taken.append(attrs.evolve(session, inbox=session.inbox[1:]))
+    checkpoint = state.checkpoint.with_sessions(taken)
+    return attrs.evolve(state, checkpoint=checkpoint), Value(tuple(payloads))
+
+
+def receive_progress(state: FlowState, request: Receive) -> ReceiveProgress:
+    """Where a receive that must wait stands now: how many sessions, in order, have a message."""
+    ready = 0
+    for session_id in request.session_ids:
+        if not _session(state, session_id).inbox:
+            break
+        ready += 1
+    return ReceiveProgress(request, frozenset(request.session_ids), ready)
+
+
+def receive_after_delivery(
+    state: FlowState, request: Receive, session_id: str
+) -> tuple[FlowState, Outcome | None]:
+    """``try_receive`` for a flow waiting on ``request`` once a message reached ``session_id``.
+
+    Same outcome as :func:`try_receive`, without looking at every session each time: while
+    the flow waits, sessions only gain messages, so the receive can newly fail only because
+    of the session just delivered to, and can complete only once
+    ``state.receive_progress.ready`` has passed every session (see :class:`ReceiveProgress`).
+    """
+    progress = state.receive_progress
+    if progress is None or progress.request is not request:
+        progress = receive_progress(state, request)
+    if session_id in progress.members:
+        if _session(state, session_id).terminal_item() is not None:
+            return try_receive(state, request)
+        session_ids, ready = request.session_ids, progress.ready
+        while ready < len(session_ids) and _session(state, session_ids[ready]).inbox:
+            ready += 1
+        if ready == len(session_ids):
+            return try_receive(state, request)
+        if ready != progress.ready:
+            progress = attrs.evolve(progress, ready=ready)
+    if progress is not state.receive_progress:
+        state = attrs.evolve(state, receive_progress=progress)
+    return state, None
 
 
 def close_sessions(state: FlowState, session_ids: tuple[str, ...]) -> tuple[FlowState, Outcome]:
     """End each session: tell the peer (if it knows the session) and refuse further use."""
+    messages: list[OutboundSessionMessage] = []
+    closed: dict[str, SessionState] = {}  # a list may name a session twice
     for session_id in session_ids:
-        session = _session(state, session_id)
+        session = closed.get(session_id) or _session(state, session_id)
         if session.closed_by_us:
             continue
         if session.initial_sent and not session.peer_finished():
-            state, session = _queue_outbound(state, session, SessionEnd(), None)
-        state = _replace_session(state, attrs.evolve(session, closed_by_us=True))
-    return state, Value(None)
+            message, session = _outbound_message(session, SessionEnd(), None)
+            messages.append(message)
+        closed[session_id] = attrs.evolve(session, closed_by_us=True)
+    checkpoint = state.checkpoint.with_sessions(closed.values())
+    outbound = state.unsent_outbound.extend(messages)
+    return attrs.evolve(state, checkpoint=checkpoint, unsent_outbound=outbound), Value(None)
 
 
 def end_all_sessions(state: FlowState, error: FlowError | None) -> FlowState:
     """On finish (``error`` None) or failure, tell every peer still listening."""
+    queued: list[tuple[OutboundSessionMessage, SessionState]] = []
     for session in state.checkpoint.sessions:
         if session.closed_by_us or not session.initial_sent or session.peer_finished():
             continue
         body: SessionBody = SessionEnd() if error is None else SessionErrorBody(error)
-        state, session = _queue_outbound(state, session, body, None)
-        state = _replace_session(state, attrs.evolve(session, closed_by_us=True))
-    return state
+        message, session = _outbound_message(session, body, None)
+        queued.append((message, attrs.evolve(session, closed_by_us=True)))
+    return _queue_many(state, queued)
 
 
 def take_in(
@@ -261,7 +341,7 @@ def take_in(
             early=session.early[1:],
             next_receive_sequence=session.next_receive_sequence + 1,
         )
-    state = attrs.evolve(state, unrecorded_inbound=(*state.unrecorded_inbound, record))
+    state = attrs.evolve(state, unrecorded_inbound=state.unrecorded_inbound.append(record))
     return _replace_session(state, session), True
 
 

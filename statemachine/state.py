@@ -8,17 +8,21 @@ flow re-runs its ``call()`` and answers each request from the journal.
 :class:`FlowState` adds what only matters between two commits: the replay cursor, the inbound
 messages accepted but not yet recorded, and the outbound messages decided but not yet written
 to the outbox. All of it is frozen; transitions build new values with ``attrs.evolve``.
+The sequences that grow with a flow (sessions, journal, messages since the last commit) are
+persistent vectors, so one step costs O(log n) however many sessions the flow has.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import Union
 
 import attrs
 
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import Plain, Receive, Sleep
+from statemachine.persistent import PVector
 from statemachine.session_messages import (
     InboundRecord,
     OutboundSessionMessage,
@@ -28,6 +32,7 @@ from statemachine.session_messages import (
     SessionErrorBody,
     SessionReject,
 )
+from statemachine.session_table import SessionTable
 
 
 class FlowStatus(enum.Enum):
@@ -156,16 +161,30 @@ class Pending:
     deadline: float | None = None
 
 
+def _session_table(sessions: Iterable[SessionState]) -> SessionTable[SessionState]:
+    return SessionTable.of(sessions)
+
+
+def _journal(entries: Iterable[JournalEntry]) -> PVector[JournalEntry]:
+    return PVector.of(entries)
+
+
 @attrs.frozen
 class Checkpoint:
-    """Everything about a flow that must survive a crash."""
+    """Everything about a flow that must survive a crash.
+
+    ``sessions`` and ``journal`` accept any iterable and are kept as persistent sequences
+    (:class:`~statemachine.session_table.SessionTable`, :class:`~statemachine.persistent.PVector`):
+    one session or entry changes in O(log n) and the rest is shared with the previous value.
+    They compare equal to, and are stored as, the tuples of their items.
+    """
 
     flow_id: str
     origin: FlowOrigin
     status: FlowStatus
     created_at: float
-    sessions: tuple[SessionState, ...] = ()
-    journal: tuple[JournalEntry, ...] = ()
+    sessions: SessionTable[SessionState] = attrs.field(default=(), converter=_session_table)
+    journal: PVector[JournalEntry] = attrs.field(default=(), converter=_journal)
     pending: Pending | None = None
     next_session_index: int = 0
     error: FlowError | None = None
@@ -185,20 +204,43 @@ class Checkpoint:
         return self.origin.flow_class
 
     def session(self, session_id: str) -> SessionState | None:
-        """The session with this id, or None."""
-        for session in self.sessions:
-            if session.session_id == session_id:
-                return session
-        return None
+        """The session with this id, or None (O(log n))."""
+        return self.sessions.get(session_id)
 
     def with_session(self, updated: SessionState) -> Checkpoint:
         """A copy with ``updated`` replacing the session of the same id (or appended)."""
-        sessions = tuple(
-            updated if s.session_id == updated.session_id else s for s in self.sessions
-        )
-        if updated.session_id not in {s.session_id for s in self.sessions}:
-            sessions = (*sessions, updated)
-        return attrs.evolve(self, sessions=sessions)
+        return attrs.evolve(self, sessions=self.sessions.put(updated))
+
+    def with_sessions(self, updated: Iterable[SessionState]) -> Checkpoint:
+        """A copy with each of ``updated`` put in as by :meth:`with_session`, built once."""
+        return attrs.evolve(self, sessions=self.sessions.put_many(updated))
+
+
+@attrs.frozen
+class ReceiveProgress:
+    """How far a flow suspended on a receive has got: derived, never stored.
+
+    Sessions ``request.session_ids[:ready]`` have a message waiting; ``members`` are the
+    request's session ids as a set. While the flow waits, inboxes only grow, so ``ready``
+    only moves forward: a message costs O(1) plus the sessions it lets ``ready`` pass, and a
+    receive on n sessions costs O(n) in all, not O(n) per message.
+    """
+
+    request: Receive
+    members: frozenset[str]
+    ready: int
+
+
+def _records(records: Iterable[InboundRecord]) -> PVector[InboundRecord]:
+    return PVector.of(records)
+
+
+def _outbound(messages: Iterable[OutboundSessionMessage]) -> PVector[OutboundSessionMessage]:
+    return PVector.of(messages)
+
+
+def _ordinals(ordinals: Iterable[int]) -> PVector[int]:
+    return PVector.of(ordinals)
 
 
 @attrs.frozen
@@ -207,11 +249,13 @@ class FlowState:
 
     checkpoint: Checkpoint
     replay_cursor: int = 0
-    unrecorded_inbound: tuple[InboundRecord, ...] = ()
-    unsent_outbound: tuple[OutboundSessionMessage, ...] = ()
-    unrun_effects: tuple[int, ...] = ()
+    unrecorded_inbound: PVector[InboundRecord] = attrs.field(default=(), converter=_records)
+    unsent_outbound: PVector[OutboundSessionMessage] = attrs.field(default=(), converter=_outbound)
+    unrun_effects: PVector[int] = attrs.field(default=(), converter=_ordinals)
     """Ordinals of side effects asked for since the last commit (run in its transaction)."""
     uncommitted_steps: int = 0
+    receive_progress: ReceiveProgress | None = None
+    """Set while the flow is suspended on a receive (see :class:`ReceiveProgress`)."""
 
     @property
     def flow_id(self) -> str:

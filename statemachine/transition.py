@@ -9,9 +9,12 @@ Rules of this module (everything that decides what a flow does lives here and in
   a status of ``None`` is a flow that does not exist yet. A pair missing from the table
   raises :class:`IllegalTransitionError` naming the flow, its status and the event.
 * A live flow commits (checkpoint, dedup ids, outbox) only when it blocks, finishes, fails,
-  or has done ``MAX_UNCOMMITTED_STEPS`` requests since its last commit. Between commits it
-  runs on without touching the database: nothing it did is visible outside until the commit,
-  so a crash simply replays it from the last checkpoint.
+  or has done enough requests since its last commit (:func:`commit_due`: at least
+  ``MAX_UNCOMMITTED_STEPS``, and at least a ``1 / COMMIT_GROWTH_DIVISOR`` share of its
+  checkpoint's entries, so a flow that grows without blocking encodes O(final size) bytes in
+  all, not O(size) every 32 steps). Between commits it runs on without touching the
+  database: nothing it did is visible outside until the commit, so a crash simply replays it
+  from the last checkpoint.
 * A restored flow is REPLAYING: each request is answered from the journal and must match the
   journal's signature; a mismatch sends the flow to the hospital (kept, never lost).
 """
@@ -84,6 +87,8 @@ from statemachine.session_ops import (
     end_all_sessions,
     ensure_initiated,
     open_session,
+    receive_after_delivery,
+    receive_progress,
     responder_session,
     send_payloads,
     take_in,
@@ -108,7 +113,12 @@ FLOW_KILLED_EXCEPTION = "flows.errors.FlowKilledException"
 """The error a killed flow's handle raises."""
 
 MAX_UNCOMMITTED_STEPS = 32
-"""A live flow that keeps running without blocking commits after this many requests."""
+"""A live flow that keeps running without blocking commits after at least this many requests."""
+
+COMMIT_GROWTH_DIVISOR = 4
+"""...and after at least its checkpoint's entries (journal entries plus sessions) divided by
+this: each commit then comes once the checkpoint has grown by a third since the previous one,
+so the bytes encoded by all commits of a flow are a small multiple of its final checkpoint."""
 
 Handler = Callable[[Any, Any], TransitionResult]
 
@@ -148,6 +158,14 @@ def _commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]
     return _clean(state), tuple(in_transaction + after_commit)
 
 
+def commit_due(state: FlowState) -> bool:
+    """True if a live flow that has not blocked has run long enough to commit now."""
+    checkpoint = state.checkpoint
+    entries = len(checkpoint.journal) + len(checkpoint.sessions)
+    due = max(MAX_UNCOMMITTED_STEPS, entries // COMMIT_GROWTH_DIVISOR)
+    return state.uncommitted_steps >= due
+
+
 def _clean(state: FlowState) -> FlowState:
     """``state`` once everything since the last commit is in the transaction's actions."""
     return attrs.evolve(
@@ -159,15 +177,15 @@ def _record_and_send(state: FlowState, at: float, after_commit: list[Action]) ->
     """The dedup-id and outbox actions (and their after-commit halves) for ``state``."""
     actions: list[Action] = []
     if state.unrecorded_inbound:
-        actions.append(RecordInboundMessages(state.unrecorded_inbound, at))
-        after_commit.append(
-            AcknowledgeMessages(tuple(r.message_id for r in state.unrecorded_inbound))
-        )
+        records = state.unrecorded_inbound.to_tuple()
+        actions.append(RecordInboundMessages(records, at))
+        after_commit.append(AcknowledgeMessages(tuple(r.message_id for r in records)))
     if state.unsent_outbound:
-        actions.append(WriteOutbox(state.unsent_outbound, at))
-        after_commit.append(HandOffMessages(state.unsent_outbound))
+        outbound = state.unsent_outbound.to_tuple()
+        actions.append(WriteOutbox(outbound, at))
+        after_commit.append(HandOffMessages(outbound))
     if state.unrun_effects:
-        actions.append(RunFlowEffects(state.flow_id, state.unrun_effects))
+        actions.append(RunFlowEffects(state.flow_id, state.unrun_effects.to_tuple()))
     return actions
 
 
@@ -177,7 +195,7 @@ def _with_status(state: FlowState, status: FlowStatus, **changes: Any) -> FlowSt
 
 def _journal(state: FlowState, request: IORequest, outcome: Outcome) -> FlowState:
     entry = JournalEntry(request.signature(), outcome)
-    checkpoint = attrs.evolve(state.checkpoint, journal=(*state.checkpoint.journal, entry))
+    checkpoint = attrs.evolve(state.checkpoint, journal=state.checkpoint.journal.append(entry))
     return attrs.evolve(
         state,
         checkpoint=checkpoint,
@@ -191,14 +209,20 @@ def _complete(
 ) -> TransitionResult:
     """Journal a completed request and resume the fiber, committing only if overdue."""
     state = _journal(_with_status(state, FlowStatus.RUNNABLE, pending=None), request, outcome)
+    if state.receive_progress is not None:
+        state = attrs.evolve(state, receive_progress=None)
     actions: tuple[Action, ...] = ()
-    if state.uncommitted_steps >= MAX_UNCOMMITTED_STEPS:
+    if commit_due(state):
         state, actions = _commit(state, at)
     return TransitionResult(state, actions, continuation_for(outcome))
 
 
 def _block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
     """Suspend the flow on ``pending``: commit, and arrange a wake-up if it has a deadline."""
+    progress = None
+    if isinstance(pending.request, Receive):
+        progress = receive_progress(state, pending.request)
+    state = attrs.evolve(state, receive_progress=progress)
     state, actions = _commit(_with_status(state, FlowStatus.SUSPENDED, pending=pending), at)
     if pending.deadline is not None:
         actions = (*actions, ScheduleWakeUp(state.flow_id, pending.deadline))
@@ -297,7 +321,7 @@ def _suspend_live(state: FlowState, event: Suspend) -> TransitionResult:
         )
         outcome = Value(None)
     elif isinstance(request, RunInTransaction):
-        state = attrs.evolve(state, unrun_effects=(*state.unrun_effects, request.ordinal))
+        state = attrs.evolve(state, unrun_effects=state.unrun_effects.append(request.ordinal))
         outcome = Value(None)
     else:
         assert isinstance(request, RecordValue)
@@ -399,7 +423,7 @@ def _deliver(state: FlowState, event: DeliverSessionMessage) -> TransitionResult
         and pending is not None
         and isinstance(pending.request, Receive)
     ):
-        state, outcome = try_receive(state, pending.request)
+        state, outcome = receive_after_delivery(state, pending.request, event.session_id)
         if outcome is not None:
             return _complete(state, pending.request, outcome, event.at)
     if state.status is FlowStatus.HOSPITALIZED:
