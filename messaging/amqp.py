@@ -6,8 +6,11 @@ Queues (durable, ``x-queue-type: classic``), named after the node key (:func:`no
   each a persistent message whose ``message_id`` property is the message id. A node declares
   its queues when its :class:`AmqpMessaging` is built, so a send to a node that has never
   started is unroutable and raises :class:`~messaging.service.TransportError`.
-* ``p2p.deadletter.<node key>``: frames the node could not decode, each with the reason in
-  its ``x-fiberflow-reason`` header.
+* ``p2p.deadletter.<node key>``: frames the node could not take (undecodable, over the frame
+  limit, or of a topic it has no handler for), each with the reason in its
+  ``x-fiberflow-reason`` header (cut to ``limits.DEAD_LETTER_REASON_CHARS``, so that the
+  header always fits). A body over the frame limit is refused on its length, before it is
+  decoded, and only its first ``limits.DEAD_LETTER_PREFIX_BYTES`` are kept.
 
 Both are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
 queue name as routing key. Sending publishes to ``p2p.inbound`` (routing key: the target's
@@ -52,8 +55,16 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 import pika
 
-from messaging.frame import MalformedFrameError, decode_frame, encode_frame
+from messaging.frame import (
+    MAX_FRAME_BYTES,
+    MalformedFrameError,
+    decode_frame,
+    encode_frame,
+    oversized_problem,
+)
 from messaging.service import Message, MessageHandler, TransportError
+from persistence.bounded import bounded_reason
+from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
 
 log = logging.getLogger("fiberflow.amqp")
 
@@ -361,7 +372,8 @@ class AmqpMessaging:
     reached within ``reconnect_timeout`` seconds), unless the URL says ``?declare=false``
     (see :func:`split_options`). ``prefetch`` bounds the deliveries the node
     holds unacknowledged (0: no bound); once it holds that many, the broker sends no more until
-    some are acknowledged.
+    some are acknowledged. ``max_frame_bytes`` is the largest body the node takes (larger ones
+    are dead-lettered).
     """
 
     def __init__(
@@ -371,8 +383,10 @@ class AmqpMessaging:
         *,
         prefetch: int = DEFAULT_PREFETCH,
         reconnect_timeout: float = DEFAULT_RECONNECT_SECONDS,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         url, self._declare = split_options(url)
+        self._max_frame_bytes = max_frame_bytes
         self._url = url
         self._address = address
         self._prefetch = prefetch
@@ -565,20 +579,21 @@ class AmqpMessaging:
         if self._stopping.is_set():
             return  # not acknowledged: back to the queue when the channel closes
         tag = method.delivery_tag
+        if len(body) > self._max_frame_bytes:  # refused on its length, before decoding
+            kept = body[:DEAD_LETTER_PREFIX_BYTES]
+            reason = oversized_problem(len(body), self._max_frame_bytes)
+            reason = f"{reason}; only its first {len(kept)} bytes are kept"
+            self._dead_letter(channel, tag, kept, reason)
+            return
         try:
-            message = decode_frame(body)
+            message = decode_frame(body, self._max_frame_bytes)
         except MalformedFrameError as error:
             self._dead_letter(channel, tag, body, str(error))
             return
         handler = self._handlers.get(message.topic)
         if handler is None:
-            log.warning(
-                "%s: no handler for topic %r; dropping %s",
-                self._address,
-                message.topic,
-                message.message_id,
-            )
-            channel.basic_ack(delivery_tag=tag)
+            reason = f"no handler for topic {message.topic!r} at {self._address}"
+            self._dead_letter(channel, tag, body, reason)
             return
         with self._lock:
             message = attrs.evolve(message, receipt=(self._generation, tag))
@@ -589,7 +604,12 @@ class AmqpMessaging:
             log.exception("%s: handler failed on %s", self._address, message.message_id)
 
     def _dead_letter(self, channel: Channel, tag: int, raw: bytes, reason: str) -> None:
-        """Move a delivery to the dead-letter queue (confirmed), then ack it."""
+        """Move a delivery to the dead-letter queue (confirmed), then ack it.
+
+        The reason header is a bounded copy (it must fit in an AMQP frame, whatever the
+        message held).
+        """
+        reason = bounded_reason(reason)
         log.warning("%s: dead-lettering delivery %d: %s", self._address, tag, reason)
         publish(
             channel,
