@@ -127,7 +127,8 @@ TEXT_LIMITS: dict[tuple[type, str], tuple[int, bool]] = {
     (flow_error.FlowError, "error_id"): (ERROR_ID_CHARS, True),
 }
 """(class, field) -> (longest length, whether it may be empty) of every text field on the wire
-(limits from :mod:`statemachine.limits`)."""
+(limits from :mod:`statemachine.limits`). A longer ``FlowError.message`` never reaches the
+check: a ``FlowError`` cuts its message to the limit when it is made, decoding included."""
 
 
 def _check_fields(value: object, path: str) -> None:
