@@ -252,11 +252,27 @@ def permission_commands(address: str, user: str, password: str) -> list[str]:
     ]
 
 
+AMQP_SHORT_STRING_BYTES = 255
+"""The longest AMQP short string (the ``message_id`` property is one), in UTF-8 bytes."""
+
+
+def property_message_id(message_id: str) -> str | None:
+    """The ``message_id`` property for a message: its id, or None if too long for it.
+
+    An AMQP short string holds 255 bytes; a longer id (possible within the 200-character limit
+    in multi-byte characters) would make the publish fail. The frame carries the id anyway:
+    the property is only for operators.
+    """
+    if len(message_id.encode("utf-8", "surrogatepass")) > AMQP_SHORT_STRING_BYTES:
+        return None
+    return message_id
+
+
 @attrs.frozen
 class _Outgoing:
     target: str
     body: bytes
-    message_id: str
+    message_id: str | None
 
 
 class _Publisher:
@@ -455,7 +471,10 @@ class AmqpMessaging:
 
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
         """Publish every pair in order; returns once the broker confirmed them all."""
-        outgoing = [_Outgoing(target, encode_frame(m), m.message_id) for m, target in items]
+        outgoing = [
+            _Outgoing(target, encode_frame(m), property_message_id(m.message_id))
+            for m, target in items
+        ]
         if outgoing:
             self._publisher.publish(outgoing)
 

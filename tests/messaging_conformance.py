@@ -341,6 +341,8 @@ class TransportConformance:
         sender_name, receiver_name = address("A"), address("B")
         long_topic = "t\u00e9" * (TOPIC_CHARS // 2)  # two-byte characters: the limit counts
         receiver = harness.endpoint(receiver_name)  # characters, as PostgreSQL's varchar does
+        sender = harness.endpoint(sender_name)
+        sender.start()
         inbox = Inbox()
         receiver.add_handler(TOPIC, inbox)
         receiver.add_handler(long_topic, inbox)
@@ -364,10 +366,10 @@ class TransportConformance:
             ("M-over-sender", TOPIC, padded(sender_name, PARTY_NAME_CHARS + 1), "sender"),
             ("M-nul\x00", TOPIC, sender_name, "message_id"),
         ]
-        for message_id, topic, sender in at_limit:
-            harness.inject_raw(receiver_name, raw(message_id, topic, sender))
-        for message_id, topic, sender, _ in over:
-            harness.inject_raw(receiver_name, raw(message_id, topic, sender))
+        for message_id, topic, claimed in at_limit:  # sent: a sender takes them too
+            sender.send(Message(message_id, topic, claimed, b"data"), receiver_name)
+        for message_id, topic, claimed, _ in over:  # written by a sender that checks nothing
+            harness.inject_raw(receiver_name, raw(message_id, topic, claimed))
         wait_until(harness, lambda: len(inbox.ids()) == 3, "the 3 messages at the limits")
         wait_until(
             harness,
@@ -386,6 +388,7 @@ class TransportConformance:
         for delivered in list(inbox.messages):
             receiver.acknowledge(delivered)
         receiver.stop()
+        sender.stop()
 
     def test_unknown_topics_are_dead_lettered_with_the_reason(
         self, harness: TransportHarness

@@ -80,7 +80,7 @@ class Hostile:
     message_id: str
     within: bool
     genuine: bool = False
-    """Signed by Alice, within the limits and routable: Bob must take it in (its id recorded)."""
+    """Signed by Alice, within the limits and expected: Bob must take it in (id recorded)."""
 
 
 def pack_frame(message_id: str, sender: str, data: bytes, signature: bytes = b"") -> bytes:
@@ -144,7 +144,8 @@ def genuine_sessions(draw: st.DrawFn, alice: MockNode) -> list[Hostile]:
         and len(flow_class) <= limits.FLOW_CLASS_CHARS
         and len(app_name) <= limits.APP_NAME_CHARS
     )
-    found = [signed(alice, message_id(session, 0), encode_session_message(initial), within)]
+    first = message_id(session, 0)
+    found = [signed(alice, first, encode_session_message(initial), within, within)]
     if draw(st.booleans()):
         class_length = draw(around(limits.EXCEPTION_CLASS_CHARS))
         exception_class, exception_ok = draw(text_of_length(class_length, "x.E"))
@@ -153,17 +154,20 @@ def genuine_sessions(draw: st.DrawFn, alice: MockNode) -> list[Hostile]:
         body = SessionErrorBody(error)
         after = ExistingSessionMessage(responder_session_id(session), 1, body)
         ok = within and exception_ok and text_ok and class_length <= 300
-        # Taken in only if its session opened and is still waiting for it (no first payload).
-        taken = ok and known and payload is None
-        found.append(signed(alice, message_id(session, 1), encode_session_message(after), taken))
+        # Surely taken in if its session opened and waits for it (no first payload); with a
+        # first payload the responder may have ended first (then it is dropped as late).
+        must = ok and known and payload is None
+        mid = message_id(session, 1)
+        found.append(signed(alice, mid, encode_session_message(after), ok, must))
     return found
 
 
-def signed(alice: MockNode, mid: str, data: bytes, within: bool) -> Hostile:
+def signed(alice: MockNode, mid: str, data: bytes, within: bool, must_take: bool) -> Hostile:
+    """Signed by Alice; ``must_take``: Bob must take it in if its id is within the limit."""
     message = alice.identity.sign(Message(mid, SESSION_TOPIC, ALICE, data), BOB)
     frame = pack_frame(message.message_id, ALICE, data, message.signature)
-    genuine = within and len(mid) <= limits.MESSAGE_ID_CHARS
-    return Hostile(frame, mid, within, genuine)
+    within = within and len(mid) <= limits.MESSAGE_ID_CHARS
+    return Hostile(frame, mid, within, must_take and within)
 
 
 def consumed_ids(node: MockNode) -> set[str]:
