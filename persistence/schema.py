@@ -27,6 +27,7 @@ from statemachine.limits import (
     FLOW_ID_CHARS,
     MESSAGE_ID_CHARS,
     PARTY_NAME_CHARS,
+    PROGRESS_STEP_CHARS,
     SESSION_ID_CHARS,
 )
 
@@ -48,7 +49,7 @@ node_checkpoints = Table(
     Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
     Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("status", String(20), nullable=False),
-    Column("progress_step", String(200)),
+    Column("progress_step", String(PROGRESS_STEP_CHARS)),
     Column("suspended_on", String(20)),
     Column("waiting_for", Text),
     Column("journal_length", Integer, nullable=False),

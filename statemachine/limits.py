@@ -70,6 +70,10 @@ wire. Stored in text columns."""
 REJECT_REASON_CHARS = ERROR_MESSAGE_CHARS
 """``SessionReject.reason`` (it becomes the error message of the initiator's flow)."""
 
+PROGRESS_STEP_CHARS = 200
+"""A flow's progress step (``FlowLogic.progress``; ``node_checkpoints.progress_step``). Set by
+the node's own flows, not from outside, but bounded here with the rest."""
+
 MAX_SEQUENCE = 2**40
 """Largest sequence number accepted from the wire (``node_message_ids.sequence`` is 64-bit)."""
 
