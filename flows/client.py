@@ -18,6 +18,7 @@ from flows.flow_logic import FlowLogic
 from flows.node import encode_arguments
 from persistence.serialization import PAYLOADS, qualified_name
 from persistence.store import FlowRequest, NodeDatabase, StoredOutcome
+from statemachine.limits import FLOW_ID_CHARS
 
 
 class FlowWaitTimeoutError(FiberflowError):
@@ -45,6 +46,11 @@ class NodeClient:
         for flow, request_id in zip(flows, ids, strict=True):
             if not isinstance(flow, FlowLogic):
                 raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow)}")
+            if not isinstance(request_id, str) or not 0 < len(request_id) <= FLOW_ID_CHARS:
+                raise ValueError(
+                    f"request id {str(request_id)[:80]!r} must be a string of 1 to "
+                    f"{FLOW_ID_CHARS} characters (it becomes the flow id)"
+                )
             requests.append(
                 FlowRequest(request_id, qualified_name(type(flow)), encode_arguments(flow))
             )

@@ -15,6 +15,7 @@ import attrs
 
 from flows.errors import FlowDefinitionError
 from persistence.serialization import PAYLOAD_TYPES, qualified_name
+from statemachine.limits import APP_NAME_CHARS, FLOW_CLASS_CHARS
 
 C = TypeVar("C", bound=type)
 
@@ -39,6 +40,26 @@ def _check_module_level(cls: type, decorator: str) -> None:
             f"@{decorator} on {cls.__qualname__}: the class is defined inside a function, so a "
             "restarted node could not find it by name; move it to module level"
         )
+    problem = flow_class_name_problem(cls)
+    if problem is not None:
+        raise FlowDefinitionError(f"@{decorator} on {cls.__qualname__}: {problem}")
+
+
+def flow_class_name_problem(cls: type) -> str | None:
+    """Why peers and the node database could not take ``cls``'s names, or None if they can.
+
+    Its qualified name must fit in ``limits.FLOW_CLASS_CHARS`` and its CorDapp's name in
+    ``limits.APP_NAME_CHARS`` (what a peer accepts in a session message).
+    """
+    name, app = qualified_name(cls), app_name_of(cls)
+    if len(name) > FLOW_CLASS_CHARS:
+        return (
+            f"its qualified name has {len(name)} characters; the limit is {FLOW_CLASS_CHARS} "
+            "(shorten the module path or the class name)"
+        )
+    if len(app) > APP_NAME_CHARS:
+        return f"its CorDapp name {app[:40]!r}... is over {APP_NAME_CHARS} characters"
+    return None
 
 
 def _check_flow_class(cls: Any, decorator: str) -> None:

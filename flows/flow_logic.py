@@ -38,6 +38,7 @@ from statemachine.iorequests import (
     SetProgress,
     Sleep,
 )
+from statemachine.limits import PROGRESS_STEP_CHARS
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -221,8 +222,10 @@ class FlowLogic(Generic[T]):
         ``fiberflow flow list``; name steps so an operator can tell where a flow is
         ("Collecting signatures", "Waiting for approval").
         """
-        if not isinstance(step, str) or not 0 < len(step) <= 200:
-            raise ValueError("a progress step is a string of 1 to 200 characters")
+        if not isinstance(step, str) or not 0 < len(step) <= PROGRESS_STEP_CHARS:
+            raise ValueError(
+                f"a progress step is a string of 1 to {PROGRESS_STEP_CHARS} characters"
+            )
         self._runtime().suspend(SetProgress(step))
 
     def now(self) -> datetime.datetime:

@@ -17,6 +17,7 @@ import attrs
 
 from flows.busy import BusyMonitor
 from flows.cordapps import Cordapps
+from flows.decorators import flow_class_name_problem
 from flows.effects import FlowEffectRegistry
 from flows.errors import (
     FiberflowError,
@@ -356,6 +357,9 @@ class Node:
                 f"{cls.__qualname__} is defined inside a function, so a restarted node could "
                 "not find it by name; move it to module level"
             )
+        problem = flow_class_name_problem(cls)
+        if problem is not None:
+            raise FlowDefinitionError(f"{cls.__qualname__} cannot be started: {problem}")
         arguments = encode_arguments(flow)
         flow_id = self.manager.start_flow(qualified_name(cls), arguments, flow)
         return FlowHandle(self, flow_id)

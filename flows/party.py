@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from persistence.serialization import PAYLOAD_TYPES
+from statemachine.limits import PARTY_NAME_CHARS
 
 _REQUIRED = ("O", "L", "C")
 _ALLOWED = ("CN", "OU", "O", "L", "ST", "C")
@@ -13,6 +14,13 @@ _ALLOWED = ("CN", "OU", "O", "L", "ST", "C")
 def _check_name(_: object, __: object, name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"a party name is a str, not {type(name).__name__}")
+    if len(name) > PARTY_NAME_CHARS:
+        raise ValueError(
+            f"party name {name[:60]!r}... has {len(name)} characters; the limit is "
+            f"{PARTY_NAME_CHARS}"
+        )
+    if "\x00" in name:
+        raise ValueError(f"party name {name!r} contains a NUL character")
     parts: dict[str, str] = {}
     for item in name.split(","):
         key, sep, value = item.strip().partition("=")
@@ -34,7 +42,11 @@ def _check_name(_: object, __: object, name: str) -> None:
 @PAYLOAD_TYPES.register
 @attrs.frozen(order=True)
 class Party:
-    """A node's identity, e.g. ``Party("O=Alice,L=London,C=GB")``."""
+    """A node's identity, e.g. ``Party("O=Alice,L=London,C=GB")``.
+
+    The name is at most ``limits.PARTY_NAME_CHARS`` characters (it is the node's address and
+    the sender of its messages), without NUL characters.
+    """
 
     name: str = attrs.field(validator=_check_name)
 

@@ -6,8 +6,11 @@ Queues (durable, ``x-queue-type: classic``), named after the node key (:func:`no
   each a persistent message whose ``message_id`` property is the message id. A node declares
   its queues when its :class:`AmqpMessaging` is built, so a send to a node that has never
   started is unroutable and raises :class:`~messaging.service.TransportError`.
-* ``p2p.deadletter.<node key>``: frames the node could not decode, each with the reason in
-  its ``x-fiberflow-reason`` header.
+* ``p2p.deadletter.<node key>``: frames the node could not take (undecodable, over the frame
+  limit, or of a topic it has no handler for), each with the reason in its
+  ``x-fiberflow-reason`` header (cut to ``limits.DEAD_LETTER_REASON_CHARS``, so that the
+  header always fits). A body over the frame limit is refused on its length, before it is
+  decoded, and only its first ``limits.DEAD_LETTER_PREFIX_BYTES`` are kept.
 
 Both are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
 queue name as routing key. Sending publishes to ``p2p.inbound`` (routing key: the target's
@@ -53,8 +56,16 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 import pika
 
-from messaging.frame import MalformedFrameError, decode_frame, encode_frame
+from messaging.frame import (
+    MAX_FRAME_BYTES,
+    MalformedFrameError,
+    decode_frame,
+    encode_frame,
+    oversized_problem,
+)
 from messaging.service import Message, MessageHandler, TransportError
+from persistence.bounded import bounded_reason
+from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
 
 log = logging.getLogger("fiberflow.amqp")
 
@@ -242,11 +253,27 @@ def permission_commands(address: str, user: str, password: str) -> list[str]:
     ]
 
 
+AMQP_SHORT_STRING_BYTES = 255
+"""The longest AMQP short string (the ``message_id`` property is one), in UTF-8 bytes."""
+
+
+def property_message_id(message_id: str) -> str | None:
+    """The ``message_id`` property for a message: its id, or None if too long for it.
+
+    An AMQP short string holds 255 bytes; a longer id (possible within the 200-character limit
+    in multi-byte characters) would make the publish fail. The frame carries the id anyway:
+    the property is only for operators.
+    """
+    if len(message_id.encode("utf-8", "surrogatepass")) > AMQP_SHORT_STRING_BYTES:
+        return None
+    return message_id
+
+
 @attrs.frozen
 class _Outgoing:
     target: str
     body: bytes
-    message_id: str
+    message_id: str | None
 
 
 class _Publisher:
@@ -362,7 +389,8 @@ class AmqpMessaging:
     reached within ``reconnect_timeout`` seconds), unless the URL says ``?declare=false``
     (see :func:`split_options`). ``prefetch`` bounds the deliveries the node
     holds unacknowledged (0: no bound); once it holds that many, the broker sends no more until
-    some are acknowledged.
+    some are acknowledged. ``max_frame_bytes`` is the largest body the node takes (larger ones
+    are dead-lettered).
     """
 
     def __init__(
@@ -373,9 +401,11 @@ class AmqpMessaging:
         prefetch: int = DEFAULT_PREFETCH,
         reconnect_timeout: float = DEFAULT_RECONNECT_SECONDS,
         consumer_id: str | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         url, self._declare = split_options(url)
         self._consumer_id = consumer_id or uuid.uuid4().hex
+        self._max_frame_bytes = max_frame_bytes
         self._url = url
         self._address = address
         self._prefetch = prefetch
@@ -455,7 +485,10 @@ class AmqpMessaging:
 
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
         """Publish every pair in order; returns once the broker confirmed them all."""
-        outgoing = [_Outgoing(target, encode_frame(m), m.message_id) for m, target in items]
+        outgoing = [
+            _Outgoing(target, encode_frame(m), property_message_id(m.message_id))
+            for m, target in items
+        ]
         if outgoing:
             self._publisher.publish(outgoing)
 
@@ -579,20 +612,21 @@ class AmqpMessaging:
         if self._stopping.is_set():
             return  # not acknowledged: back to the queue when the channel closes
         tag = method.delivery_tag
+        if len(body) > self._max_frame_bytes:  # refused on its length, before decoding
+            kept = body[:DEAD_LETTER_PREFIX_BYTES]
+            reason = oversized_problem(len(body), self._max_frame_bytes)
+            reason = f"{reason}; only its first {len(kept)} bytes are kept"
+            self._dead_letter(channel, tag, kept, reason)
+            return
         try:
-            message = decode_frame(body)
+            message = decode_frame(body, self._max_frame_bytes)
         except MalformedFrameError as error:
             self._dead_letter(channel, tag, body, str(error))
             return
         handler = self._handlers.get(message.topic)
         if handler is None:
-            log.warning(
-                "%s: no handler for topic %r; dropping %s",
-                self._address,
-                message.topic,
-                message.message_id,
-            )
-            channel.basic_ack(delivery_tag=tag)
+            reason = f"no handler for topic {message.topic!r} at {self._address}"
+            self._dead_letter(channel, tag, body, reason)
             return
         with self._lock:
             message = attrs.evolve(message, receipt=(self._generation, tag))
@@ -603,7 +637,12 @@ class AmqpMessaging:
             log.exception("%s: handler failed on %s", self._address, message.message_id)
 
     def _dead_letter(self, channel: Channel, tag: int, raw: bytes, reason: str) -> None:
-        """Move a delivery to the dead-letter queue (confirmed), then ack it."""
+        """Move a delivery to the dead-letter queue (confirmed), then ack it.
+
+        The reason header is a bounded copy (it must fit in an AMQP frame, whatever the
+        message held).
+        """
+        reason = bounded_reason(reason)
         log.warning("%s: dead-lettering delivery %d: %s", self._address, tag, reason)
         publish(
             channel,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from messaging.frame import MAX_FRAME_BYTES
+from messaging.frame import MAX_FRAME_BYTES, text_problem
 from persistence.serialization import (
     SerializationError,
     SerializationLimits,
@@ -12,6 +12,17 @@ from persistence.serialization import (
     TypeRegistry,
 )
 from statemachine import flow_error, session_messages
+from statemachine.limits import (
+    APP_NAME_CHARS,
+    ERROR_ID_CHARS,
+    ERROR_MESSAGE_CHARS,
+    EXCEPTION_CLASS_CHARS,
+    FLOW_CLASS_CHARS,
+    INITIATOR_SESSION_ID_CHARS,
+    MAX_SEQUENCE,
+    REJECT_REASON_CHARS,
+    SESSION_ID_CHARS,
+)
 from statemachine.session_messages import (
     ExistingSessionMessage,
     InitialSessionMessage,
@@ -104,10 +115,20 @@ _FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
     },
 }
 
-MAX_ID_LENGTH = 200
-"""Longest session id or flow class name accepted from the wire."""
-MAX_SEQUENCE = 2**40
-"""Largest sequence number accepted from the wire."""
+TEXT_LIMITS: dict[tuple[type, str], tuple[int, bool]] = {
+    (InitialSessionMessage, "initiator_session_id"): (INITIATOR_SESSION_ID_CHARS, False),
+    (InitialSessionMessage, "initiator_flow_class"): (FLOW_CLASS_CHARS, False),
+    (InitialSessionMessage, "app_name"): (APP_NAME_CHARS, True),
+    (ExistingSessionMessage, "recipient_session_id"): (SESSION_ID_CHARS, False),
+    (session_messages.ConfirmSession, "app_name"): (APP_NAME_CHARS, True),
+    (session_messages.SessionReject, "reason"): (REJECT_REASON_CHARS, True),
+    (flow_error.FlowError, "exception_class"): (EXCEPTION_CLASS_CHARS, True),
+    (flow_error.FlowError, "message"): (ERROR_MESSAGE_CHARS, True),
+    (flow_error.FlowError, "error_id"): (ERROR_ID_CHARS, True),
+}
+"""(class, field) -> (longest length, whether it may be empty) of every text field on the wire
+(limits from :mod:`statemachine.limits`). A longer ``FlowError.message`` never reaches the
+check: a ``FlowError`` cuts its message to the limit when it is made, decoding included."""
 
 
 def _check_fields(value: object, path: str) -> None:
@@ -122,6 +143,11 @@ def _check_fields(value: object, path: str) -> None:
             raise SerializationError(
                 f"{path}.{field.name} must be {names}, not {type(item).__name__}"
             )
+        if isinstance(item, str):
+            limit, may_be_empty = TEXT_LIMITS[(type(value), field.name)]
+            problem = text_problem(field.name, item, limit, may_be_empty=may_be_empty)
+            if problem is not None:
+                raise SerializationError(f"{path}: {problem}")
         if type(item) in _FIELD_TYPES:
             _check_fields(item, f"{path}.{field.name}")
 
@@ -129,23 +155,17 @@ def _check_fields(value: object, path: str) -> None:
 def decode_session_message(data: bytes) -> SessionMessage:
     """Parse bytes from the wire; raises SerializationError naming what is wrong with them.
 
-    Beyond decoding with the allow-list, every field must have its declared type, ids must
-    be non-empty and at most ``MAX_ID_LENGTH`` long, and a sequence number must be in
-    ``0..MAX_SEQUENCE`` (each side of a session counts its own messages from 0).
+    Beyond decoding with the allow-list, every field must have its declared type, every text
+    field must be within its limit (``TEXT_LIMITS``; ids and class names non-empty) and hold
+    no NUL character, and a sequence number must be in ``0..MAX_SEQUENCE`` (each side of a
+    session counts its own messages from 0).
     """
     decoded = _SERIALIZER.decode(data)
     if not isinstance(decoded, (InitialSessionMessage, ExistingSessionMessage)):
         raise SerializationError(f"not a session message: {type(decoded).__name__}")
     _check_fields(decoded, type(decoded).__name__)
-    if isinstance(decoded, InitialSessionMessage):
-        ids = [decoded.initiator_session_id, decoded.initiator_flow_class]
-    else:
-        ids = [decoded.recipient_session_id]
-        if not 0 <= decoded.sequence <= MAX_SEQUENCE:
-            raise SerializationError(
-                f"sequence number {decoded.sequence} is out of range 0..{MAX_SEQUENCE}"
-            )
-    for text in ids:
-        if not 0 < len(text) <= MAX_ID_LENGTH:
-            raise SerializationError(f"id {text[:40]!r} must have 1 to {MAX_ID_LENGTH} characters")
+    if isinstance(decoded, ExistingSessionMessage) and not 0 <= decoded.sequence <= MAX_SEQUENCE:
+        raise SerializationError(
+            f"sequence number {decoded.sequence} is out of range 0..{MAX_SEQUENCE}"
+        )
     return decoded

@@ -3,8 +3,11 @@
 Every transport (the in-memory test double included) carries a message as one byte
 string, ``msgpack([FRAME_VERSION, message_id, topic, sender, data, signature])``. A receiver
 that cannot decode a frame (garbage bytes, truncated msgpack, wrong field types, an unknown
-version, over the size limit) does not hand it to the node: it moves it to the transport's
-dead-letter store with the reason and acknowledges it, so it never loops.
+version, over the size limit, a text field over its length limit or holding a NUL character)
+does not hand it to the node: it moves it to the transport's dead-letter store with the reason
+and acknowledges it, so it never loops. A body over the size limit is refused on its length
+alone, before anything decodes it. The limits are those of :mod:`statemachine.limits`; a
+sender checks them too, so it learns at once that a message cannot travel.
 """
 
 from __future__ import annotations
@@ -14,14 +17,47 @@ from typing import Any
 import msgpack
 
 from messaging.service import Message
+from statemachine.limits import (
+    FRAME_BYTES,
+    MESSAGE_ID_CHARS,
+    PARTY_NAME_CHARS,
+    TOPIC_CHARS,
+)
 
 FRAME_VERSION = 1
 """The frame layout version written by this code; other versions are refused."""
 
-MAX_FRAME_BYTES = 16 * 1024 * 1024
-"""Frames larger than this are refused by both sender and receiver."""
+MAX_FRAME_BYTES = FRAME_BYTES
+"""Frames larger than this are refused by both sender and receiver (``limits.FRAME_BYTES``)."""
 
-_FIELDS = ("message_id", "topic", "sender")
+FIELD_LIMITS = {
+    "message_id": MESSAGE_ID_CHARS,
+    "topic": TOPIC_CHARS,
+    "sender": PARTY_NAME_CHARS,
+}
+"""The longest each text field of a frame may be, in characters."""
+
+
+def text_problem(name: str, value: object, limit: int, *, may_be_empty: bool = False) -> str | None:
+    """Why ``value`` is not acceptable as text field ``name`` (at most ``limit``), or None.
+
+    Text must be a ``str`` of 1 (0 if ``may_be_empty``) to ``limit`` characters without a NUL
+    character (PostgreSQL cannot store one in a text column).
+    """
+    if not isinstance(value, str):
+        return f"field {name} is not a string"
+    if not value and not may_be_empty:
+        return f"field {name} is empty"
+    if len(value) > limit:
+        return f"field {name} has {len(value)} characters; the limit is {limit}"
+    if "\x00" in value:
+        return f"field {name} contains a NUL character"
+    return None
+
+
+def oversized_problem(size: int, limit: int = MAX_FRAME_BYTES) -> str:
+    """The reason a body of ``size`` bytes is refused (it names the size and the limit)."""
+    return f"frame of {size} bytes exceeds the limit of {limit} bytes"
 
 
 class MalformedFrameError(ValueError):
@@ -29,7 +65,11 @@ class MalformedFrameError(ValueError):
 
 
 def encode_frame(message: Message) -> bytes:
-    """The bytes ``message`` travels as."""
+    """The bytes ``message`` travels as; raises MalformedFrameError if no receiver takes it."""
+    for name, limit in FIELD_LIMITS.items():
+        problem = text_problem(name, getattr(message, name), limit)
+        if problem is not None:
+            raise MalformedFrameError(f"message {str(message.message_id)[:80]!r}: {problem}")
     frame: bytes = msgpack.packb(
         [
             FRAME_VERSION,
@@ -49,12 +89,15 @@ def encode_frame(message: Message) -> bytes:
     return frame
 
 
-def decode_frame(raw: bytes) -> Message:
-    """Parse a frame; raises :class:`MalformedFrameError` naming what is wrong with it."""
+def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """Parse a frame; raises :class:`MalformedFrameError` naming what is wrong with it.
+
+    A frame over ``max_bytes`` is refused on its length, before it is decoded.
+    """
     if not isinstance(raw, bytes | bytearray | memoryview):
         raise MalformedFrameError(f"a frame is bytes, not {type(raw).__name__}")
-    if len(raw) > MAX_FRAME_BYTES:
-        raise MalformedFrameError(f"frame of {len(raw)} bytes exceeds {MAX_FRAME_BYTES}")
+    if len(raw) > max_bytes:
+        raise MalformedFrameError(oversized_problem(len(raw), max_bytes))
     try:
         fields: Any = msgpack.unpackb(
             bytes(raw),
@@ -69,9 +112,10 @@ def decode_frame(raw: bytes) -> Message:
     version, message_id, topic, sender, data, signature = fields
     if version != FRAME_VERSION:
         raise MalformedFrameError(f"undecodable frame: unknown frame version {version!r}")
-    for name, value in zip(_FIELDS, (message_id, topic, sender), strict=True):
-        if not isinstance(value, str) or not value:
-            raise MalformedFrameError(f"undecodable frame: field {name} is not a non-empty string")
+    for (name, limit), value in zip(FIELD_LIMITS.items(), (message_id, topic, sender), strict=True):
+        problem = text_problem(name, value, limit)
+        if problem is not None:
+            raise MalformedFrameError(f"undecodable frame: {problem}")
     if not isinstance(data, bytes):
         raise MalformedFrameError("undecodable frame: field data is not bytes")
     if not isinstance(signature, bytes):

@@ -15,8 +15,10 @@ failing schedule reproduces from its seed:
 * ``reorder``: a delivery takes a random queued message instead of the oldest.
 
 Like the durable transports, it carries frames (:mod:`messaging.frame`): a frame that does
-not decode (see :meth:`InMemoryNetwork.inject_raw`) is dead-lettered with the reason, never
-delivered.
+not decode (see :meth:`InMemoryNetwork.inject_raw`), a body over the frame limit (refused on
+its length before decoding; only its first ``limits.DEAD_LETTER_PREFIX_BYTES`` are kept) and a
+message whose topic the receiving endpoint has no handler for are dead-lettered with the
+reason, never delivered.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ from collections.abc import Sequence
 
 import attrs
 
-from messaging.frame import MalformedFrameError, decode_frame, encode_frame
+from messaging.frame import (
+    MAX_FRAME_BYTES,
+    MalformedFrameError,
+    decode_frame,
+    encode_frame,
+    oversized_problem,
+)
 from messaging.service import Message, MessageHandler, TransportError
+from persistence.bounded import bounded_reason
+from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
 
 
 @attrs.frozen
@@ -84,8 +94,12 @@ class DeadLetter:
 class InMemoryNetwork:
     """The broker of an in-memory test network."""
 
-    def __init__(self, seed: int = 0, faults: Faults | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, faults: Faults | None = None, max_frame_bytes: int = MAX_FRAME_BYTES
+    ) -> None:
         self.random = random.Random(seed)
+        self.max_frame_bytes = max_frame_bytes
+        """The largest frame a node of this network takes (larger ones are dead-lettered)."""
         self.faults = faults or Faults()
         self.statistics = NetworkStatistics()
         self._queues: dict[str, _Queue] = {}
@@ -93,7 +107,7 @@ class InMemoryNetwork:
         self._step = 0
         self._receipts = 0
         self.dead_letters: list[DeadLetter] = []
-        """Frames that could not be decoded, in the order they were found."""
+        """Frames that could not be delivered, in the order they were found."""
 
     def endpoint(self, address: str) -> InMemoryMessaging:
         """A node's messaging service on this network (a new one after each node restart)."""
@@ -206,17 +220,28 @@ class InMemoryNetwork:
         queue = self._queues[address]
         raw = queue.ready[index]
         del queue.ready[index]
+        if len(raw) > self.max_frame_bytes:  # refused on its length, before decoding
+            kept = raw[:DEAD_LETTER_PREFIX_BYTES]
+            reason = f"{oversized_problem(len(raw), self.max_frame_bytes)}; "
+            self._dead_letter(address, kept, f"{reason}only its first {len(kept)} bytes are kept")
+            return False
         try:
-            message = decode_frame(raw)
+            message = decode_frame(raw, self.max_frame_bytes)
         except MalformedFrameError as error:
-            self.dead_letters.append(DeadLetter(address, raw, str(error)))
-            self.statistics.dead_lettered += 1
+            self._dead_letter(address, raw, str(error))
+            return False
+        if not endpoint.handles(message.topic):
+            self._dead_letter(address, raw, f"no handler for topic {message.topic!r} at {address}")
             return False
         self._receipts += 1
         queue.in_flight[self._receipts] = raw
         self.statistics.delivered += 1
         endpoint._dispatch(attrs.evolve(message, receipt=self._receipts))
         return True
+
+    def _dead_letter(self, address: str, raw: bytes, reason: str) -> None:
+        self.dead_letters.append(DeadLetter(address, raw, bounded_reason(reason)))
+        self.statistics.dead_lettered += 1
 
     def flush_delayed(self) -> bool:
         """Make every held-back message deliverable now; True if there were any."""
@@ -299,10 +324,9 @@ class InMemoryMessaging:
         """Remove this delivery (only this copy) from the in-flight set."""
         self._network._acknowledge(self._address, delivered)
 
+    def handles(self, topic: str) -> bool:
+        """True if a handler is registered for ``topic``."""
+        return topic in self._handlers
+
     def _dispatch(self, message: Message) -> None:
-        handler = self._handlers.get(message.topic)
-        if handler is None:
-            # No one will ever process it: acknowledge so it does not loop (and say so).
-            self.acknowledge(message)
-            return
-        handler(message)
+        self._handlers[message.topic](message)

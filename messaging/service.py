@@ -16,13 +16,20 @@ Contract (checked by the conformance suite in ``tests/messaging_conformance.py``
 * ``send_batch(items)`` takes several messages at once: when it returns, every one was
   durably taken; when it raises :class:`TransportError`, the caller must assume none was
   (some may have been: sending again is safe, receivers drop duplicates by id).
-* Messages travel as frames (:mod:`messaging.frame`). A frame the receiver cannot decode is
+* Messages travel as frames (:mod:`messaging.frame`). A frame the receiver cannot decode
+  (including one whose text fields are over their limits in :mod:`statemachine.limits`) is
   never handed to a handler: it goes to the transport's dead-letter store with the reason and
   is acknowledged.
-* A message whose topic has no handler is acknowledged and dropped (logged).
 * A starting consumer never takes deliveries a live consumer holds; a dead consumer's
   deliveries come back when the transport notices (its connection closed, its lease on them
   expired) or at once through ``release_deliveries_of``.
+* A body over the frame limit (``limits.FRAME_BYTES`` unless the transport was given another)
+  is refused on its length, before anything decodes it: dead-lettered with a reason naming its
+  size and the limit (a transport may keep only a bounded prefix of it), and acknowledged.
+* A message whose topic has no handler is dead-lettered with the reason (naming the topic)
+  and acknowledged; it is never handed to another topic's handler.
+* Writing a dead letter never fails because of what the message holds: the stored reason and
+  ids are bounded copies (:mod:`persistence.bounded`).
 * ``acknowledge`` may be called from any thread; handlers are called on the transport's own
   thread (the in-memory double calls them from ``InMemoryNetwork.deliver``).
 * Sending to an address with no queue raises :class:`TransportError` (the relay retries:

@@ -10,13 +10,25 @@ One queue database serves every node that shares it: a SQLite file for the nodes
   own, even one that repeats a message id: the receiving node drops duplicates by id only
   after checking who sent them, so a forged message can never stand in for a genuine one.
   A consumer *claims* rows by leasing them (``lease_owner``, ``lease_until``): on PostgreSQL
-  with ``SELECT ... FOR UPDATE SKIP LOCKED``, on SQLite under the database write lock.
+  with ``SELECT ... FOR UPDATE SKIP LOCKED``, on SQLite under the database write lock. It
+  claims by bytes as well as by rows: it first reads the candidates' ids and frame lengths
+  (never their frames), then leases the oldest ones whose frames add up to at most
+  ``CLAIM_BYTES`` (always at least one). A row over the frame limit is dead-lettered without
+  its frame entering the node: moved whole inside the database on PostgreSQL; on SQLite, whose
+  engine runs inside the node's process, only its first ``limits.DEAD_LETTER_PREFIX_BYTES``
+  are copied, read through SQLite's incremental blob I/O.
   Acknowledging a delivery deletes its row (its ``receipt`` is the row id), no other. A
   consumer's leases expire after ``lease_seconds`` (then the messages are delivered again);
   a consumer that stops cleanly gives its leases back, and a node that took over from a dead
   process releases that process's leases at once (:meth:`SqlQueueMessaging.release_deliveries_of`).
   A starting consumer never takes the leases of a live one.
-* ``ff_queue_dead_letters``: frames that could not be decoded, with the reason.
+* ``ff_queue_dead_letters``: frames that could not be decoded, were over the frame limit or
+  had a topic no handler takes, with the reason (a bounded copy: writing it never fails on
+  what the message holds).
+
+Back-pressure: a consumer holds at most ``window`` deliveries (2,000 by default, like the AMQP
+prefetch) and ``window_bytes`` of frames (64 MiB, plus at most one frame) handed to the node and
+not yet acknowledged; it claims nothing more until acknowledgements make room.
 
 Waking: on PostgreSQL a send issues ``NOTIFY`` and the consumer ``LISTEN``s (with a slow poll
 as a safety net); on SQLite the consumer polls adaptively, from 1 ms after a message to
@@ -31,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sqlite3
 import threading
 import time
 import uuid
@@ -41,6 +54,7 @@ import attrs
 from sqlalchemy import (
     BigInteger,
     Column,
+    Connection,
     Engine,
     Index,
     Integer,
@@ -54,6 +68,7 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
+    literal,
     or_,
     select,
     text,
@@ -63,10 +78,27 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from messaging.frame import MalformedFrameError, decode_frame, encode_frame
+from messaging.frame import (
+    MAX_FRAME_BYTES,
+    MalformedFrameError,
+    decode_frame,
+    encode_frame,
+    oversized_problem,
+)
 from messaging.service import Message, MessageHandler, TransportError
+from persistence.bounded import bounded_reason, bounded_text
 from persistence.lease import application_name
-from persistence.store import configure_sqlite, create_tables, normalize_url
+from persistence.store import (
+    SQLITE_BEGIN_OPTION,
+    configure_sqlite,
+    create_tables,
+    normalize_url,
+)
+from statemachine.limits import (
+    DEAD_LETTER_PREFIX_BYTES,
+    QUEUE_MESSAGE_ID_CHARS,
+    QUEUE_NAME_CHARS,
+)
 
 log = logging.getLogger("fiberflow.sqlqueue")
 
@@ -76,7 +108,7 @@ _ROW_ID = BigInteger().with_variant(Integer, "sqlite")  # INTEGER PRIMARY KEY is
 queues = Table(
     "ff_queues",
     metadata,
-    Column("name", String(512), primary_key=True),
+    Column("name", String(QUEUE_NAME_CHARS), primary_key=True),
     Column("created_at", BigInteger, nullable=False),
 )
 
@@ -86,8 +118,8 @@ queue_messages = Table(
     Column(
         "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     ),
-    Column("queue", String(512), nullable=False),
-    Column("message_id", String(512), nullable=True),
+    Column("queue", String(QUEUE_NAME_CHARS), nullable=False),
+    Column("message_id", String(QUEUE_MESSAGE_ID_CHARS), nullable=True),
     Column("frame", LargeBinary, nullable=False),
     Column("enqueued_at", BigInteger, nullable=False),
     Column("lease_owner", String(64), nullable=True),
@@ -102,15 +134,22 @@ queue_dead_letters = Table(
     Column(
         "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     ),
-    Column("queue", String(512), nullable=False),
-    Column("message_id", String(512), nullable=True),
+    Column("queue", String(QUEUE_NAME_CHARS), nullable=False),
+    Column("message_id", String(QUEUE_MESSAGE_ID_CHARS), nullable=True),
     Column("frame", LargeBinary, nullable=False),
     Column("reason", Text, nullable=False),
     Column("dead_lettered_at", BigInteger, nullable=False),
 )
 
 CLAIM_BATCH = 200
-"""Messages claimed per query."""
+"""Most messages claimed per query."""
+CLAIM_BYTES = 4 * 1024 * 1024
+"""Most frame bytes claimed per query (but always one message, if one is within the limit)."""
+DEFAULT_WINDOW = 2000
+"""Deliveries a consumer holds unacknowledged before it stops claiming (as the AMQP prefetch)."""
+DEFAULT_WINDOW_BYTES = 64 * 1024 * 1024
+"""Frame bytes a consumer holds unacknowledged before it stops claiming (it may go over by one
+claim's first frame, so at most this plus one frame)."""
 MIN_POLL_SECONDS = 0.001
 MAX_POLL_SECONDS = 0.05
 """Adaptive polling bounds on SQLite (PostgreSQL waits for NOTIFY, polling at most each 1 s)."""
@@ -134,6 +173,49 @@ def notify_channel(queue: str) -> str:
 def _wakeup_for(url: str, queue: str) -> threading.Event:
     with _local_wakeups_lock:
         return _local_wakeups.setdefault((url, queue), threading.Event())
+
+
+@attrs.frozen
+class Claim:
+    """What one claim took.
+
+    The leased (row id, frame) pairs, oldest first, and how many rows over the frame limit it
+    moved to the dead letters instead.
+    """
+
+    rows: tuple[tuple[int, bytes], ...]
+    dead_lettered: int = 0
+
+
+def _take_prefix(
+    candidates: Sequence[tuple[int, int]], max_bytes: int, max_frame_bytes: int
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Split (row id, frame size) candidates, oldest first, into ids to lease and oversized.
+
+    The ids to lease are the longest prefix of those within the frame limit whose sizes add up
+    to ``max_bytes`` (and at least one); the others returned are the (id, size) of those over
+    the frame limit.
+    """
+    chosen: list[int] = []
+    oversized: list[tuple[int, int]] = []
+    total = 0
+    full = False
+    for row_id, size in candidates:
+        if size > max_frame_bytes:
+            oversized.append((row_id, size))
+        elif not full and (not chosen or total + size <= max_bytes):
+            chosen.append(row_id)
+            total += size
+        else:
+            full = True
+    return chosen, oversized
+
+
+def _sqlite_blob_prefix(connection: Connection, row_id: int, size: int) -> bytes:
+    """The first ``size`` bytes of a queue row's frame, read without loading the rest."""
+    driver: sqlite3.Connection = connection.connection.driver_connection  # type: ignore[assignment]
+    with driver.blobopen(queue_messages.name, "frame", row_id, readonly=True) as blob:
+        return blob.read(size)
 
 
 class SqlQueueBroker:
@@ -268,12 +350,25 @@ class SqlQueueBroker:
         return int(result.rowcount)
 
     def claim(
-        self, queue: str, owner: str, limit: int, lease_seconds: float
-    ) -> list[tuple[int, bytes]]:
-        """Lease up to ``limit`` visible messages of ``queue``; (row id, frame), oldest first."""
+        self,
+        queue: str,
+        owner: str,
+        limit: int,
+        lease_seconds: float,
+        *,
+        max_bytes: int = CLAIM_BYTES,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> Claim:
+        """Lease visible messages of ``queue``, oldest first, by count and by bytes.
+
+        At most ``limit`` of them and ``max_bytes`` of frames, but at least one if one is
+        within ``max_frame_bytes``. Frames are only loaded for the rows leased. A candidate
+        over ``max_frame_bytes`` is dead-lettered instead, in the same transaction, without
+        its frame leaving the database (see the module docstring).
+        """
         now = _ms(time.time())
         candidates = (
-            select(queue_messages.c.id)
+            select(queue_messages.c.id, func.length(queue_messages.c.frame))
             .where(
                 queue_messages.c.queue == queue,
                 or_(queue_messages.c.lease_until.is_(None), queue_messages.c.lease_until < now),
@@ -283,20 +378,71 @@ class SqlQueueBroker:
         )
         if self.dialect == "postgresql":
             candidates = candidates.with_for_update(skip_locked=True)
-        statement = (
-            update(queue_messages)
-            .where(queue_messages.c.id.in_(candidates.scalar_subquery()))
-            .values(
-                lease_owner=owner,
-                lease_until=now + _ms(lease_seconds),
-                deliveries=queue_messages.c.deliveries + 1,
+        with self._write_engine().begin() as connection:
+            chosen, oversized = _take_prefix(
+                [(int(row_id), int(size)) for row_id, size in connection.execute(candidates)],
+                max_bytes,
+                max_frame_bytes,
             )
-            .returning(queue_messages.c.id, queue_messages.c.frame)
-        )
-        with self.engine.begin() as connection:
-            rows = [(int(r[0]), bytes(r[1])) for r in connection.execute(statement)]
+            for row_id, size in oversized:
+                self._dead_letter_oversized(connection, row_id, size, max_frame_bytes, now)
+            rows: list[tuple[int, bytes]] = []
+            if chosen:
+                statement = (
+                    update(queue_messages)
+                    .where(queue_messages.c.id.in_(chosen))
+                    .values(
+                        lease_owner=owner,
+                        lease_until=now + _ms(lease_seconds),
+                        deliveries=queue_messages.c.deliveries + 1,
+                    )
+                    .returning(queue_messages.c.id, queue_messages.c.frame)
+                )
+                rows = [(int(r[0]), bytes(r[1])) for r in connection.execute(statement)]
         rows.sort()
-        return rows
+        return Claim(tuple(rows), len(oversized))
+
+    def _write_engine(self) -> Engine:
+        """The engine for a transaction that reads before it writes (IMMEDIATE on SQLite)."""
+        return self.engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+
+    def _dead_letter_oversized(
+        self, connection: Connection, row_id: int, size: int, limit: int, now: int
+    ) -> None:
+        """Move a row whose frame is over ``limit`` to the dead letters, never loading it here."""
+        reason = oversized_problem(size, limit)
+        source = queue_messages
+        message_id = func.substr(source.c.message_id, 1, QUEUE_MESSAGE_ID_CHARS)
+        if self.dialect == "postgresql":  # copied inside the database server, whole
+            connection.execute(
+                insert(queue_dead_letters).from_select(
+                    ["queue", "message_id", "frame", "reason", "dead_lettered_at"],
+                    select(
+                        source.c.queue,
+                        message_id,
+                        source.c.frame,
+                        literal(bounded_reason(reason)),
+                        literal(now, BigInteger),
+                    ).where(source.c.id == row_id),
+                )
+            )
+        else:  # SQLite runs in this process: copy a bounded prefix, by incremental blob I/O
+            prefix = _sqlite_blob_prefix(connection, row_id, DEAD_LETTER_PREFIX_BYTES)
+            reason = f"{reason}; only its first {len(prefix)} bytes are kept"
+            connection.execute(
+                insert(queue_dead_letters).from_select(
+                    ["queue", "message_id", "frame", "reason", "dead_lettered_at"],
+                    select(
+                        source.c.queue,
+                        message_id,
+                        literal(prefix, LargeBinary),
+                        literal(bounded_reason(reason)),
+                        literal(now, BigInteger),
+                    ).where(source.c.id == row_id),
+                )
+            )
+        connection.execute(delete(source).where(source.c.id == row_id))
+        log.warning("dead-lettering stored message %d: %s", row_id, reason)
 
     def acknowledge(self, queue: str, row_ids: Sequence[int]) -> None:
         """Delete acknowledged deliveries (by row: other copies of the same id stay)."""
@@ -309,15 +455,25 @@ class SqlQueueBroker:
                     )
                 )
 
-    def dead_letter(self, queue: str, row_id: int, raw: bytes, reason: str) -> None:
-        """Move one stored message to the dead letters, with the reason (one transaction)."""
+    def dead_letter(
+        self, queue: str, row_id: int, raw: bytes, reason: str, message_id: str | None = None
+    ) -> None:
+        """Move one stored message to the dead letters, with the reason (one transaction).
+
+        The message id (when known) and the reason are stored as bounded copies
+        (:mod:`persistence.bounded`), so this never fails because of what the message holds.
+        """
         with self.engine.begin() as connection:
             connection.execute(
                 insert(queue_dead_letters).values(
                     queue=queue,
-                    message_id=None,
+                    message_id=(
+                        None
+                        if message_id is None
+                        else bounded_text(message_id, QUEUE_MESSAGE_ID_CHARS)
+                    ),
                     frame=raw,
-                    reason=reason,
+                    reason=bounded_reason(reason),
                     dead_lettered_at=_ms(time.time()),
                 )
             )
@@ -332,6 +488,36 @@ class SqlQueueBroker:
                 .order_by(queue_dead_letters.c.id)
             )
             return [(bytes(frame), reason) for frame, reason in rows]
+
+    def dead_letter_summaries(self, queue: str) -> list[tuple[int, str]]:
+        """(stored frame size, reason) of each dead letter of ``queue``, oldest first.
+
+        The frames themselves are not loaded.
+        """
+        table = queue_dead_letters
+        with self.engine.connect() as connection:
+            rows = connection.execute(
+                select(func.length(table.c.frame), table.c.reason)
+                .where(table.c.queue == queue)
+                .order_by(table.c.id)
+            )
+            return [(int(size), reason) for size, reason in rows]
+
+    def unclaimed(self, queue: str) -> int:
+        """Messages in ``queue`` that no consumer holds a live lease on."""
+        now = _ms(time.time())
+        with self.engine.connect() as connection:
+            return int(
+                connection.execute(
+                    select(func.count(queue_messages.c.id)).where(
+                        queue_messages.c.queue == queue,
+                        or_(
+                            queue_messages.c.lease_until.is_(None),
+                            queue_messages.c.lease_until < now,
+                        ),
+                    )
+                ).scalar_one()
+            )
 
     def depth(self, queue: str) -> int:
         """Messages stored in ``queue`` (leased or not)."""
@@ -367,7 +553,12 @@ class SqlQueueBroker:
 
 
 class SqlQueueMessaging:
-    """A node's ``MessagingService`` on the SQL queue at ``url`` (see the module docstring)."""
+    """A node's ``MessagingService`` on the SQL queue at ``url`` (see the module docstring).
+
+    ``window`` and ``window_bytes`` bound what the node holds delivered and unacknowledged (in
+    messages, and in frame bytes plus at most one frame); ``max_frame_bytes`` is the largest
+    frame it takes (larger ones are dead-lettered).
+    """
 
     def __init__(
         self,
@@ -377,9 +568,17 @@ class SqlQueueMessaging:
         synchronous: str = "FULL",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         consumer_id: str | None = None,
+        window: int = DEFAULT_WINDOW,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
+        if window < 1 or window_bytes < 1 or max_frame_bytes < 1:
+            raise ValueError("window, window_bytes and max_frame_bytes must be positive")
         self._address = address
         self._lease_seconds = lease_seconds
+        self._window = window
+        self._window_bytes = window_bytes
+        self._max_frame_bytes = max_frame_bytes
         self.broker = SqlQueueBroker(
             url,
             synchronous=synchronous,
@@ -388,10 +587,15 @@ class SqlQueueMessaging:
         self._handlers: dict[str, MessageHandler] = {}
         self._owner = consumer_id or uuid.uuid4().hex
         self._pending_acks: list[int] = []  # row ids of settled deliveries
+        self._outstanding: dict[int, int] = {}  # row id -> frame size, delivered, not settled
+        self._outstanding_bytes = 0
         self._acks_lock = threading.Lock()
+        """Guards the pending acks and the outstanding deliveries."""
         self._wakeup = _wakeup_for(self.broker.url, address)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.window_full = threading.Event()
+        """Set while the consumer waits, its window full, for acknowledgements (tests)."""
         self.delivered = 0
         """Messages handed to handlers (redeliveries included)."""
         self.dead_lettered = 0
@@ -435,6 +639,7 @@ class SqlQueueMessaging:
         """
         if self._thread is not None:
             raise RuntimeError(f"the consumer of {self._address} is already running")
+        self._forget_outstanding()
         self._stopping.clear()
         self._thread = threading.Thread(
             target=self._consume, name=f"sqlqueue-consumer-{self._address}", daemon=True
@@ -453,6 +658,7 @@ class SqlQueueMessaging:
             with contextlib.suppress(SQLAlchemyError):  # else the leases simply expire
                 self.broker.release_leases(self._address, [self._owner])
         finally:
+            self._forget_outstanding()
             self.broker.close()
 
     def abandon(self) -> None:
@@ -460,7 +666,13 @@ class SqlQueueMessaging:
         self._halt()
         with self._acks_lock:
             self._pending_acks = []
+        self._forget_outstanding()
         self.broker.close()
+
+    def _forget_outstanding(self) -> None:
+        with self._acks_lock:
+            self._outstanding = {}
+            self._outstanding_bytes = 0
 
     def _halt(self) -> None:
         self._stopping.set()
@@ -485,7 +697,14 @@ class SqlQueueMessaging:
             raise ValueError(f"{delivered.message_id} was not delivered by this queue")
         with self._acks_lock:
             self._pending_acks.append(delivered.receipt)
+            self._outstanding_bytes -= self._outstanding.pop(delivered.receipt, 0)
         self._wakeup.set()
+
+    @property
+    def outstanding(self) -> tuple[int, int]:
+        """(deliveries, frame bytes) handed to the handlers and not yet acknowledged."""
+        with self._acks_lock:
+            return len(self._outstanding), self._outstanding_bytes
 
     def _flush_acks(self) -> None:
         with self._acks_lock:
@@ -498,6 +717,11 @@ class SqlQueueMessaging:
                     self._pending_acks[:0] = acks
                 raise
 
+    def _room(self) -> tuple[int, int]:
+        """How many more deliveries, and frame bytes, the window allows now."""
+        count, size = self.outstanding
+        return self._window - count, self._window_bytes - size
+
     def _consume(self) -> None:
         listener = None
         interval = MIN_POLL_SECONDS
@@ -507,8 +731,18 @@ class SqlQueueMessaging:
                 if listener is None and self.broker.dialect == "postgresql":
                     listener = self.broker.listen_connection(self._address)
                 self._flush_acks()
-                rows = self.broker.claim(
-                    self._address, self._owner, CLAIM_BATCH, self._lease_seconds
+                room, room_bytes = self._room()
+                if room <= 0 or room_bytes <= 0:
+                    self._wait_for_room(listener)
+                    continue
+                self.window_full.clear()
+                claim = self.broker.claim(
+                    self._address,
+                    self._owner,
+                    min(CLAIM_BATCH, room),
+                    self._lease_seconds,
+                    max_bytes=min(CLAIM_BYTES, room_bytes),
+                    max_frame_bytes=self._max_frame_bytes,
                 )
                 failures = 0
             except Exception as error:  # database unavailable: back off and try again
@@ -522,17 +756,28 @@ class SqlQueueMessaging:
                     listener = None
                 self._stopping.wait(delay)
                 continue
-            for row_id, raw in rows:
+            self.dead_lettered += claim.dead_lettered
+            for row_id, raw in claim.rows:
                 if self._stopping.is_set():
                     break  # leased but not delivered: the next consumer takes them over
                 self._deliver(row_id, raw)
-            if rows:
+            if claim.rows or claim.dead_lettered:
                 interval = MIN_POLL_SECONDS
                 continue
             self._wait(listener, interval)
             interval = min(interval * 2, MAX_POLL_SECONDS)
+        self.window_full.clear()
         if listener is not None:
             listener.close()
+
+    def _wait_for_room(self, listener: Any) -> None:
+        """The window is full: wait for an acknowledgement (or a stop), claiming nothing."""
+        self.window_full.set()
+        self._wakeup.wait(MAX_POLL_SECONDS)
+        self._wakeup.clear()
+        if listener is not None:  # drop the notifications meanwhile: they must not pile up
+            for _ in listener.notifies(timeout=0):
+                pass
 
     def _wait(self, listener: Any, interval: float) -> None:
         if listener is None:
@@ -553,24 +798,26 @@ class SqlQueueMessaging:
 
     def _deliver(self, row_id: int, raw: bytes) -> None:
         try:
-            message = attrs.evolve(decode_frame(raw), receipt=row_id)
+            message = attrs.evolve(decode_frame(raw, self._max_frame_bytes), receipt=row_id)
         except MalformedFrameError as error:
-            log.warning("%s: dead-lettering stored message %d: %s", self._address, row_id, error)
-            self.broker.dead_letter(self._address, row_id, raw, str(error))
-            self.dead_lettered += 1
+            self._dead_letter(row_id, raw, str(error), None)
             return
         handler = self._handlers.get(message.topic)
         if handler is None:
-            log.warning(
-                "%s: no handler for topic %r; dropping %s",
-                self._address,
-                message.topic,
-                message.message_id,
-            )
-            self.acknowledge(message)
+            reason = f"no handler for topic {message.topic!r} at {self._address}"
+            self._dead_letter(row_id, raw, reason, message.message_id)
             return
+        with self._acks_lock:
+            if row_id not in self._outstanding:  # (a redelivery after its lease expired)
+                self._outstanding[row_id] = len(raw)
+                self._outstanding_bytes += len(raw)
         self.delivered += 1
         try:
             handler(message)
         except Exception:  # a handler bug must not kill the consumer; the lease will expire
             log.exception("%s: handler failed on %s", self._address, message.message_id)
+
+    def _dead_letter(self, row_id: int, raw: bytes, reason: str, message_id: str | None) -> None:
+        log.warning("%s: dead-lettering stored message %d: %s", self._address, row_id, reason)
+        self.broker.dead_letter(self._address, row_id, raw, reason, message_id)
+        self.dead_lettered += 1

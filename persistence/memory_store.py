@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from persistence.bounded import bounded_reason, bounded_text
 from persistence.store import CheckpointSummary, StoredOutcome
 from statemachine.actions import (
     ClaimFlowRequests,
@@ -20,6 +21,7 @@ from statemachine.actions import (
     StoreFlowError,
     StoreFlowResult,
 )
+from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS
 from statemachine.ports import InboundMessage, OutboxRow
 from statemachine.state import Checkpoint
 
@@ -157,8 +159,17 @@ class InMemoryStore:
         return self.tables.outcomes.get(flow_id)
 
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
-        """Keep an unprocessable message."""
-        self.tables.dead_letters.append((message, reason))
+        """Keep an unprocessable message, as the SQL store does.
+
+        Bounded copies of its id, sender and the reason; the payload whole.
+        """
+        kept = attrs.evolve(
+            message,
+            message_id=bounded_text(message.message_id, MESSAGE_ID_CHARS),
+            sender=bounded_text(message.sender, PARTY_NAME_CHARS),
+            delivery=None,
+        )
+        self.tables.dead_letters.append((kept, bounded_reason(reason)))
 
     def pending_outbox(self) -> list[OutboxRow]:
         """Outbox rows."""

@@ -1,5 +1,9 @@
 """The node database schema (SQLAlchemy Core). Documented column by column in docs/.
 
+The width of every column that stores something that came from outside (a message id, a
+node name, a session id, a flow id or class name) is its limit in :mod:`statemachine.limits`,
+which the decoders enforce: what they let in always fits.
+
 Timestamps are integer milliseconds since the Unix epoch (``BigInteger``), so that every
 reader (SQL, Spark over JDBC, Arrow) sees the same plain number.
 """
@@ -18,6 +22,16 @@ from sqlalchemy import (
     Text,
 )
 
+from statemachine.limits import (
+    EXCEPTION_CLASS_CHARS,
+    FLOW_CLASS_CHARS,
+    FLOW_ID_CHARS,
+    MESSAGE_ID_CHARS,
+    PARTY_NAME_CHARS,
+    PROGRESS_STEP_CHARS,
+    SESSION_ID_CHARS,
+)
+
 SCHEMA_VERSION = 5
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
@@ -33,10 +47,10 @@ node_schema_version = Table(
 node_checkpoints = Table(
     "node_checkpoints",
     metadata,
-    Column("flow_id", String(64), primary_key=True),
-    Column("flow_class", String(300), nullable=False),
+    Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
+    Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("status", String(20), nullable=False),
-    Column("progress_step", String(200)),
+    Column("progress_step", String(PROGRESS_STEP_CHARS)),
     Column("suspended_on", String(20)),
     Column("waiting_for", Text),
     Column("journal_length", Integer, nullable=False),
@@ -50,7 +64,7 @@ node_checkpoints = Table(
 node_checkpoint_blobs = Table(
     "node_checkpoint_blobs",
     metadata,
-    Column("flow_id", String(64), primary_key=True),
+    Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
     Column("blob", LargeBinary, nullable=False),
     Column("mac", LargeBinary, nullable=True),
 )
@@ -58,8 +72,8 @@ node_checkpoint_blobs = Table(
 node_flow_results = Table(
     "node_flow_results",
     metadata,
-    Column("flow_id", String(64), primary_key=True),
-    Column("flow_class", String(300), nullable=False),
+    Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
+    Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("result", LargeBinary, nullable=False),
     Column("completed_at", BigInteger, nullable=False),
 )
@@ -67,10 +81,10 @@ node_flow_results = Table(
 node_flow_exceptions = Table(
     "node_flow_exceptions",
     metadata,
-    Column("flow_id", String(64), primary_key=True),
-    Column("flow_class", String(300), nullable=False),
+    Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
+    Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("error_kind", String(30), nullable=False),
-    Column("exception_class", String(300), nullable=False),
+    Column("exception_class", String(EXCEPTION_CLASS_CHARS), nullable=False),
     Column("message", Text, nullable=False),
     Column("failed_at", BigInteger, nullable=False),
 )
@@ -78,9 +92,9 @@ node_flow_exceptions = Table(
 node_message_ids = Table(
     "node_message_ids",
     metadata,
-    Column("message_id", String(200), primary_key=True),
-    Column("sender", String(300), nullable=False),
-    Column("session_id", String(120), nullable=False),
+    Column("message_id", String(MESSAGE_ID_CHARS), primary_key=True),
+    Column("sender", String(PARTY_NAME_CHARS), nullable=False),
+    Column("session_id", String(SESSION_ID_CHARS), nullable=False),
     Column("sequence", BigInteger, nullable=False),
     Column("inserted_at", BigInteger, nullable=False),
     Index("node_message_ids_session", "session_id", "sequence"),
@@ -89,8 +103,8 @@ node_message_ids = Table(
 node_outbox = Table(
     "node_outbox",
     metadata,
-    Column("message_id", String(200), primary_key=True),
-    Column("target", String(300), nullable=False),
+    Column("message_id", String(MESSAGE_ID_CHARS), primary_key=True),
+    Column("target", String(PARTY_NAME_CHARS), nullable=False),
     Column("payload", LargeBinary, nullable=False),
     Column("created_at", BigInteger, nullable=False),
 )
@@ -99,8 +113,8 @@ node_dead_letters = Table(
     "node_dead_letters",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("message_id", String(200), nullable=False),
-    Column("sender", String(300), nullable=False),
+    Column("message_id", String(MESSAGE_ID_CHARS), nullable=False),
+    Column("sender", String(PARTY_NAME_CHARS), nullable=False),
     Column("reason", Text, nullable=False),
     Column("payload", LargeBinary, nullable=False),
     Column("received_at", BigInteger, nullable=False),
@@ -109,8 +123,8 @@ node_dead_letters = Table(
 node_flow_requests = Table(
     "node_flow_requests",
     metadata,
-    Column("request_id", String(64), primary_key=True),
-    Column("flow_class", String(300), nullable=False),
+    Column("request_id", String(FLOW_ID_CHARS), primary_key=True),
+    Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("arguments", LargeBinary, nullable=False),
     Column("requested_at", BigInteger, nullable=False),
     Column("started_at", BigInteger, nullable=True, index=True),
@@ -122,7 +136,7 @@ node_operator_requests = Table(
     metadata,
     Column("request_id", String(64), primary_key=True),
     Column("action", String(20), nullable=False),
-    Column("flow_id", String(64), nullable=True),
+    Column("flow_id", String(FLOW_ID_CHARS), nullable=True),
     Column("requested_at", BigInteger, nullable=False),
     Column("done_at", BigInteger, nullable=True, index=True),
     Column("outcome", Text, nullable=True),
@@ -132,7 +146,7 @@ node_operator_requests = Table(
 node_paused_flows = Table(
     "node_paused_flows",
     metadata,
-    Column("flow_id", String(64), primary_key=True),
+    Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
     Column("paused_at", BigInteger, nullable=False),
 )
 """Flows an operator paused: they keep their place and messages but do not run."""
@@ -176,7 +190,7 @@ node_partitions = Table(
 node_running_flows = Table(
     "node_running_flows",
     metadata,
-    Column("flow_id", String(64), primary_key=True),
+    Column("flow_id", String(FLOW_ID_CHARS), primary_key=True),
     Column("since", BigInteger, nullable=False),
     Column("location", Text, nullable=False),
     Column("noted_at", BigInteger, nullable=False),

@@ -36,6 +36,7 @@ from sqlalchemy.engine import Transaction
 from sqlalchemy.schema import CreateSchema, DropSchema
 
 from persistence import schema
+from persistence.bounded import bounded_reason, bounded_text
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.lease import NodeLease, WorkerInfo
 from persistence.schema import millis
@@ -49,6 +50,7 @@ from statemachine.actions import (
 )
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import Receive, Sleep
+from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS
 from statemachine.ports import InboundMessage, OutboxRow
 from statemachine.state import Checkpoint, FlowStatus, StartedLocally
 
@@ -590,14 +592,20 @@ class NodeDatabase:
         return found
 
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
-        """Keep an unprocessable message with the reason (its own transaction)."""
+        """Keep an unprocessable message with the reason (its own transaction).
+
+        Whatever the message holds, the record fits: its id and sender are stored as bounded
+        copies (:func:`persistence.bounded.bounded_text`: cut to the column, with a digest of
+        the whole), the reason is cut to ``limits.DEAD_LETTER_REASON_CHARS``, and the payload is
+        kept whole (frames are bounded by ``limits.FRAME_BYTES``).
+        """
         with self.fenced() as connection:
             connection.execute(
                 insert(schema.node_dead_letters).values(
-                    message_id=message.message_id,
-                    sender=message.sender,
-                    reason=reason,
-                    payload=message.data,
+                    message_id=bounded_text(message.message_id, MESSAGE_ID_CHARS),
+                    sender=bounded_text(message.sender, PARTY_NAME_CHARS),
+                    reason=bounded_reason(reason),
+                    payload=bytes(message.data),
                     received_at=millis(at),
                 )
             )

@@ -11,6 +11,8 @@ import enum
 
 import attrs
 
+from statemachine.limits import ERROR_MESSAGE_CHARS
+
 
 class ErrorKind(enum.Enum):
     """Who is to blame for an error, which decides what the flow sees."""
@@ -25,7 +27,7 @@ class ErrorKind(enum.Enum):
     """Any other exception in flow code: kept locally, never sent to a counterparty."""
 
 
-MAX_ERROR_MESSAGE_CHARS = 8192
+MAX_ERROR_MESSAGE_CHARS = ERROR_MESSAGE_CHARS
 """Longer error messages are cut to this (so an error always fits in a session message)."""
 
 

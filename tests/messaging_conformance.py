@@ -4,7 +4,9 @@ A backend's test file subclasses :class:`TransportConformance` and provides a ``
 fixture (a :class:`TransportHarness`). The suite checks the contract written in
 ``messaging/service.py``: send and receive, acknowledgement, redelivery after a consumer
 dies, durability across a consumer restart, no loss under concurrent producers, and
-dead-lettering of frames that cannot be decoded.
+dead-lettering, with the reason, of frames that cannot be decoded, of bodies over the frame
+limit (refused on their length, before decoding), of text fields over their limits (exactly
+the limit passes) and of messages whose topic has no handler.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Protocol
 import msgpack
 import pytest
 
-from messaging.frame import encode_frame
+from messaging.frame import FRAME_VERSION, encode_frame
 from messaging.service import Message, MessagingService, TransportError
+from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS, TOPIC_CHARS
 
 TOPIC = "conformance.topic"
 WAIT_SECONDS = 30.0
@@ -28,8 +31,11 @@ WAIT_SECONDS = 30.0
 class TransportHarness(Protocol):
     """What the suite needs from a backend."""
 
-    def endpoint(self, address: str) -> MessagingService:
-        """A new, not yet started service for ``address`` (its queue exists afterwards)."""
+    def endpoint(self, address: str, max_frame_bytes: int | None = None) -> MessagingService:
+        """A new, not yet started service for ``address`` (its queue exists afterwards).
+
+        With ``max_frame_bytes``, it takes no larger frame (the default limit otherwise).
+        """
 
     def pump(self) -> None:
         """Let deliveries happen (drive the in-memory network; wait a little otherwise)."""
@@ -314,4 +320,119 @@ class TransportConformance:
         sender.start()
         with pytest.raises(TransportError):
             sender.send(message(sender_name, 1), address("Nobody"))
+        sender.stop()
+
+    def test_a_body_over_the_frame_limit_is_dead_lettered_before_decoding(
+        self, harness: TransportHarness
+    ) -> None:
+        limit = 100_000
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver = harness.endpoint(receiver_name, max_frame_bytes=limit)
+        inbox = Inbox()
+        receiver.add_handler(TOPIC, inbox)
+        receiver.start()
+        framed = encode_frame(message(sender_name, 1, b"x" * limit))  # a good frame, too big
+        garbage = b"\xc1" * (limit + 1)  # not msgpack: decoding it would say "undecodable"
+        harness.inject_raw(receiver_name, framed)
+        harness.inject_raw(receiver_name, garbage)
+        within = message(sender_name, 2, b"y" * (limit - 1000))
+        sender.send(within, receiver_name)
+        wait_until(harness, lambda: within.message_id in inbox.ids(), "the message within")
+        wait_until(
+            harness, lambda: len(harness.dead_letter_reasons(receiver_name)) == 2, "2 dead letters"
+        )
+        reasons = sorted(harness.dead_letter_reasons(receiver_name))
+        assert reasons[0].startswith(f"frame of {len(garbage)} bytes exceeds the limit of {limit}")
+        assert reasons[1].startswith(f"frame of {len(framed)} bytes exceeds the limit of {limit}")
+        assert inbox.ids() == [within.message_id]
+        receiver.acknowledge(inbox.messages[0])
+        receiver.stop()
+        sender.stop()
+
+    def test_text_fields_are_taken_up_to_their_limits_and_refused_beyond(
+        self, harness: TransportHarness
+    ) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        long_topic = "t\u00e9" * (TOPIC_CHARS // 2)  # two-byte characters: the limit counts
+        receiver = harness.endpoint(receiver_name)  # characters, as PostgreSQL's varchar does
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        inbox = Inbox()
+        receiver.add_handler(TOPIC, inbox)
+        receiver.add_handler(long_topic, inbox)
+        receiver.start()
+
+        def raw(message_id: str, topic: str, sender: str) -> bytes:
+            fields = [FRAME_VERSION, message_id, topic, sender, b"data", b""]
+            return bytes(msgpack.packb(fields, use_bin_type=True))
+
+        def padded(prefix: str, length: int) -> str:
+            return (prefix + "\u00e9" * length)[:length]
+
+        at_limit = [
+            (padded(f"M-{uuid.uuid4().hex}-", MESSAGE_ID_CHARS), TOPIC, sender_name),
+            (f"M-{uuid.uuid4().hex}", long_topic, sender_name),
+            (f"M-{uuid.uuid4().hex}", TOPIC, padded(sender_name, PARTY_NAME_CHARS)),
+        ]
+        over = [
+            (padded("M-over-", MESSAGE_ID_CHARS + 1), TOPIC, sender_name, "message_id"),
+            ("M-over-topic", long_topic + "x", sender_name, "topic"),
+            ("M-over-sender", TOPIC, padded(sender_name, PARTY_NAME_CHARS + 1), "sender"),
+            ("M-nul\x00", TOPIC, sender_name, "message_id"),
+        ]
+        for message_id, topic, claimed in at_limit:  # sent: a sender takes them too
+            sender.send(Message(message_id, topic, claimed, b"data"), receiver_name)
+        for message_id, topic, claimed, _ in over:  # written by a sender that checks nothing
+            harness.inject_raw(receiver_name, raw(message_id, topic, claimed))
+        wait_until(harness, lambda: len(inbox.ids()) == 3, "the 3 messages at the limits")
+        wait_until(
+            harness,
+            lambda: len(harness.dead_letter_reasons(receiver_name)) == len(over),
+            f"{len(over)} dead letters",
+        )
+        assert sorted(inbox.ids()) == sorted(m for m, _, _ in at_limit)
+        reasons = " | ".join(harness.dead_letter_reasons(receiver_name))
+        for field, limit in (
+            ("message_id", MESSAGE_ID_CHARS),
+            ("topic", TOPIC_CHARS),
+            ("sender", PARTY_NAME_CHARS),
+        ):
+            assert f"field {field} has {limit + 1} characters; the limit is {limit}" in reasons
+        assert "field message_id contains a NUL character" in reasons
+        for delivered in list(inbox.messages):
+            receiver.acknowledge(delivered)
+        receiver.stop()
+        sender.stop()
+
+    def test_unknown_topics_are_dead_lettered_with_the_reason(
+        self, harness: TransportHarness
+    ) -> None:
+        sender_name, receiver_name = address("A"), address("B")
+        sender = harness.endpoint(sender_name)
+        sender.start()
+        receiver, inbox = consumer(harness, receiver_name)
+        stray = Message(f"M-{uuid.uuid4().hex}", "conformance.nobody", sender_name, b"stray")
+        sender.send(stray, receiver_name)
+        good = message(sender_name, 1)
+        sender.send(good, receiver_name)
+        wait_until(harness, lambda: good.message_id in inbox.ids(), "the good message")
+        wait_until(
+            harness, lambda: len(harness.dead_letter_reasons(receiver_name)) == 1, "a dead letter"
+        )
+        (reason,) = harness.dead_letter_reasons(receiver_name)
+        assert f"no handler for topic 'conformance.nobody' at {receiver_name}" in reason
+        assert inbox.ids() == [good.message_id]
+        receiver.acknowledge(inbox.messages[0])
+        receiver.stop()
+        # Dead-lettered means settled: a restarted consumer does not see the stray again.
+        again, again_inbox = consumer(harness, receiver_name)
+        after = message(sender_name, 2)
+        sender.send(after, receiver_name)
+        wait_until(harness, lambda: after.message_id in again_inbox.ids(), "a later message")
+        settle(harness)
+        assert again_inbox.ids() == [after.message_id]
+        assert len(harness.dead_letter_reasons(receiver_name)) == 1
+        again.stop()
         sender.stop()

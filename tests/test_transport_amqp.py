@@ -19,8 +19,10 @@ class AmqpHarness:
         self.url = url
         self.endpoints: list[AmqpMessaging] = []
 
-    def endpoint(self, address: str) -> MessagingService:
-        endpoint = AmqpMessaging(self.url, address)  # default prefetch: above the suite's 400
+    def endpoint(self, address: str, max_frame_bytes: int | None = None) -> MessagingService:
+        limits = {} if max_frame_bytes is None else {"max_frame_bytes": max_frame_bytes}
+        # default prefetch: above the suite's 400
+        endpoint = AmqpMessaging(self.url, address, **limits)
         self.endpoints.append(endpoint)
         return endpoint
 

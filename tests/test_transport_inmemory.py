@@ -14,8 +14,10 @@ class InMemoryHarness:
         self.network = InMemoryNetwork(seed=1)
         self.addresses: list[str] = []
 
-    def endpoint(self, address: str) -> MessagingService:
+    def endpoint(self, address: str, max_frame_bytes: int | None = None) -> MessagingService:
         self.addresses.append(address)
+        if max_frame_bytes is not None:  # one network: its limit is every endpoint's
+            self.network.max_frame_bytes = max_frame_bytes
         return self.network.endpoint(address)
 
     def pump(self) -> None:

@@ -20,9 +20,10 @@ class SqlQueueHarness:
         self.broker = SqlQueueBroker(url)
         self.addresses: set[str] = set()
 
-    def endpoint(self, address: str) -> MessagingService:
+    def endpoint(self, address: str, max_frame_bytes: int | None = None) -> MessagingService:
         self.addresses.add(address)
-        return SqlQueueMessaging(self.url, address, synchronous="NORMAL")
+        limits = {} if max_frame_bytes is None else {"max_frame_bytes": max_frame_bytes}
+        return SqlQueueMessaging(self.url, address, synchronous="NORMAL", **limits)
 
     def pump(self) -> None:
         time.sleep(0.005)
@@ -35,7 +36,7 @@ class SqlQueueHarness:
         self.broker.insert_raw(address, raw)
 
     def dead_letter_reasons(self, address: str) -> list[str]:
-        return [reason for _, reason in self.broker.dead_letters(address)]
+        return [reason for _, reason in self.broker.dead_letter_summaries(address)]
 
     def close(self) -> None:
         for address in self.addresses:
