@@ -42,7 +42,7 @@ from persistence.analytics import (
 from persistence.analytics.checks import CHECKS
 from persistence.analytics.loading import ReadPath
 from persistence.store import NodeDatabase
-from statemachine.manager import _RESPONDER_NAMESPACE
+from statemachine.session_ids import RESPONDER_NAMESPACE
 
 ALICE = "O=Alice,L=London,C=GB"
 BOB = "O=Bob,L=Paris,C=FR"
@@ -67,7 +67,7 @@ def _flow_rows(
         for i in range(start, min(pairs, start + CHUNK)):
             flow = f"{i * step + rng.randrange(step):032x}"
             session = f"{flow}.s0"
-            responder = uuid.uuid5(_RESPONDER_NAMESPACE, f"{ALICE}|{session}").hex
+            responder = uuid.uuid5(RESPONDER_NAMESPACE, f"{ALICE}|{session}").hex
             at = START_MS + i * SPAN_MS // pairs
             flow_class = INITIATORS[i % len(INITIATORS)]
             journal = min(400, int(rng.expovariate(1 / 12)) + 2)
@@ -358,7 +358,7 @@ def sqlite_connection(paths: dict[str, Path]) -> sqlite3.Connection:
     connection.create_function(
         "responder_flow_id",
         2,
-        lambda node, session: uuid.uuid5(_RESPONDER_NAMESPACE, f"{node}|{session}").hex,
+        lambda node, session: uuid.uuid5(RESPONDER_NAMESPACE, f"{node}|{session}").hex,
         deterministic=True,
     )
     tables = {

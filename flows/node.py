@@ -43,7 +43,9 @@ from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
 from statemachine.ports import Clock, FailurePolicy, InboundMessage, OutboxRow
-from statemachine.session_messages import OutboundSessionMessage
+from statemachine.session_messages import (
+    OutboundSessionMessage,
+)
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")

@@ -16,7 +16,10 @@ from typing import ClassVar, Union
 import attrs
 
 from statemachine.flow_error import FlowError
-from statemachine.session_messages import InboundRecord, OutboundSessionMessage
+from statemachine.session_messages import (
+    InboundRecord,
+    OutboundSessionMessage,
+)
 from statemachine.state import Checkpoint
 
 

@@ -12,7 +12,10 @@ import attrs
 
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest
-from statemachine.session_messages import InitialSessionMessage, SessionBody
+from statemachine.session_messages import (
+    InitialSessionMessage,
+    SessionBody,
+)
 from statemachine.state import Checkpoint, StartedLocally
 
 

@@ -46,7 +46,9 @@ from statemachine.ports import (
     OutboxRow,
     StoreTransaction,
 )
-from statemachine.session_messages import OutboundSessionMessage
+from statemachine.session_messages import (
+    OutboundSessionMessage,
+)
 
 BoundaryHook = Callable[[str], None]
 

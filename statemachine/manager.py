@@ -71,24 +71,26 @@ from statemachine.ports import (
     Suspended,
 )
 from statemachine.result import Abort, Continuation, ProcessEvents, Resume, Throw
-from statemachine.session_messages import (
-    ExistingSessionMessage,
-    InitialSessionMessage,
-    OutboundSessionMessage,
-    SessionMessage,
+from statemachine.session_ids import (
     flow_id_of_session,
     identity_tag,
     is_bound_to,
     is_responder_session_id,
     message_id,
     peer_session_id,
+    responder_flow_id,
+)
+from statemachine.session_messages import (
+    ExistingSessionMessage,
+    InitialSessionMessage,
+    OutboundSessionMessage,
+    SessionMessage,
 )
 from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally
 from statemachine.transition import reject_initial_session, transition
 
 log = logging.getLogger("fiberflow.statemachine")
 
-_RESPONDER_NAMESPACE = uuid.UUID("6f1d3c1e-8a43-4e0f-9a57-1f6b2a7d0c11")
 
 MAX_REORDER_WINDOW = 1024
 """A message further ahead of its session's next expected sequence number is refused."""
@@ -389,9 +391,7 @@ class StateMachineManager:
                 [reject_initial_session(message.message_id, message.sender, initial, reason, at)]
             )
             return
-        flow_id = uuid.uuid5(
-            _RESPONDER_NAMESPACE, f"{message.sender}|{initial.initiator_session_id}"
-        ).hex
+        flow_id = responder_flow_id(message.sender, initial.initiator_session_id)
         existing = self._flows.get(flow_id)
         if existing is not None and existing.holding:
             _hold_message(existing, message)  # its first step failed: retried with this
@@ -494,7 +494,7 @@ class StateMachineManager:
         """
         if is_responder_session_id(session_id):
             initiator_session = session_id[: -len(".r")]
-            flow_id = uuid.uuid5(_RESPONDER_NAMESPACE, f"{sender}|{initiator_session}").hex
+            flow_id = responder_flow_id(sender, initiator_session)
         else:
             flow_id = flow_id_of_session(session_id)
         runtime = self._flows.get(flow_id)

@@ -13,6 +13,11 @@ import attrs
 from statemachine.errors import UnknownSessionError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import InitiateSession, Receive, SessionPayload
+from statemachine.session_ids import (
+    initiator_session_id,
+    message_id,
+    responder_session_id,
+)
 from statemachine.session_messages import (
     ConfirmSession,
     ExistingSessionMessage,
@@ -24,9 +29,6 @@ from statemachine.session_messages import (
     SessionEnd,
     SessionErrorBody,
     SessionReject,
-    initiator_session_id,
-    message_id,
-    responder_session_id,
 )
 from statemachine.state import (
     EarlyMessage,

@@ -72,14 +72,16 @@ from statemachine.result import (
     TransitionResult,
     continuation_for,
 )
+from statemachine.session_ids import (
+    message_id,
+    responder_session_id,
+)
 from statemachine.session_messages import (
     ExistingSessionMessage,
     InboundRecord,
     InitialSessionMessage,
     OutboundSessionMessage,
     SessionReject,
-    message_id,
-    responder_session_id,
 )
 from statemachine.session_ops import (
     close_sessions,

@@ -28,7 +28,10 @@ from messaging.service import SESSION_TOPIC, Message
 from persistence.serialization import Serializer
 from samples.pingpong import PingFlow
 from statemachine import flow_error, session_messages
-from statemachine.session_messages import ExistingSessionMessage, InitialSessionMessage
+from statemachine.session_messages import (
+    ExistingSessionMessage,
+    InitialSessionMessage,
+)
 from tests.helpers import assert_drained
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"

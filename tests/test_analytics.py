@@ -40,7 +40,7 @@ from persistence.analytics.loading import range_predicates
 from persistence.analytics.report import Table, render_html, text_table
 from persistence.store import normalize_url
 from samples.pingpong import PingFlow
-from statemachine.manager import _RESPONDER_NAMESPACE
+from statemachine.session_ids import RESPONDER_NAMESPACE
 from tests.analytics_data import (
     ALICE,
     BOB,
@@ -284,7 +284,7 @@ def test_the_responder_flow_id_in_spark_is_the_managers_uuid5(spark: Any) -> Non
     pairs = [(ALICE, f"{uuid.uuid4().hex}.s{i}") for i in range(20)] + [("ü|x", "s.s0")]
     frame = spark.createDataFrame(pairs, "node string, session string")
     computed = frame.select(responder_flow_id(F.col("node"), F.col("session")).alias("id"))
-    expected = [uuid.uuid5(_RESPONDER_NAMESPACE, f"{n}|{s}").hex for n, s in pairs]
+    expected = [uuid.uuid5(RESPONDER_NAMESPACE, f"{n}|{s}").hex for n, s in pairs]
     assert [row["id"] for row in computed.collect()] == expected
 
 

@@ -15,11 +15,13 @@ from messaging.frame import encode_frame
 from messaging.service import SESSION_TOPIC, Message
 from persistence import schema
 from samples.pingpong import PingFlow
-from statemachine.session_messages import (
-    InitialSessionMessage,
+from statemachine.session_ids import (
     identity_tag,
     initiator_session_id,
     message_id,
+)
+from statemachine.session_messages import (
+    InitialSessionMessage,
 )
 from tests.helpers import assert_drained
 

@@ -49,13 +49,15 @@ from samples.pingpong import PingFlow
 from statemachine import limits
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.ports import InboundMessage
+from statemachine.session_ids import (
+    identity_tag,
+    message_id,
+    responder_session_id,
+)
 from statemachine.session_messages import (
     ExistingSessionMessage,
     InitialSessionMessage,
     SessionErrorBody,
-    identity_tag,
-    message_id,
-    responder_session_id,
 )
 
 EXAMPLES = int(os.environ.get("FIBERFLOW_LIMITS_EXAMPLES", "30"))

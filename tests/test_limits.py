@@ -33,18 +33,20 @@ from persistence.store import NodeDatabase, drop_schema
 from samples.pingpong import PingFlow
 from statemachine import limits
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.session_messages import (
+from statemachine.session_ids import (
     RESPONDER_SUFFIX,
+    identity_tag,
+    initiator_session_id,
+    message_id,
+    responder_session_id,
+)
+from statemachine.session_messages import (
     ConfirmSession,
     ExistingSessionMessage,
     InitialSessionMessage,
     SessionEnd,
     SessionErrorBody,
     SessionReject,
-    identity_tag,
-    initiator_session_id,
-    message_id,
-    responder_session_id,
 )
 
 WIDE = "\u00e9"  # two bytes in UTF-8, one character

@@ -14,7 +14,10 @@ from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import Receive
 from statemachine.persistent import EMPTY_MAP, PMap, PVector
-from statemachine.session_messages import SessionData, SessionEnd
+from statemachine.session_messages import (
+    SessionData,
+    SessionEnd,
+)
 from statemachine.session_table import SessionTable
 from statemachine.state import (
     Checkpoint,

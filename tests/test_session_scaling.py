@@ -27,12 +27,14 @@ from statemachine.actions import PersistCheckpoint
 from statemachine.events import DeliverSessionMessage, Event, StartFlow, Suspend
 from statemachine.iorequests import InitiateSession, Receive, Send, SessionPayload
 from statemachine.result import TransitionResult
-from statemachine.session_messages import (
-    ConfirmSession,
-    SessionData,
+from statemachine.session_ids import (
     initiator_session_id,
     message_id,
     responder_session_id,
+)
+from statemachine.session_messages import (
+    ConfirmSession,
+    SessionData,
 )
 from statemachine.state import FlowState, FlowStatus, StartedLocally
 

@@ -9,7 +9,10 @@ import pytest
 from flows import FlowTimeoutException
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
-from statemachine.session_messages import identity_tag, initiator_session_id
+from statemachine.session_ids import (
+    identity_tag,
+    initiator_session_id,
+)
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import PatientFlow

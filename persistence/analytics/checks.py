@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from statemachine.manager import _RESPONDER_NAMESPACE
+from statemachine.session_ids import RESPONDER_NAMESPACE
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -138,7 +138,7 @@ def responder_flow_id(initiator_node: Column, session: Column) -> Column:
     from pyspark.sql import functions as F
 
     name = F.concat(initiator_node, F.lit("|"), session)
-    digest = F.sha1(F.concat(F.unhex(F.lit(_RESPONDER_NAMESPACE.hex)), F.encode(name, "UTF-8")))
+    digest = F.sha1(F.concat(F.unhex(F.lit(RESPONDER_NAMESPACE.hex)), F.encode(name, "UTF-8")))
     variant_nibble = F.conv(F.substring(digest, 17, 1), 16, 10).cast("int")
     variant = F.lower(F.hex(variant_nibble.bitwiseAND(3).bitwiseOR(8)))
     return F.concat(
