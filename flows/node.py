@@ -309,9 +309,7 @@ class Node:
                 continue
             found[state.flow_id] = problem
             error = FlowError(ErrorKind.INTERNAL, INCOMPATIBLE_CHECKPOINT, problem)
-            self.manager.hospitalize(state.flow_id, error)
-            if isinstance(self.database, NodeDatabase):
-                self.database.mark_hospitalized(state.flow_id, problem)
+            self.manager.hospitalize(state.flow_id, error)  # its row says so too
         if found:
             log.error(
                 "%s: %d checkpoint(s) cannot be resumed by the installed CorDapps and are kept "
@@ -483,10 +481,7 @@ class Node:
                 f"flow {flow_id} cannot be retried: {error.message}; restore its checkpoint "
                 "(blob and MAC) from a backup first, or kill it"
             )
-        self.manager.retry_flow(checkpoint)
-        state = self.manager.flow_state(flow_id)
-        if state is not None and state.status is not FlowStatus.HOSPITALIZED:
-            self.database.mark_status(flow_id, FlowStatus.SUSPENDED, None)
+        self.manager.retry_flow(checkpoint)  # its row shows the status it resumes with
         self.wakeup.set()
 
     @property
@@ -554,10 +549,7 @@ class Node:
         if self.manager.flow_state(flow_id) is None:
             return
         error = FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason)
-        self.manager.hospitalize(flow_id, error)
-        if isinstance(self.database, NodeDatabase):
-            self.database.mark_hospitalized(flow_id, reason)
-        log.error("%s: flow %s kept in the hospital: %s", self.party, flow_id, reason)
+        self.manager.hospitalize(flow_id, error)  # its row says so too (logged there)
 
     def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
         """End a flow wherever it is (running, suspended, in the hospital).

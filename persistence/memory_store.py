@@ -17,6 +17,7 @@ from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,
     RecordInboundMessages,
+    RecordStatus,
     RemoveCheckpoint,
     StoreFlowError,
     StoreFlowResult,
@@ -81,6 +82,9 @@ class _MemoryTransaction:
         """Keep errors."""
         outcomes = [StoredOutcome(a.flow_id, a.flow_class, None, a.error) for a in actions]
         self._writes.append(lambda t: t.outcomes.update((o.flow_id, o) for o in outcomes))
+
+    def record_statuses(self, actions: Sequence[RecordStatus]) -> None:
+        """Nothing to record: this store keeps no rows apart from the checkpoints."""
 
     def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
         """Refuse: client requests come through a node database, never this store."""

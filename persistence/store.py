@@ -44,6 +44,7 @@ from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,
     RecordInboundMessages,
+    RecordStatus,
     RemoveCheckpoint,
     StoreFlowError,
     StoreFlowResult,
@@ -239,6 +240,16 @@ class SqlTransaction:
                 for a in actions
             ],
         )
+
+    def record_statuses(self, actions: Sequence[RecordStatus]) -> None:
+        """Set the status and reason shown in each flow's row (blobs are not touched)."""
+        table = schema.node_checkpoints
+        for action in actions:
+            self._connection.execute(
+                update(table)
+                .where(table.c.flow_id == action.flow_id)
+                .values(status=action.status.value, error_message=action.reason)
+            )
 
     def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
         """Mark requested flows started; refuses a request already started by anyone."""

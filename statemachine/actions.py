@@ -20,7 +20,7 @@ from statemachine.session_messages import (
     InboundRecord,
     OutboundSessionMessage,
 )
-from statemachine.state import Checkpoint
+from statemachine.state import Checkpoint, FlowStatus
 
 
 class Phase(enum.Enum):
@@ -97,6 +97,20 @@ class StoreFlowError:
 
 
 @attrs.frozen
+class RecordStatus:
+    """Set the status (and the reason, or none) shown in a flow's checkpoint row.
+
+    Its blob is not touched: a flow kept in the hospital keeps the checkpoint it had (for an
+    untrusted one, the evidence as found).
+    """
+
+    phase: ClassVar[Phase] = Phase.IN_TRANSACTION
+    flow_id: str
+    status: FlowStatus
+    reason: str | None
+
+
+@attrs.frozen
 class ClaimFlowRequests:
     """Mark client requests started, in the transaction that checkpoints their flows.
 
@@ -142,6 +156,7 @@ Action = Union[
     RunFlowEffects,
     StoreFlowResult,
     StoreFlowError,
+    RecordStatus,
     ClaimFlowRequests,
     AcknowledgeMessages,
     HandOffMessages,

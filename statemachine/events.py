@@ -92,6 +92,22 @@ class KillFlow:
 
 
 @attrs.frozen
+class Hospitalize:
+    """Keep the flow for observation (an operator, the node's checks or its hospital)."""
+
+    error: FlowError
+    at: float
+
+
+@attrs.frozen
+class RetryFlow:
+    """Take a kept flow out of the hospital: replay it from its stored ``checkpoint``."""
+
+    checkpoint: Checkpoint
+    at: float
+
+
+@attrs.frozen
 class FlowFinished:
     """``call()`` returned; ``result`` is the serialized return value."""
 
@@ -117,6 +133,8 @@ Event = Union[
     FlowFinished,
     FlowFailed,
     KillFlow,
+    Hospitalize,
+    RetryFlow,
 ]
 """Every event kind the transition function accepts."""
 

@@ -31,6 +31,7 @@ from statemachine.actions import (
     PersistCheckpoint,
     Phase,
     RecordInboundMessages,
+    RecordStatus,
     RemoveCheckpoint,
     RunFlowEffects,
     ScheduleWakeUp,
@@ -60,6 +61,7 @@ IN_TRANSACTION_ORDER: tuple[type, ...] = (
     RunFlowEffects,
     StoreFlowResult,
     StoreFlowError,
+    RecordStatus,
     ClaimFlowRequests,
 )
 AFTER_COMMIT_ORDER: tuple[type, ...] = (AcknowledgeMessages, HandOffMessages, ScheduleWakeUp)
@@ -155,6 +157,8 @@ class ActionExecutor:
             transaction.store_results(actions)
         elif kind is StoreFlowError:
             transaction.store_errors(actions)
+        elif kind is RecordStatus:
+            transaction.record_statuses(actions)
         elif kind is ClaimFlowRequests:
             transaction.claim_flow_requests(actions)
         else:

@@ -17,6 +17,7 @@ from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,
     RecordInboundMessages,
+    RecordStatus,
     RemoveCheckpoint,
     RunFlowEffects,
     StoreFlowError,
@@ -69,6 +70,9 @@ class StoreTransaction(Protocol):
 
     def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
         """Keep the errors of failed flows."""
+
+    def record_statuses(self, actions: Sequence[RecordStatus]) -> None:
+        """Set the status and reason shown in these flows' rows (their blobs untouched)."""
 
     def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
         """Mark client flow requests started; fail if any was started before."""

@@ -1,0 +1,23 @@
+"""The counters a scheduler keeps (a node reports them; tests and benchmarks read them)."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.define
+class ManagerStatistics:
+    """Counters a node reports (and tests and benchmarks read)."""
+
+    messages_received: int = 0
+    duplicates_dropped: int = 0
+    late_messages_dropped: int = 0
+    dead_lettered: int = 0
+    sessions_rejected: int = 0
+    flows_started: int = 0
+    flows_completed: int = 0
+    flows_failed: int = 0
+    flows_hospitalized: int = 0
+    failures_pinned: int = 0
+    """Failures pinned on one flow or one message (each resumed, kept, failed or quarantined)."""
+    messages_quarantined: int = 0

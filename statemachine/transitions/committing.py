@@ -1,0 +1,124 @@
+"""What the rules share: journal a request, resume or block the flow, commit.
+
+A live flow commits (checkpoint, dedup ids, outbox, effects) only when it blocks, finishes,
+fails, or has done enough requests since its last commit (:func:`commit_due`: at least
+``MAX_UNCOMMITTED_STEPS``, and at least a ``1 / COMMIT_GROWTH_DIVISOR`` share of its
+checkpoint's entries, so a flow that grows without blocking encodes O(final size) bytes in
+all, not O(size) every 32 steps). Between commits it runs on without touching the database:
+nothing it did is visible outside until the commit, so a crash replays it from the last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from statemachine.actions import (
+    AcknowledgeMessages,
+    Action,
+    HandOffMessages,
+    PersistCheckpoint,
+    RecordInboundMessages,
+    RunFlowEffects,
+    ScheduleWakeUp,
+    WriteOutbox,
+)
+from statemachine.iorequests import IORequest, Receive
+from statemachine.result import ProcessEvents, TransitionResult, continuation_for
+from statemachine.session_ops import receive_progress
+from statemachine.state import FlowState, FlowStatus, JournalEntry, Outcome, Pending
+
+MAX_UNCOMMITTED_STEPS = 32
+"""A live flow that keeps running without blocking commits after at least this many requests."""
+
+COMMIT_GROWTH_DIVISOR = 4
+"""...and after at least its checkpoint's entries (journal entries plus sessions) divided by
+this: each commit then comes once the checkpoint has grown by a third since the previous one,
+so the bytes encoded by all commits of a flow are a small multiple of its final checkpoint."""
+
+
+def commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]:
+    """Persist the checkpoint with everything since the last commit; clear the pending work.
+
+    Each commit of a flow's checkpoint has the next version (bound into its MAC by the
+    store, so an older checkpoint put back is told from the newest).
+    """
+    checkpoint = attrs.evolve(state.checkpoint, version=state.checkpoint.version + 1)
+    state = attrs.evolve(state, checkpoint=checkpoint)
+    in_transaction: list[Action] = [PersistCheckpoint(checkpoint, at)]
+    after_commit: list[Action] = []
+    in_transaction.extend(record_and_send(state, at, after_commit))
+    return clean(state), tuple(in_transaction + after_commit)
+
+
+def commit_due(state: FlowState) -> bool:
+    """True if a live flow that has not blocked has run long enough to commit now."""
+    checkpoint = state.checkpoint
+    entries = len(checkpoint.journal) + len(checkpoint.sessions)
+    due = max(MAX_UNCOMMITTED_STEPS, entries // COMMIT_GROWTH_DIVISOR)
+    return state.uncommitted_steps >= due
+
+
+def clean(state: FlowState) -> FlowState:
+    """``state`` once everything since the last commit is in the transaction's actions."""
+    return attrs.evolve(
+        state, unrecorded_inbound=(), unsent_outbound=(), unrun_effects=(), uncommitted_steps=0
+    )
+
+
+def record_and_send(state: FlowState, at: float, after_commit: list[Action]) -> list[Action]:
+    """The dedup-id and outbox actions (and their after-commit halves) for ``state``."""
+    actions: list[Action] = []
+    if state.unrecorded_inbound:
+        records = state.unrecorded_inbound.to_tuple()
+        actions.append(RecordInboundMessages(records, at))
+        after_commit.append(AcknowledgeMessages(tuple(r.message_id for r in records)))
+    if state.unsent_outbound:
+        outbound = state.unsent_outbound.to_tuple()
+        actions.append(WriteOutbox(outbound, at))
+        after_commit.append(HandOffMessages(outbound))
+    if state.unrun_effects:
+        actions.append(RunFlowEffects(state.flow_id, state.unrun_effects.to_tuple()))
+    return actions
+
+
+def with_status(state: FlowState, status: FlowStatus, **changes: Any) -> FlowState:
+    """``state`` with its checkpoint's status (and any other checkpoint field) changed."""
+    return attrs.evolve(state, checkpoint=attrs.evolve(state.checkpoint, status=status, **changes))
+
+
+def journal_request(state: FlowState, request: IORequest, outcome: Outcome) -> FlowState:
+    """``state`` with ``request`` and its outcome added to the journal (one step more)."""
+    entry = JournalEntry(request.signature(), outcome)
+    checkpoint = attrs.evolve(state.checkpoint, journal=state.checkpoint.journal.append(entry))
+    return attrs.evolve(
+        state,
+        checkpoint=checkpoint,
+        replay_cursor=len(checkpoint.journal),
+        uncommitted_steps=state.uncommitted_steps + 1,
+    )
+
+
+def complete(state: FlowState, request: IORequest, outcome: Outcome, at: float) -> TransitionResult:
+    """Journal a completed request and resume the fiber, committing only if overdue."""
+    state = journal_request(with_status(state, FlowStatus.RUNNABLE, pending=None), request, outcome)
+    if state.receive_progress is not None:
+        state = attrs.evolve(state, receive_progress=None)
+    actions: tuple[Action, ...] = ()
+    if commit_due(state):
+        state, actions = commit(state, at)
+    return TransitionResult(state, actions, continuation_for(outcome))
+
+
+def block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
+    """Suspend the flow on ``pending``: commit, and arrange a wake-up if it has a deadline."""
+    progress = None
+    if isinstance(pending.request, Receive):
+        progress = receive_progress(state, pending.request)
+    state = attrs.evolve(state, receive_progress=progress)
+    state, actions = commit(with_status(state, FlowStatus.SUSPENDED, pending=pending), at)
+    if pending.deadline is not None:
+        actions = (*actions, ScheduleWakeUp(state.flow_id, pending.deadline))
+    return TransitionResult(state, actions, ProcessEvents())
