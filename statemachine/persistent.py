@@ -7,6 +7,9 @@ sequences that grow with a flow are therefore pyrsistent's ``PVector`` (a 32-way
 when pyrsistent's extension is built): reading, replacing or appending one item copies one
 path of at most ``log32(N)`` nodes, and the rest is shared with the value it was built from.
 
+The C vector's garbage-collector traversal visits every item, so a young-generation
+collection that finds a freshly built vector of N items costs O(N) (docs/architecture.md).
+
 A ``PVector`` equals a list of the same items but not a tuple, and hashes differently from
 one; the checkpoint serializer encodes it exactly as the tuple of its items (see
 :mod:`persistence.checkpoint_codec`). Sessions live in a
