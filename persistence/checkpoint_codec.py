@@ -9,7 +9,7 @@ from persistence.serialization import (
     TypeRegistry,
 )
 from statemachine import flow_error, iorequests, session_messages, state
-from statemachine.persistent import PVector
+from statemachine.persistent import VECTOR_TYPE
 from statemachine.session_table import SessionTable
 
 CHECKPOINT_FORMAT = 1
@@ -48,10 +48,10 @@ CHECKPOINT_LIMITS = SerializationLimits(
 """Checkpoints are written by the node itself and grow with the journal: wider limits."""
 
 _SERIALIZER = Serializer(
-    CHECKPOINT_TYPES, "checkpoint", CHECKPOINT_LIMITS, tuple_types=(PVector, SessionTable)
+    CHECKPOINT_TYPES, "checkpoint", CHECKPOINT_LIMITS, tuple_types=(VECTOR_TYPE, SessionTable)
 )
-"""Sessions and journal are persistent vectors in memory and plain tuples in the blob (the
-blob layout is the same as when they were tuples)."""
+"""Sessions and journal are persistent sequences in memory (a session table and a pyrsistent
+vector) and plain tuples in the blob (the blob layout is the same as when they were tuples)."""
 
 
 def encode_checkpoint(checkpoint: state.Checkpoint) -> bytes:

@@ -1,13 +1,15 @@
 """A checkpoint's sessions: an ordered, immutable table looked up by session id.
 
 Sessions are kept in the order the flow came to have them (that order is what a checkpoint
-stores) in a :class:`~statemachine.persistent.PVector`, beside a
-:class:`~statemachine.persistent.PMap` from session id to position. Looking up, replacing or
-adding one session costs O(log32 n); replacing many at once is built in one pass. A session
-never leaves the table and never moves, so the index is only ever added to.
+stores) in a pyrsistent ``PVector``, beside a pyrsistent ``PMap`` from session id to
+position. Looking up, replacing or adding one session costs O(log32 n) and shares the rest
+with the table it was built from (adding one also doubles the map's buckets once in a while:
+amortized O(1)); replacing many at once goes through pyrsistent's evolvers, which copy each
+changed trie node once. A session never leaves the table and never moves, so the index is
+only ever added to.
 
-The table compares equal to (and is serialized as) the tuple of its sessions; the index is
-derived and takes no part in equality.
+The table compares equal to (and hashes like, and is serialized as) the tuple of its
+sessions; the index is derived and takes no part in equality.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from statemachine.persistent import EMPTY_MAP, PMap, PVector
+from pyrsistent import PMap, PVector, pmap, pvector
 
 
 class HasSessionId(Protocol):
@@ -28,30 +30,28 @@ class HasSessionId(Protocol):
 
 S = TypeVar("S", bound=HasSessionId)
 
-_BULK_FRACTION = 8
-"""Replacing more than 1/8 of the sessions at once rebuilds the vector in one pass."""
-
 
 class SessionTable(Sequence[S], Generic[S]):
     """Sessions in order, with O(log n) lookup, replacement and append by session id."""
 
-    __slots__ = ("_items", "_positions")
+    __slots__ = ("_hash", "_items", "_positions")
 
     _items: PVector[S]
     _positions: PMap[str, int]
+    _hash: int | None
 
     def __init__(self, sessions: Iterable[S] = ()) -> None:
         """A table of ``sessions`` in order; a later session with the same id replaces one."""
         items: list[S] = []
-        positions: PMap[str, int] = EMPTY_MAP
+        positions: dict[str, int] = {}
         for session in sessions:
             position = positions.get(session.session_id)
             if position is None:
-                positions = positions.set(session.session_id, len(items))
+                positions[session.session_id] = len(items)
                 items.append(session)
             else:
                 items[position] = session
-        self._items, self._positions = PVector(items), positions
+        self._items, self._positions, self._hash = pvector(items), pmap(positions), None
 
     @classmethod
     def of(cls, sessions: Iterable[S]) -> SessionTable[S]:
@@ -63,7 +63,7 @@ class SessionTable(Sequence[S], Generic[S]):
     @classmethod
     def _make(cls, items: PVector[S], positions: PMap[str, int]) -> SessionTable[S]:
         table: SessionTable[S] = cls.__new__(cls)
-        table._items, table._positions = items, positions
+        table._items, table._positions, table._hash = items, positions, None
         return table
 
     def get(self, session_id: str) -> S | None:
@@ -80,23 +80,22 @@ class SessionTable(Sequence[S], Generic[S]):
         return self._make(self._items.set(position, session), self._positions)
 
     def put_many(self, sessions: Iterable[S]) -> SessionTable[S]:
-        """``put`` of each of ``sessions`` in order, built in one pass when they are many."""
-        updates = list(sessions)
-        if len(updates) * _BULK_FRACTION <= len(self._items):
-            table = self
-            for session in updates:
-                table = table.put(session)
-            return table
-        items = list(self._items)
-        positions = self._positions
-        for session in updates:
-            position = positions.get(session.session_id)
+        """``put`` of each of ``sessions`` in order, built in one pass (O(k log n) for k)."""
+        items = self._items.evolver()
+        added: dict[str, int] = {}
+        for session in sessions:
+            position = self._positions.get(session.session_id)
             if position is None:
-                positions = positions.set(session.session_id, len(items))
+                position = added.get(session.session_id)
+            if position is None:
+                added[session.session_id] = len(items)
                 items.append(session)
             else:
                 items[position] = session
-        return self._make(PVector(items), positions)
+        if not items.is_dirty():
+            return self
+        positions = self._positions.update(added) if added else self._positions
+        return self._make(items.persistent(), positions)
 
     # --- sequence and value semantics ---------------------------------------------------
 
@@ -111,6 +110,8 @@ class SessionTable(Sequence[S], Generic[S]):
 
     def __getitem__(self, index: int | slice) -> S | tuple[S, ...]:
         """The session at position ``index``; a slice gives a tuple."""
+        if isinstance(index, slice):
+            return tuple(self._items[index])
         return self._items[index]
 
     def __iter__(self) -> Iterator[S]:
@@ -118,16 +119,18 @@ class SessionTable(Sequence[S], Generic[S]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SessionTable):
-            return self._items == other._items
-        if isinstance(other, tuple | PVector):
-            return self._items == other
+            return other is self or self._items == other._items
+        if isinstance(other, tuple):
+            return len(self._items) == len(other) and tuple(self._items) == other
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._items)
+        if self._hash is None:
+            self._hash = hash(tuple(self._items))
+        return self._hash
 
     def __repr__(self) -> str:
-        return f"SessionTable({self._items.to_tuple()!r})"
+        return f"SessionTable({tuple(self._items)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SessionTable, (self._items.to_tuple(),))
+        return (SessionTable, (tuple(self._items),))

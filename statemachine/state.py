@@ -9,7 +9,8 @@ flow re-runs its ``call()`` and answers each request from the journal.
 messages accepted but not yet recorded, and the outbound messages decided but not yet written
 to the outbox. All of it is frozen; transitions build new values with ``attrs.evolve``.
 The sequences that grow with a flow (sessions, journal, messages since the last commit) are
-persistent vectors, so one step costs O(log n) however many sessions the flow has.
+persistent vectors (pyrsistent's, see :mod:`statemachine.persistent`), so one step costs
+O(log n) however many sessions the flow has.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Iterable
 from typing import Union
 
 import attrs
+from pyrsistent import PVector
 
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import Plain, Receive, Sleep
-from statemachine.persistent import PVector
+from statemachine.persistent import vector_of
 from statemachine.session_messages import (
     InboundRecord,
     OutboundSessionMessage,
@@ -166,7 +168,7 @@ def _session_table(sessions: Iterable[SessionState]) -> SessionTable[SessionStat
 
 
 def _journal(entries: Iterable[JournalEntry]) -> PVector[JournalEntry]:
-    return PVector.of(entries)
+    return vector_of(entries)
 
 
 @attrs.frozen
@@ -174,9 +176,10 @@ class Checkpoint:
     """Everything about a flow that must survive a crash.
 
     ``sessions`` and ``journal`` accept any iterable and are kept as persistent sequences
-    (:class:`~statemachine.session_table.SessionTable`, :class:`~statemachine.persistent.PVector`):
-    one session or entry changes in O(log n) and the rest is shared with the previous value.
-    They compare equal to, and are stored as, the tuples of their items.
+    (:class:`~statemachine.session_table.SessionTable`, a pyrsistent ``PVector``): one
+    session or entry changes in O(log n) and the rest is shared with the previous value.
+    Both are stored as the tuples of their items; the table also compares equal to that
+    tuple, the journal to the list of its items (``tuple(journal)`` to compare with a tuple).
     """
 
     flow_id: str
@@ -232,15 +235,15 @@ class ReceiveProgress:
 
 
 def _records(records: Iterable[InboundRecord]) -> PVector[InboundRecord]:
-    return PVector.of(records)
+    return vector_of(records)
 
 
 def _outbound(messages: Iterable[OutboundSessionMessage]) -> PVector[OutboundSessionMessage]:
-    return PVector.of(messages)
+    return vector_of(messages)
 
 
 def _ordinals(ordinals: Iterable[int]) -> PVector[int]:
-    return PVector.of(ordinals)
+    return vector_of(ordinals)
 
 
 @attrs.frozen

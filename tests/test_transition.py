@@ -104,7 +104,7 @@ def test_initiate_session_is_journaled_without_a_commit() -> None:
     assert not session.initial_sent
     assert result.actions == ()
     assert result.continuation == Resume("f1.s0")
-    assert result.state.checkpoint.journal == (
+    assert tuple(result.state.checkpoint.journal) == (
         JournalEntry(("InitiateSession", BOB, "app.PingFlow"), Value("f1.s0")),
     )
     assert result.state.uncommitted_steps == 1
@@ -133,7 +133,7 @@ def test_blocking_receive_commits_everything_since_the_last_commit() -> None:
     result = transition(state, Suspend(Receive(("f1.s0",)), T0 + 1))
     assert result.state.status is FlowStatus.SUSPENDED
     assert result.state.checkpoint.pending == Pending(Receive(("f1.s0",)))
-    outbound = state.unsent_outbound
+    outbound = tuple(state.unsent_outbound)
     assert result.actions == (
         PersistCheckpoint(result.state.checkpoint, T0 + 1),
         WriteOutbox(outbound, T0 + 1),
@@ -198,7 +198,7 @@ def test_finish_ends_open_sessions_removes_the_checkpoint_and_keeps_the_result()
     state = with_session(started())
     state = transition(state, Suspend(Send((SessionPayload("f1.s0", b"x"),)), T0)).state
     result = transition(state, FlowFinished(b"result", T0 + 3))
-    assert result.state.unsent_outbound == ()  # all in the actions now
+    assert tuple(result.state.unsent_outbound) == ()  # all in the actions now
     assert result.state.status is FlowStatus.COMPLETED
     write = next(a for a in result.actions if isinstance(a, WriteOutbox))
     assert [m.message for m in write.messages][1] == ExistingSessionMessage(
@@ -225,7 +225,7 @@ def test_internal_failure_tells_peers_nothing_but_keeps_the_detail_locally() -> 
     assert isinstance(body, SessionErrorBody)
     assert body.error.kind is ErrorKind.UNEXPECTED_END and body.error.message == ""
     assert StoreFlowError("f1", "app.PingFlow", detail, T0 + 4) in result.actions
-    assert RecordInboundMessages(state.unrecorded_inbound, T0 + 4) in result.actions
+    assert RecordInboundMessages(tuple(state.unrecorded_inbound), T0 + 4) in result.actions
 
 
 def test_sleep_blocks_with_a_durable_deadline_and_wakes_only_when_due() -> None:
@@ -250,7 +250,9 @@ def test_responder_start_confirms_and_buffers_the_first_payload() -> None:
     (confirm,) = result.state.unsent_outbound
     assert confirm.message == ExistingSessionMessage("f0.s3", 0, ConfirmSession(1, "app"))
     assert confirm.message_id == "N-f0.s3.r-0"
-    assert result.state.unrecorded_inbound == (InboundRecord("N-f0.s3-0", BOB, "f0.s3.r", 0),)
+    assert tuple(result.state.unrecorded_inbound) == (
+        InboundRecord("N-f0.s3-0", BOB, "f0.s3.r", 0),
+    )
     assert result.continuation == Resume(None)
 
 

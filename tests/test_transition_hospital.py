@@ -72,7 +72,9 @@ def test_keeping_a_flow_with_uncommitted_steps_commits_them_with_it() -> None:
     (persisted,) = [a for a in result.actions if isinstance(a, PersistCheckpoint)]
     assert persisted.checkpoint.status is FlowStatus.HOSPITALIZED
     assert persisted.checkpoint.version == 2
-    assert persisted.checkpoint.journal == (JournalEntry(("RecordValue", "now"), Value(1.5)),)
+    assert tuple(persisted.checkpoint.journal) == (
+        JournalEntry(("RecordValue", "now"), Value(1.5)),
+    )
     assert not result.state.is_dirty()
 
 

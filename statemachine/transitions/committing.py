@@ -72,15 +72,15 @@ def record_and_send(state: FlowState, at: float, after_commit: list[Action]) -> 
     """The dedup-id and outbox actions (and their after-commit halves) for ``state``."""
     actions: list[Action] = []
     if state.unrecorded_inbound:
-        records = state.unrecorded_inbound.to_tuple()
+        records = tuple(state.unrecorded_inbound)
         actions.append(RecordInboundMessages(records, at))
         after_commit.append(AcknowledgeMessages(tuple(r.message_id for r in records)))
     if state.unsent_outbound:
-        outbound = state.unsent_outbound.to_tuple()
+        outbound = tuple(state.unsent_outbound)
         actions.append(WriteOutbox(outbound, at))
         after_commit.append(HandOffMessages(outbound))
     if state.unrun_effects:
-        actions.append(RunFlowEffects(state.flow_id, state.unrun_effects.to_tuple()))
+        actions.append(RunFlowEffects(state.flow_id, tuple(state.unrun_effects)))
     return actions
 
 
