@@ -45,7 +45,7 @@ def run(config: str, flows: int) -> dict[str, float]:
             finished = time.perf_counter()
             assert all(h.result() == "Pong" for h in handles)
             transactions = sum(n.node.manager.executor.transactions for n in net.nodes)
-            checkpoints = sum(n.node.database.checkpoints_written for n in net.nodes)
+            checkpoints = sum(n.node.database.checkpoints.checkpoints_written for n in net.nodes)
         finally:
             net.stop_nodes()
     total = finished - began

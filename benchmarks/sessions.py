@@ -65,7 +65,7 @@ def run(count: int, synchronous: str, profile: str | None) -> dict[str, float]:
                 written["bytes"] += size
                 written["largest"] = max(written["largest"], size)
 
-            alice.node.database.checkpoint_listeners.append(note)
+            alice.node.database.checkpoints.checkpoint_listeners.append(note)
             profiler = cProfile.Profile() if profile else None
             gc.collect()
             began = time.perf_counter()
@@ -90,7 +90,7 @@ def run(count: int, synchronous: str, profile: str | None) -> dict[str, float]:
                 "bytes": written["bytes"],
                 "largest": written["largest"],
                 "commits": alice.node.manager.executor.transactions,
-                "checkpoints": alice.node.database.checkpoints_written,
+                "checkpoints": alice.node.database.checkpoints.checkpoints_written,
             }
         finally:
             net.stop_nodes()

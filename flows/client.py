@@ -16,8 +16,9 @@ from typing import Any
 from flows.errors import FiberflowError, exception_from_error
 from flows.flow_logic import FlowLogic
 from flows.node import encode_arguments
+from persistence.node_store import FlowRequest, StoredOutcome
 from persistence.serialization import PAYLOADS, qualified_name
-from persistence.store import FlowRequest, NodeDatabase, StoredOutcome
+from persistence.store import NodeDatabase
 from statemachine.limits import FLOW_ID_CHARS
 
 
@@ -54,12 +55,12 @@ class NodeClient:
             requests.append(
                 FlowRequest(request_id, qualified_name(type(flow)), encode_arguments(flow))
             )
-        self.database.request_flows(requests, time.time())
+        self.database.control.request_flows(requests, time.time())
         return ids
 
     def outcomes(self, flow_ids: Sequence[str]) -> dict[str, StoredOutcome]:
         """The outcomes of those flows that have finished."""
-        return self.database.stored_outcomes(flow_ids)
+        return self.database.checkpoints.stored_outcomes(flow_ids)
 
     def wait(
         self,

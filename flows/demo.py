@@ -29,7 +29,7 @@ from flows.party import Party
 from flows.progress import ProgressBar
 from flows.testing import MockNetwork
 from messaging.transports import purge_queues
-from persistence.store import drop_schema
+from persistence.engine import drop_schema
 from samples.pingpong import PingFlow
 from statemachine.state import Checkpoint
 
@@ -73,7 +73,7 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
                 if show:
                     print(_describe_checkpoint(short, checkpoint, size))
 
-            mock.node.database.checkpoint_listeners.append(listener)
+            mock.node.database.checkpoints.checkpoint_listeners.append(listener)
         started = time.perf_counter()
         handles = [alice.start_flow(PingFlow(bob.party)) for _ in range(flows)]
         rounds = network.run_network()
@@ -84,7 +84,7 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
         if len(results) > 3:
             print(f"  ... {len(results) - 3} more results")
         ok = results == ["Pong"] * flows
-        written = sum(m.node.database.checkpoints_written for m in (alice, bob))
+        written = sum(m.node.database.checkpoints.checkpoints_written for m in (alice, bob))
         sent = network.messaging.statistics.sent
         left = len(alice.checkpoints()) + len(bob.checkpoints())
         print(

@@ -37,8 +37,9 @@ from messaging.service import SESSION_TOPIC, Message, MessagingService
 from messaging.signing import verification_problem
 from persistence.lease import DEFAULT_LEASE_SECONDS, NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
+from persistence.node_store import CheckpointSummary
 from persistence.serialization import PAYLOADS, SerializationError, qualified_name
-from persistence.store import CHECKPOINT_INTEGRITY_ERROR, CheckpointSummary, NodeDatabase
+from persistence.store import NodeDatabase
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
@@ -208,9 +209,9 @@ class Node:
         )
         self.messaging = messaging
         self.relay: OutboxRelay | BackgroundOutboxRelay = (
-            BackgroundOutboxRelay(messaging, self.database, sign=identity.sign)
+            BackgroundOutboxRelay(messaging, self.database.outbox, sign=identity.sign)
             if background_relay
-            else OutboxRelay(messaging, self.database, on_boundary, sign=identity.sign)
+            else OutboxRelay(messaging, self.database.outbox, on_boundary, sign=identity.sign)
         )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
@@ -227,7 +228,7 @@ class Node:
         )
         self.manager = StateMachineManager(
             our_identity=config.name,
-            store=self.database,
+            store=self.database.checkpoints,
             encode_message=_encode_outbound,
             outbound=self.relay,
             fibers=fibers,
@@ -276,20 +277,20 @@ class Node:
         Raises :class:`~persistence.lease.LeaseHeldError` if another live process runs the
         node.
         """
-        if isinstance(self.database, NodeDatabase):
-            if self._lease is None:
-                self._lease = self.database.new_lease(self.worker, self.config.lease_seconds)
+        if self._lease is None:
+            self._lease = self.database.new_lease(self.worker, self.config.lease_seconds)
+            if self._lease is not None:  # (the non-durable store takes no lease)
                 self._lease.acquire()
-            self.database.lease = self._lease
+        self.database.lease = self._lease
         self.restored_flows = self.manager.restore()
         self.incompatible_flows = self._check_compatibility()
-        if isinstance(self.database, NodeDatabase):
-            for flow_id in self.database.paused_flows():
-                if self.manager.flow_state(flow_id) is not None:
-                    self.manager.pause_flow(flow_id)
-            if self.database.setting("draining") is not None:
-                self.manager.draining = True
-                log.info("%s: draining (set before the restart): no new flows", self.party)
+        control = self.database.control
+        for flow_id in control.paused_flows():
+            if self.manager.flow_state(flow_id) is not None:
+                self.manager.pause_flow(flow_id)
+        if control.setting("draining") is not None:
+            self.manager.draining = True
+            log.info("%s: draining (set before the restart): no new flows", self.party)
         self.relay.start()
         self.resent_messages = self.relay.resend_pending()
         if self._lease is not None and self._lease.taken_over_from:
@@ -372,14 +373,12 @@ class Node:
         flow id is the request id; a request whose id is already a flow's is only claimed.
         """
         self._check_running()
-        database = self.database
-        if not isinstance(database, NodeDatabase):
-            return 0
-        requests = database.pending_flow_requests(limit)
+        requests = self.database.control.pending_flow_requests(limit)
         if not requests:
             return 0
         ids = [r.request_id for r in requests]
-        known = database.known_flows(ids) | {i for i in ids if self.manager.flow_state(i)}
+        known = self.database.checkpoints.known_flows(ids)
+        known |= {i for i in ids if self.manager.flow_state(i)}
         to_start = []
         refused: list[StoreFlowError] = []
         for request in requests:
@@ -455,33 +454,30 @@ class Node:
         """Stop running ``flow_id`` (it keeps its place and messages) until resumed."""
         self._check_running()
         self.manager.pause_flow(flow_id)
-        if isinstance(self.database, NodeDatabase):
-            self.database.set_paused(flow_id, True, self.clock.now())
+        self.database.control.set_paused(flow_id, True, self.clock.now())
 
     def resume_flow(self, flow_id: str) -> None:
         """Let a paused flow run again."""
         self._check_running()
         self.manager.resume_flow(flow_id)
-        if isinstance(self.database, NodeDatabase):
-            self.database.set_paused(flow_id, False, self.clock.now())
+        self.database.control.set_paused(flow_id, False, self.clock.now())
         self.wakeup.set()
 
     def retry_flow(self, flow_id: str) -> None:
         """Replay a hospitalized flow from its stored checkpoint (after a fix)."""
         self._check_running()
-        if not isinstance(self.database, NodeDatabase):
+        if not self.database.durable:
             raise KeyError("retry needs a database (checkpoints are off)")
-        checkpoint = self.database.load_checkpoint(flow_id)
-        if checkpoint is None:
+        stored = self.database.checkpoints.load_checkpoint(flow_id)
+        if stored is None:
             raise KeyError(f"flow {flow_id} has no checkpoint on {self.party}")
-        error = checkpoint.error
-        if error is not None and error.exception_class == CHECKPOINT_INTEGRITY_ERROR:
-            # What was loaded is a placeholder, not the flow: running it would lose the flow.
+        if stored.checkpoint is None:
+            # What the store holds is not the flow: running a placeholder would lose it.
             raise UntrustedCheckpointError(
-                f"flow {flow_id} cannot be retried: {error.message}; restore its checkpoint "
+                f"flow {flow_id} cannot be retried: {stored.problem}; restore its checkpoint "
                 "(blob and MAC) from a backup first, or kill it"
             )
-        self.manager.retry_flow(checkpoint)  # its row shows the status it resumes with
+        self.manager.retry_flow(stored.checkpoint)  # its row shows the status it resumes with
         self.wakeup.set()
 
     @property
@@ -494,8 +490,9 @@ class Node:
 
         The setting outlives restarts: a draining node stays draining until undrained.
         """
-        if isinstance(self.database, NodeDatabase):
-            self.database.set_setting("draining", "true" if draining else None, self.clock.now())
+        self.database.control.set_setting(
+            "draining", "true" if draining else None, self.clock.now()
+        )
         self.manager.draining = draining
         left = len(self.manager.live_flows())
         log.info(
@@ -508,13 +505,14 @@ class Node:
 
     def process_operator_requests(self) -> int:
         """Carry out the operator commands queued in the database; returns how many."""
-        if not isinstance(self.database, NodeDatabase):
-            return 0
-        pending = self.database.pending_operations()
-        for request_id, action, flow_id in pending:
-            outcome = self._operate(action, flow_id)
-            log.info("%s: operator %s %s: %s", self.party, action, flow_id or "", outcome)
-            self.database.finish_operation(request_id, outcome, self.clock.now())
+        control = self.database.control
+        pending = control.pending_operations()
+        for request in pending:
+            outcome = self._operate(request.action, request.flow_id)
+            log.info(
+                "%s: operator %s %s: %s", self.party, request.action, request.flow_id or "", outcome
+            )
+            control.finish_operation(request.request_id, outcome, self.clock.now())
         return len(pending)
 
     def _operate(self, action: str, flow_id: str | None) -> str:
@@ -583,7 +581,7 @@ class Node:
         state = self.manager.flow_state(flow_id)
         if state is not None:
             return state.status
-        stored = self.database.stored_outcome(flow_id)
+        stored = self.database.checkpoints.stored_outcome(flow_id)
         if stored is not None:
             return FlowStatus.COMPLETED if stored.error is None else FlowStatus.FAILED
         raise KeyError(f"no flow {flow_id} on {self.party}")
@@ -600,7 +598,7 @@ class Node:
                 f"flow {flow_id} has not finished (status {state.status.value}); "
                 "run the network until it does"
             )
-        stored = self.database.stored_outcome(flow_id)
+        stored = self.database.checkpoints.stored_outcome(flow_id)
         if stored is None:
             raise KeyError(f"no flow {flow_id} on {self.party}")
         if stored.error is not None:
@@ -614,7 +612,7 @@ class Node:
 
     def checkpoint_summaries(self) -> list[CheckpointSummary]:
         """The stored checkpoints' summary rows."""
-        return self.database.checkpoint_summaries()
+        return self.database.checkpoints.checkpoint_summaries()
 
     # --- driving ------------------------------------------------------------------------
 

@@ -66,8 +66,8 @@ def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
     try:
         with database.engine.connect() as connection:
             rows = connection.execute(select(table).order_by(table.c.created_at)).all()
-        paused = database.paused_flows()
-        busy = database.busy_flows()
+        paused = database.control.paused_flows()
+        busy = database.control.busy_flows()
     finally:
         database.close()
     return [
@@ -111,10 +111,10 @@ def request_operation(
     """Queue an operator command, wait for the node to carry it out, print the outcome."""
     database = _database(config)
     try:
-        request_id = database.request_operation(action, flow_id, time.time())
+        request_id = database.control.request_operation(action, flow_id, time.time())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            outcome = database.operation_outcome(request_id)
+            outcome = database.control.operation_outcome(request_id)
             if outcome is not None:
                 print(outcome)
                 return 0 if outcome.startswith(("ok", "draining", "accepting")) else 1
@@ -163,7 +163,7 @@ def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
             ).first()
         if row is None:
             raise KeyError(f"no checkpoint for flow {flow_id} on {config.name}")
-        expected = database.checkpoint_mac(flow_id, row.checkpoint_version, row.blob)
+        expected = database.checkpoints.checkpoint_mac(flow_id, row.checkpoint_version, row.blob)
     finally:
         database.close()
     if expected is None:

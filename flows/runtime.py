@@ -57,6 +57,7 @@ from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
 from messaging.codec import configure_wire_limits, wire_limits_problem
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
+from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
     DEFAULT_LEASE_SECONDS,
     LeaseHeldError,
@@ -71,7 +72,7 @@ from persistence.serialization import (
     PAYLOADS,
     SerializationLimits,
 )
-from persistence.store import NodeDatabase, is_permanent_connect_error
+from persistence.store import NodeDatabase
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -369,8 +370,8 @@ class NodeProcess:
             watchdog = BusyWatchdog(
                 self.busy,
                 config.busy_warning_seconds,
-                lease_database.note_busy_flow,
-                lease_database.clear_busy_flow,
+                lease_database.control.note_busy_flow,
+                lease_database.control.clear_busy_flow,
                 config.name,
             )
             self._watchdog = watchdog
@@ -652,7 +653,7 @@ class NodeProcess:
             pid=os.getpid(),
             started_at=self._started_at,
             live_flows=len(node.manager.live_flows()),
-            checkpoints_written=node.database.checkpoints_written,
+            checkpoints_written=node.database.checkpoints.checkpoints_written,
             messages_sent=node.relay.handed_off,
             relay_waiting=node.relay.waiting(),
             relay_refused=getattr(node.relay, "refused", 0),

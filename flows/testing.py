@@ -25,8 +25,8 @@ from flows.identity import NodeIdentity, StaticPeerKeys
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
 from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
+from persistence.engine import drop_schema
 from persistence.memory_store import MEMORY_URL
-from persistence.store import drop_schema
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")

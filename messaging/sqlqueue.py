@@ -63,7 +63,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    create_engine,
     delete,
     func,
     insert,
@@ -87,13 +86,8 @@ from messaging.frame import (
 )
 from messaging.service import Message, MessageHandler, TransportError
 from persistence.bounded import bounded_reason, bounded_text
+from persistence.engine import create_tables, normalize_url, open_engine, write_engine
 from persistence.lease import application_name
-from persistence.store import (
-    SQLITE_BEGIN_OPTION,
-    configure_sqlite,
-    create_tables,
-    normalize_url,
-)
 from statemachine.limits import (
     DEAD_LETTER_PREFIX_BYTES,
     QUEUE_MESSAGE_ID_CHARS,
@@ -230,14 +224,9 @@ class SqlQueueBroker:
         worker's, so that a node taking over from a frozen process can end them).
         """
         self.url = normalize_url(url)
-        connect_args: dict[str, Any] = {}
-        if application_name is not None and self.url.startswith("postgresql"):
-            connect_args["application_name"] = application_name
-        engine = create_engine(self.url, connect_args=connect_args)
+        engine = open_engine(self.url, synchronous=synchronous, application_name=application_name)
         self.dialect = engine.dialect.name
-        if self.dialect == "sqlite":
-            configure_sqlite(engine, synchronous)
-        elif self.dialect != "postgresql":
+        if self.dialect not in ("sqlite", "postgresql"):
             raise ValueError(f"the SQL queue runs on SQLite or PostgreSQL, not {self.dialect}")
         self.engine: Engine = engine
         self._known_queues: set[str] = set()
@@ -404,7 +393,7 @@ class SqlQueueBroker:
 
     def _write_engine(self) -> Engine:
         """The engine for a transaction that reads before it writes (IMMEDIATE on SQLite)."""
-        return self.engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        return write_engine(self.engine)
 
     def _dead_letter_oversized(
         self, connection: Connection, row_id: int, size: int, limit: int, now: int

@@ -1,18 +1,27 @@
 """A NON-DURABLE store in plain dicts: "checkpoints off", for benchmarks and experiments.
 
-It keeps the same contract as :class:`persistence.store.NodeDatabase` (transactions are
-all-or-nothing, a dedup id cannot be recorded twice) but nothing survives the process, so a
-node on it forgets every flow when it restarts. Select it with the database URL ``memory://``.
+It has the parts of :class:`persistence.store.NodeDatabase` and keeps their contracts
+(transactions are all-or-nothing, a dedup id cannot be recorded twice), but nothing survives
+the process, so a node on it forgets every flow when it restarts. Its control plane is null
+(:class:`NullControlPlane`): it takes no client or operator requests and remembers nothing;
+nor does it take a lease (it is never shared). Select it with the database URL ``memory://``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
 from persistence.bounded import bounded_reason, bounded_text
-from persistence.store import CheckpointSummary, StoredOutcome
+from persistence.node_store import (
+    CheckpointSummary,
+    ControlPlane,
+    FlowRequest,
+    OperatorRequest,
+    StoredOutcome,
+)
 from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,
@@ -24,9 +33,19 @@ from statemachine.actions import (
 )
 from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS
 from statemachine.ports import InboundMessage, OutboxRow
-from statemachine.state import Checkpoint
+from statemachine.state import Checkpoint, StoredFlow
+
+if TYPE_CHECKING:
+    from persistence.lease import NodeLease, WorkerInfo
 
 MEMORY_URL = "memory://"
+"""The database URL that selects the in-memory store."""
+
+NO_REQUESTS = "the in-memory store takes no client flow requests"
+"""Why the in-memory store refuses flow requests (and claims of them)."""
+
+NO_OPERATIONS = "the in-memory store takes no operator requests"
+"""Why the in-memory store refuses operator requests."""
 
 
 @attrs.define
@@ -41,7 +60,7 @@ class _Tables:
 class _MemoryTransaction:
     """Buffers writes and applies them to the tables on commit."""
 
-    def __init__(self, store: InMemoryStore) -> None:
+    def __init__(self, store: MemoryCheckpointStore) -> None:
         self._store = store
         self._writes: list[Callable[[_Tables], object]] = []
         self._new_ids: set[str] = set()
@@ -89,7 +108,7 @@ class _MemoryTransaction:
     def claim_flow_requests(self, actions: Sequence[ClaimFlowRequests]) -> None:
         """Refuse: client requests come through a node database, never this store."""
         if any(action.request_ids for action in actions):
-            raise ValueError("the in-memory store takes no client flow requests")
+            raise ValueError(NO_REQUESTS)
 
     @property
     def handle(self) -> None:
@@ -107,14 +126,15 @@ class _MemoryTransaction:
         self._writes = []
 
 
-class InMemoryStore:
-    """Non-durable node store (see the module docstring)."""
+class MemoryCheckpointStore:
+    """The ``CheckpointStore`` port (and the node's reads of outcomes) in dicts."""
 
-    def __init__(self) -> None:
-        self.url = MEMORY_URL
-        self.tables = _Tables()
+    def __init__(self, tables: _Tables) -> None:
+        self.tables = tables
         self.checkpoints_written = 0
+        """Checkpoints written (inserted or replaced) through this object."""
         self.checkpoint_listeners: list[Callable[[Checkpoint, int], None]] = []
+        """Called with each checkpoint written and its blob size (0 here: nothing is encoded)."""
 
     def note_checkpoint(self, checkpoint: Checkpoint, size: int) -> None:
         """Count a checkpoint write and tell the listeners."""
@@ -134,19 +154,15 @@ class InMemoryStore:
         """The recorded ids among ``message_ids``."""
         return set(message_ids) & self.tables.message_ids
 
-    def load_checkpoints(self) -> list[Checkpoint]:
-        """Checkpoints, oldest first."""
-        return [
-            c for c, _ in sorted(self.tables.checkpoints.values(), key=lambda x: x[0].created_at)
-        ]
+    def load_checkpoints(self) -> list[StoredFlow]:
+        """Checkpoints as written (always trusted here), oldest first."""
+        ordered = sorted(self.tables.checkpoints.values(), key=lambda x: x[0].created_at)
+        return [StoredFlow.trusted(c) for c, _ in ordered]
 
-    def load_checkpoint(self, flow_id: str) -> Checkpoint | None:
-        """One flow's checkpoint, or None."""
+    def load_checkpoint(self, flow_id: str) -> StoredFlow | None:
+        """One flow's checkpoint as written, or None."""
         entry = self.tables.checkpoints.get(flow_id)
-        return None if entry is None else entry[0]
-
-    def mark_hospitalized(self, flow_id: str, reason: str) -> None:
-        """Nothing to mark: the in-memory flow's status is what callers see."""
+        return None if entry is None else StoredFlow.trusted(entry[0])
 
     def check_lease(self) -> None:
         """No lease: a non-durable store is never shared."""
@@ -154,13 +170,23 @@ class InMemoryStore:
     def checkpoint_summaries(self) -> list[CheckpointSummary]:
         """(flow id, class, status) per checkpoint."""
         return [
-            CheckpointSummary(c.flow_id, c.flow_class, c.status.value)
-            for c in self.load_checkpoints()
+            CheckpointSummary(s.flow_id, s.flow_class, s.row_status.value)
+            for s in self.load_checkpoints()
         ]
+
+    def known_flows(self, flow_ids: Sequence[str]) -> set[str]:
+        """Those of ``flow_ids`` that have a checkpoint or a stored outcome."""
+        tables = self.tables
+        return {f for f in flow_ids if f in tables.checkpoints or f in tables.outcomes}
 
     def stored_outcome(self, flow_id: str) -> StoredOutcome | None:
         """A finished flow's result or error."""
         return self.tables.outcomes.get(flow_id)
+
+    def stored_outcomes(self, flow_ids: Sequence[str]) -> dict[str, StoredOutcome]:
+        """The kept outcomes of those of ``flow_ids`` that have finished."""
+        outcomes = self.tables.outcomes
+        return {f: outcomes[f] for f in flow_ids if f in outcomes}
 
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
         """Keep an unprocessable message, as the SQL store does.
@@ -175,8 +201,15 @@ class InMemoryStore:
         )
         self.tables.dead_letters.append((kept, bounded_reason(reason)))
 
+
+class MemoryOutbox:
+    """The outbox in a dict, as the outbox relays use it."""
+
+    def __init__(self, tables: _Tables) -> None:
+        self.tables = tables
+
     def pending_outbox(self) -> list[OutboxRow]:
-        """Outbox rows."""
+        """Outbox rows, in the order they were written."""
         return list(self.tables.outbox.values())
 
     def delete_outbox(self, message_ids: Sequence[str]) -> None:
@@ -184,15 +217,97 @@ class InMemoryStore:
         for message_id in message_ids:
             self.tables.outbox.pop(message_id, None)
 
+
+class NullControlPlane(ControlPlane):
+    """The control plane of a store nobody else can reach: no requests, no memory.
+
+    Nothing is pending, nothing is paused or set, no flow is noted as busy; remembering a
+    pause, a setting or a busy flow does nothing (the node keeps them in memory, for as long
+    as it runs). Requests, which would never be carried out, are refused with ``ValueError``.
+    """
+
+    def request_flows(self, requests: Sequence[FlowRequest], at: float) -> None:
+        """Refuse (with ``ValueError``) any request: no client can reach this store."""
+        if requests:
+            raise ValueError(NO_REQUESTS)
+
+    def pending_flow_requests(self, limit: int) -> list[FlowRequest]:
+        """None."""
+        return []
+
+    def request_operation(self, action: str, flow_id: str | None, at: float) -> str:
+        """Refuse (with ``ValueError``): no operator can reach this store."""
+        raise ValueError(NO_OPERATIONS)
+
+    def pending_operations(self) -> list[OperatorRequest]:
+        """None."""
+        return []
+
+    def finish_operation(self, request_id: str, outcome: str, at: float) -> None:
+        """Refuse (with ``ValueError``): there is no operator request to finish."""
+        raise ValueError(NO_OPERATIONS)
+
+    def operation_outcome(self, request_id: str) -> str | None:
+        """None: no operator request was ever taken."""
+        return None
+
+    def set_paused(self, flow_id: str, paused: bool, at: float) -> None:
+        """Nothing to remember: a restart forgets every flow anyway."""
+
+    def paused_flows(self) -> set[str]:
+        """None."""
+        return set()
+
+    def set_setting(self, name: str, value: str | None, at: float) -> None:
+        """Nothing to remember: a restart forgets every setting."""
+
+    def setting(self, name: str) -> str | None:
+        """None: nothing is set."""
+        return None
+
+    def note_busy_flow(self, flow_id: str, since: float, location: str) -> None:
+        """Nothing to note: no operator can read it."""
+
+    def clear_busy_flow(self, flow_id: str) -> None:
+        """Nothing to clear."""
+
+    def busy_flows(self) -> dict[str, tuple[int, str]]:
+        """None."""
+        return {}
+
+
+class InMemoryStore:
+    """Non-durable node store (see the module docstring)."""
+
+    durable = False
+    """Nothing survives the process."""
+
+    def __init__(self) -> None:
+        self.url = MEMORY_URL
+        self.tables = _Tables()
+        self.checkpoints = MemoryCheckpointStore(self.tables)
+        """The state machine's ``CheckpointStore``."""
+        self.outbox = MemoryOutbox(self.tables)
+        """The outbox relays' ``OutboxStore``."""
+        self.control = NullControlPlane()
+        """The operator control plane: null."""
+        self.lease: NodeLease | None = None
+        """Fences nothing: a non-durable store is never shared (kept for the node to read)."""
+
+    def new_lease(self, worker: WorkerInfo | None, lease_seconds: float) -> None:
+        """No lease: a non-durable store is never shared."""
+        return None
+
     def count(self, table_name: str) -> int:
         """Rows in a table, by the SQL table's name."""
+        tables = self.tables
         sizes = {
-            "node_checkpoints": len(self.tables.checkpoints),
-            "node_message_ids": len(self.tables.message_ids),
-            "node_outbox": len(self.tables.outbox),
-            "node_flow_results": sum(o.error is None for o in self.tables.outcomes.values()),
-            "node_flow_exceptions": sum(o.error is not None for o in self.tables.outcomes.values()),
-            "node_dead_letters": len(self.tables.dead_letters),
+            "node_checkpoints": len(tables.checkpoints),
+            "node_message_ids": len(tables.message_ids),
+            "node_outbox": len(tables.outbox),
+            "node_flow_results": sum(o.error is None for o in tables.outcomes.values()),
+            "node_flow_exceptions": sum(o.error is not None for o in tables.outcomes.values()),
+            "node_dead_letters": len(tables.dead_letters),
         }
         return sizes[table_name]
 

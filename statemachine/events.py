@@ -16,7 +16,7 @@ from statemachine.session_messages import (
     InitialSessionMessage,
     SessionBody,
 )
-from statemachine.state import Checkpoint, StartedLocally
+from statemachine.state import Checkpoint, StartedLocally, StoredFlow
 
 
 @attrs.frozen
@@ -51,6 +51,14 @@ class RestoreFlow:
     """The node (re)started and loaded this flow's checkpoint."""
 
     checkpoint: Checkpoint
+    at: float
+
+
+@attrs.frozen
+class LoadFlow:
+    """The store found a flow (trusted or not, kept or not): restore it as the facts say."""
+
+    stored: StoredFlow
     at: float
 
 
@@ -127,6 +135,7 @@ Event = Union[
     StartFlow,
     StartInitiatedFlow,
     RestoreFlow,
+    LoadFlow,
     Suspend,
     DeliverSessionMessage,
     WakeUp,
@@ -138,5 +147,5 @@ Event = Union[
 ]
 """Every event kind the transition function accepts."""
 
-CREATING_EVENTS = (StartFlow, StartInitiatedFlow, RestoreFlow)
+CREATING_EVENTS = (StartFlow, StartInitiatedFlow, RestoreFlow, LoadFlow)
 """Events that create a flow's state rather than change an existing one."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from statemachine.actions import Action, RecordStatus
+from statemachine.actions import Action
 from statemachine.deliveries import Deliveries
 from statemachine.events import (
     DeliverSessionMessage,
@@ -37,7 +37,7 @@ from statemachine.events import (
     FlowFinished,
     Hospitalize,
     KillFlow,
-    RestoreFlow,
+    LoadFlow,
     RetryFlow,
     StartFlow,
     StartInitiatedFlow,
@@ -75,15 +75,12 @@ from statemachine.session_messages import (
     OutboundSessionMessage,
     SessionMessage,
 )
-from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally
+from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally, StoredFlow
 from statemachine.statistics import ManagerStatistics
 from statemachine.timers import WakeUps
-from statemachine.transition import transition
+from statemachine.transition import KEPT_IN_HOSPITAL, transition
 
 log = logging.getLogger("fiberflow.statemachine")
-
-KEPT_AFTER_FAILURES = "flows.errors.FlowFailedError"
-"""The error class recorded for a flow kept in the hospital after failures."""
 
 
 @attrs.frozen
@@ -185,39 +182,42 @@ class StateMachineManager:
     # --- creating flows -----------------------------------------------------------------
 
     def restore(self) -> int:
-        """Load every stored checkpoint and schedule its replay; returns how many were loaded.
+        """Load every stored flow and schedule its replay; returns how many were loaded.
 
-        With a failure policy, a checkpoint the state machine cannot restore keeps its flow
-        in the hospital; the others are restored all the same.
+        The store reports what it found (a trusted checkpoint, or why not; what the flow's
+        row says); the transition decides (:class:`~statemachine.events.LoadFlow`). With a
+        failure policy, a checkpoint the state machine cannot restore keeps its flow in the
+        hospital; the others are restored all the same.
         """
-        checkpoints = self._store.load_checkpoints()
-        for checkpoint in checkpoints:
+        stored_flows = self._store.load_checkpoints()
+        actions: list[tuple[Action, ...]] = []
+        for stored in stored_flows:
             try:
-                self._restore_one(checkpoint)
+                actions.append(self._load(stored))
             except Exception as error:
                 if self._isolation is None or self._isolation.is_node_wide(error):
                     raise
-                self._keep_unrestorable(checkpoint, error)
-        return len(checkpoints)
+                actions.append(self._keep_unrestorable(stored, error))
+        self.executor.execute(actions)
+        return len(stored_flows)
 
-    def _restore_one(self, checkpoint: Checkpoint) -> FlowRuntime:
-        result = transition(None, RestoreFlow(checkpoint, self._clock.now()))
+    def _load(self, stored: StoredFlow) -> tuple[Action, ...]:
+        """Make the flow the store found a runtime; returns the actions to commit for it."""
+        result = transition(None, LoadFlow(stored, self._clock.now()))
         runtime = FlowRuntime(result.state)
         self._add(runtime)
         self._set_continuation(runtime, result.continuation)
-        return runtime
+        if result.state.status is FlowStatus.HOSPITALIZED and stored.checkpoint is None:
+            reason = result.state.checkpoint.error.message if result.state.checkpoint.error else ""
+            log.error("flow %s kept in the hospital: %s", stored.flow_id, reason)
+        return result.actions
 
-    def _keep_unrestorable(self, checkpoint: Checkpoint, error: Exception) -> None:
-        """Keep a flow whose checkpoint cannot be restored (its row says why)."""
+    def _keep_unrestorable(self, stored: StoredFlow, error: Exception) -> tuple[Action, ...]:
+        """Keep a flow whose checkpoint the state machine cannot restore (its row says why)."""
+        self._forget(stored.flow_id, ended=False)
         reason = f"its checkpoint cannot be restored: {type(error).__name__}: {error}"
-        self._forget(checkpoint.flow_id, ended=False)
-        failure = FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, reason)
-        self._restore_one(attrs.evolve(checkpoint, status=FlowStatus.HOSPITALIZED, error=failure))
-        self.executor.execute(
-            [(RecordStatus(checkpoint.flow_id, FlowStatus.HOSPITALIZED, reason),)]
-        )
         self.statistics.flows_hospitalized += 1
-        log.error("flow %s kept in the hospital: %s", checkpoint.flow_id, reason)
+        return self._load(attrs.evolve(stored, checkpoint=None, problem=reason))
 
     def start_flow(self, flow_class: str, arguments: bytes, instance: object) -> str:
         """Create a flow and commit its Unstarted checkpoint now; it runs on the next round."""
@@ -536,13 +536,15 @@ class StateMachineManager:
         assert runtime is not None
         events = [e for e in runtime.events if isinstance(e, KillFlow)]
         self._intake.requeue(runtime.held.values())
-        checkpoint = self._store.load_checkpoint(flow_id)
-        failure = None if keep is None else FlowError(ErrorKind.INTERNAL, KEPT_AFTER_FAILURES, keep)
-        if checkpoint is None:
+        stored = self._store.load_checkpoint(flow_id)
+        failure = None if keep is None else FlowError(ErrorKind.INTERNAL, KEPT_IN_HOSPITAL, keep)
+        if stored is None:
             if keep is not None and failure is not None and self._isolation is not None:
                 self._isolation.fail_on_start[flow_id] = (keep, failure)
             return
-        fresh = self._restore_one(checkpoint)
+        self.executor.execute([self._load(stored)])
+        fresh = self._flows.get(flow_id)
+        assert fresh is not None
         fresh.events.extend(events)
         if events:
             self._flows.mark_ready(flow_id)

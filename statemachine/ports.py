@@ -25,7 +25,7 @@ from statemachine.actions import (
 )
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
-from statemachine.state import Checkpoint, FlowOrigin
+from statemachine.state import FlowOrigin, StoredFlow
 
 
 @attrs.frozen
@@ -110,14 +110,15 @@ class CheckpointStore(Protocol):
     def consumed_among(self, message_ids: Sequence[str]) -> set[str]:
         """The ids among ``message_ids`` that were recorded (committed) before."""
 
-    def load_checkpoints(self) -> list[Checkpoint]:
-        """Every stored checkpoint, oldest first."""
+    def load_checkpoints(self) -> list[StoredFlow]:
+        """What is stored of every flow, oldest first.
 
-    def load_checkpoint(self, flow_id: str) -> Checkpoint | None:
-        """One flow's stored checkpoint (untrusted ones come back HOSPITALIZED), or None."""
+        Facts, checked (MAC, freshness) but not acted on: the transition decides
+        (:class:`~statemachine.events.LoadFlow`).
+        """
 
-    def mark_hospitalized(self, flow_id: str, reason: str) -> None:
-        """Show a flow as kept in the hospital, with the reason, in its stored row."""
+    def load_checkpoint(self, flow_id: str) -> StoredFlow | None:
+        """What is stored of one flow (see :meth:`load_checkpoints`), or None."""
 
     def check_lease(self) -> None:
         """Raise if the node no longer holds its lease.

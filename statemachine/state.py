@@ -247,6 +247,37 @@ def _ordinals(ordinals: Iterable[int]) -> PVector[int]:
 
 
 @attrs.frozen
+class StoredFlow:
+    """What the store found for one flow: facts, for the transition to decide on.
+
+    ``checkpoint`` is the flow's checkpoint if it could be trusted; otherwise it is None and
+    ``problem`` says why (its MAC does not match, it does not decode, it is older than what
+    the node committed). ``row_status`` and ``row_reason`` are what the flow's row shows (an
+    operator or the node may have kept the flow in the hospital).
+    """
+
+    flow_id: str
+    flow_class: str
+    created_at: float
+    row_status: FlowStatus
+    row_reason: str | None
+    checkpoint: Checkpoint | None
+    problem: str | None = None
+
+    @classmethod
+    def trusted(cls, checkpoint: Checkpoint, row_reason: str | None = None) -> StoredFlow:
+        """The facts of a checkpoint read back as it was written (its row shows its status)."""
+        return cls(
+            checkpoint.flow_id,
+            checkpoint.flow_class,
+            checkpoint.created_at,
+            checkpoint.status,
+            row_reason,
+            checkpoint,
+        )
+
+
+@attrs.frozen
 class FlowState:
     """A checkpoint plus what happened since it was last committed."""
 

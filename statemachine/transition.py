@@ -29,6 +29,7 @@ from statemachine.events import (
     FlowFinished,
     Hospitalize,
     KillFlow,
+    LoadFlow,
     RestoreFlow,
     RetryFlow,
     StartFlow,
@@ -55,6 +56,9 @@ from statemachine.transitions.hospital import hospitalize, retry
 from statemachine.transitions.replay import finish_replaying, suspend_replaying
 from statemachine.transitions.requests import suspend_live
 from statemachine.transitions.starting import (
+    KEPT_IN_HOSPITAL,
+    UNTRUSTED_CHECKPOINT,
+    load_flow,
     reject_initial_session,
     restore_flow,
     start_flow,
@@ -79,6 +83,8 @@ def _flow_id_of(state: FlowState | None, event: Event) -> str:
         return state.flow_id
     if isinstance(event, RestoreFlow):
         return event.checkpoint.flow_id
+    if isinstance(event, LoadFlow):
+        return event.stored.flow_id
     return str(getattr(event, "flow_id", "?"))
 
 
@@ -91,6 +97,7 @@ TRANSITIONS: dict[tuple[FlowStatus | None, type], Handler] = {
     (None, StartFlow): start_flow,
     (None, StartInitiatedFlow): start_initiated_flow,
     (None, RestoreFlow): restore_flow,
+    (None, LoadFlow): load_flow,
     # requests and replay
     (_S.RUNNABLE, Suspend): suspend_live,
     (_S.REPLAYING, Suspend): suspend_replaying,
@@ -117,6 +124,8 @@ __all__ = [
     "COMMIT_GROWTH_DIVISOR",
     "FLOW_KILLED_EXCEPTION",
     "FLOW_TIMEOUT_EXCEPTION",
+    "KEPT_IN_HOSPITAL",
+    "UNTRUSTED_CHECKPOINT",
     "MAX_UNCOMMITTED_STEPS",
     "TRANSITIONS",
     "commit_due",

@@ -32,7 +32,7 @@ from flows.flow_logic import FlowLogic
 from flows.party import Party
 from messaging.transports import purge_queues
 from persistence import schema
-from persistence.store import drop_schema
+from persistence.engine import drop_schema
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
 from tests.cordapp import LEDGER_METADATA, PaymentFlow, ledger_entries

@@ -38,7 +38,7 @@ from persistence.analytics.checks import responder_flow_id, session_flow
 from persistence.analytics.command import parse_duration, parse_moment
 from persistence.analytics.loading import range_predicates
 from persistence.analytics.report import Table, render_html, text_table
-from persistence.store import normalize_url
+from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
 from statemachine.session_ids import RESPONDER_NAMESPACE
 from tests.analytics_data import (

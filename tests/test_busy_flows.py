@@ -20,7 +20,7 @@ import pytest
 from flows.operator import list_flows
 from flows.runtime import load_config
 from messaging.transports import purge_queues
-from persistence.store import drop_schema
+from persistence.engine import drop_schema
 from tests.cordapp import BusyFlow
 from tests.process_cluster import NAMES, ClusterNode
 from tests.test_single_writer import backends, log_of, wait_for

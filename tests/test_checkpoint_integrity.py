@@ -105,7 +105,7 @@ def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(
     garbage = b"\x93\x01\x02"
     database = alice.node.database
     assert isinstance(database, NodeDatabase)
-    mac = database.checkpoint_mac(victim, row_version(alice, victim), garbage)
+    mac = database.checkpoints.checkpoint_mac(victim, row_version(alice, victim), garbage)
     assert mac is not None and len(mac) == 32
     write_blob(alice, victim, garbage, mac)
     alice.restart()

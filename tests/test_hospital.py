@@ -14,7 +14,7 @@ from flows.hospital import MAX_FLOW_FAILURES, Hospital, Treatment
 from flows.operator import list_flows
 from flows.party import Party
 from messaging.service import TransportError
-from persistence.store import SqlTransaction
+from persistence.sql_transaction import SqlTransaction
 from samples.pingpong import PingFlow
 from tests.cordapp import FailingEffectFlow, FlakyEffectsFlow
 from tests.test_runtime import running, two_nodes

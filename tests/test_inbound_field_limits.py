@@ -42,9 +42,10 @@ from messaging.service import SESSION_TOPIC, Message
 from messaging.sqlqueue import SqlQueueBroker, queue_dead_letters
 from persistence import schema
 from persistence.bounded import DIGEST_MARK
+from persistence.engine import drop_schema
 from persistence.memory_store import InMemoryStore
 from persistence.serialization import PAYLOADS
-from persistence.store import NodeDatabase, drop_schema
+from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from statemachine import limits
 from statemachine.flow_error import ErrorKind, FlowError
@@ -250,7 +251,7 @@ def test_writing_a_dead_letter_never_fails_on_content(
     node_database: NodeDatabase, message_id: str, sender: str, reason: str
 ) -> None:
     inbound = InboundMessage(message_id, sender, b"\x00payload")
-    for store in (node_database, InMemoryStore()):
+    for store in (node_database.checkpoints, InMemoryStore().checkpoints):
         store.dead_letter(inbound, reason * 300, 1.0)
     table = schema.node_dead_letters
     with node_database.engine.connect() as connection:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 from flows.node import Node
 from flows.testing import MockNetwork
 from persistence import schema
+from persistence.engine import drop_schema
 from persistence.lease import (
     PARTITIONS,
     LeaseHeldError,
@@ -31,7 +32,7 @@ from persistence.lease import (
     application_name,
     partition_of,
 )
-from persistence.store import NodeDatabase, drop_schema
+from persistence.store import NodeDatabase
 from statemachine.ports import InboundMessage
 from tests.conftest import database_for
 from tests.cordapp import PaymentFlow, ledger_entries
@@ -148,9 +149,10 @@ def test_an_expired_holder_is_taken_over_and_fenced_out(opened: Opened) -> None:
         assert new.epochs == dict.fromkeys(range(PARTITIONS), 2)
         # The old holder thaws: it can commit nothing, and renewing tells it it lost.
         with pytest.raises(LeaseLostError, match="lost partitions"):
-            old_db.begin()
+            old_db.checkpoints.begin()
         with pytest.raises(LeaseLostError):
-            old_db.dead_letter(InboundMessage("m", "O=X,L=Y,C=GB", b""), "x", time.time())
+            stray = InboundMessage("m", "O=X,L=Y,C=GB", b"")
+            old_db.checkpoints.dead_letter(stray, "x", time.time())
         with pytest.raises(LeaseLostError):
             old.renew()
         assert old_db.count("node_dead_letters") == 0
@@ -209,7 +211,8 @@ def test_a_takeover_waits_for_a_commit_in_progress(opened: Opened) -> None:
         old.acquire()
         old_db.lease = old
         expire(old_db)  # (in its own transaction, before the commit below begins)
-        transaction = old_db.begin()  # fenced: the check ran, the transaction stays open
+        # Fenced: the check ran, the transaction stays open.
+        transaction = old_db.checkpoints.begin()
         taken = threading.Event()
         errors: list[BaseException] = []
 
@@ -228,7 +231,7 @@ def test_a_takeover_waits_for_a_commit_in_progress(opened: Opened) -> None:
         thief.join(30)
         assert not errors and taken.is_set()
         with pytest.raises(LeaseLostError):
-            old_db.begin()
+            old_db.checkpoints.begin()
     finally:
         old_db.close()
         new_db.close()
@@ -258,7 +261,7 @@ def test_postgresql_ends_the_sessions_of_a_holder_frozen_in_a_transaction(
         old.acquire()
         old_db.lease = old
         expire(old_db)
-        transaction = old_db.begin()  # holds its FOR SHARE lock, then "freezes"
+        transaction = old_db.checkpoints.begin()  # holds its FOR SHARE lock, then "freezes"
         new = new_db.new_lease(another_process(), 20)
         new.acquire()  # waits for the lock, ends the frozen session, takes over
         assert new.taken_over_from == [frozen_worker]

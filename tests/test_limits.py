@@ -28,8 +28,9 @@ from messaging.service import SESSION_TOPIC, Message
 from messaging.sqlqueue import metadata as queue_metadata
 from persistence import schema
 from persistence.bounded import DIGEST_MARK, bounded_reason, bounded_text
+from persistence.engine import drop_schema
 from persistence.serialization import SerializationError
-from persistence.store import NodeDatabase, drop_schema
+from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from statemachine import limits
 from statemachine.flow_error import ErrorKind, FlowError

@@ -109,7 +109,8 @@ def poison_checkpoint(node: MockNode, flow_id: str) -> None:
             update(blobs)
             .where(blobs.c.flow_id == flow_id)
             .values(
-                blob=poisoned, mac=database.checkpoint_mac(flow_id, checkpoint.version, poisoned)
+                blob=poisoned,
+                mac=database.checkpoints.checkpoint_mac(flow_id, checkpoint.version, poisoned),
             )
         )
 

@@ -23,7 +23,8 @@ from flows.network_map import NetworkMap
 from flows.party import Party
 from flows.runtime import ConfigError, NodeProcess, RuntimeConfig, load_config
 from messaging.sqlqueue import SqlQueueBroker
-from persistence.store import FlowRequest, drop_schema
+from persistence.engine import drop_schema
+from persistence.node_store import FlowRequest
 from samples.pingpong import PingFlow
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 from tests.cordapp import SleepyFlow
@@ -228,7 +229,7 @@ def test_a_flow_request_is_started_once_and_an_unknown_class_fails_with_the_reas
         again = client.start_flow(flow, request_id="request-1")
         assert first == again == "request-1"
         bogus = FlowRequest("request-2", "no.such.module.Flow", b"\x92\x90\x80")
-        client.database.request_flows([bogus], time.time())
+        client.database.control.request_flows([bogus], time.time())
         with running([alice, bob]):
             outcomes = client.wait(["request-1", "request-2"], timeout=60)
         assert decode_outcome(outcomes["request-1"]) >= 0.01

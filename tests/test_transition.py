@@ -21,6 +21,7 @@ from statemachine.events import (
     DeliverSessionMessage,
     FlowFailed,
     FlowFinished,
+    LoadFlow,
     RestoreFlow,
     StartFlow,
     StartInitiatedFlow,
@@ -328,4 +329,4 @@ def test_creating_events_only_apply_to_a_new_flow() -> None:
         transition(None, WakeUp(T0))
     for (status, event_type), _ in TRANSITIONS.items():
         if status is None:
-            assert event_type in (StartFlow, StartInitiatedFlow, RestoreFlow)
+            assert event_type in (StartFlow, StartInitiatedFlow, RestoreFlow, LoadFlow)

@@ -48,7 +48,7 @@ from persistence.analytics.sources import (
     find_jdbc_jars,
     jdbc_url,
 )
-from persistence.store import normalize_url
+from persistence.engine import normalize_url
 
 if TYPE_CHECKING:
     import pyarrow

@@ -10,10 +10,12 @@ from statemachine.actions import (
     HandOffMessages,
     PersistCheckpoint,
     RecordInboundMessages,
+    RecordStatus,
     WriteOutbox,
 )
 from statemachine.errors import IllegalTransitionError
-from statemachine.events import RestoreFlow, StartFlow, StartInitiatedFlow
+from statemachine.events import LoadFlow, RestoreFlow, StartFlow, StartInitiatedFlow
+from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.result import ProcessEvents, Resume, TransitionResult
 from statemachine.session_ids import message_id, responder_session_id
 from statemachine.session_messages import (
@@ -24,7 +26,7 @@ from statemachine.session_messages import (
     SessionReject,
 )
 from statemachine.session_ops import confirm_session, responder_session
-from statemachine.state import Checkpoint, FlowState, FlowStatus, InitiatedBy
+from statemachine.state import Checkpoint, FlowState, FlowStatus, InitiatedBy, StartedLocally
 
 
 def start_flow(_: None, event: StartFlow) -> TransitionResult:
@@ -63,6 +65,43 @@ def start_initiated_flow(_: None, event: StartInitiatedFlow) -> TransitionResult
     state = FlowState(checkpoint=checkpoint, unrecorded_inbound=(record,), uncommitted_steps=1)
     state = confirm_session(state, session.session_id)
     return TransitionResult(state, (), Resume(None))
+
+
+UNTRUSTED_CHECKPOINT = "persistence.store.CheckpointIntegrityError"
+"""The error class recorded for a flow whose checkpoint could not be trusted (a placeholder
+is loaded, never run: retrying it is refused until its checkpoint is restored)."""
+KEPT_IN_HOSPITAL = "flows.errors.FlowFailedError"
+"""The error class recorded for a flow kept in the hospital by the node or an operator."""
+
+
+def load_flow(_: None, event: LoadFlow) -> TransitionResult:
+    """A flow as the store found it: untrusted, kept, or restored to replay.
+
+    An untrusted checkpoint (``stored.problem``) is not the flow: a placeholder is kept in
+    the hospital with the reason, never run, and its row says so. A flow whose row says it is
+    kept stays kept. Any other is restored (:func:`restore_flow`).
+    """
+    stored = event.stored
+    if stored.checkpoint is None:
+        reason = stored.problem or "its checkpoint cannot be trusted"
+        placeholder = Checkpoint(
+            flow_id=stored.flow_id,
+            origin=StartedLocally(stored.flow_class, b""),
+            status=FlowStatus.HOSPITALIZED,
+            created_at=stored.created_at,
+            error=FlowError(ErrorKind.INTERNAL, UNTRUSTED_CHECKPOINT, reason),
+        )
+        actions: tuple[Action, ...] = ()
+        if stored.row_status is not FlowStatus.HOSPITALIZED or stored.row_reason != reason:
+            actions = (RecordStatus(stored.flow_id, FlowStatus.HOSPITALIZED, reason),)
+        return TransitionResult(FlowState(placeholder), actions, ProcessEvents())
+    checkpoint = stored.checkpoint
+    kept = FlowStatus.HOSPITALIZED
+    if stored.row_status is kept and checkpoint.status is not kept:
+        reason = stored.row_reason or "kept in the hospital"
+        error = FlowError(ErrorKind.INTERNAL, KEPT_IN_HOSPITAL, reason)
+        checkpoint = attrs.evolve(checkpoint, status=FlowStatus.HOSPITALIZED, error=error)
+    return restore_flow(None, RestoreFlow(checkpoint, event.at))
 
 
 def restore_flow(_: None, event: RestoreFlow) -> TransitionResult:

@@ -1,0 +1,169 @@
+"""Opening a database through SQLAlchemy, as every SQL part of fiberflow does it.
+
+The node database (:mod:`persistence.store`), the SQL queue (:mod:`messaging.sqlqueue`),
+analytics and the benchmarks share these: URL normalisation (psycopg 3 for PostgreSQL),
+SQLite's settings (WAL, ``synchronous``, a busy timeout, explicit ``BEGIN``), engine creation
+(a PostgreSQL schema of the node's own, connections named after the worker), creating tables
+safely while other processes do the same, an upsert, and telling a connect error that waiting
+will not cure from one it will.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, MetaData, create_engine, delete, event, insert
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.schema import CreateSchema, DropSchema
+
+T = TypeVar("T")
+
+QUERY_CHUNK = 500
+"""Ids per ``IN (...)`` query (well under every backend's bound-parameter limit)."""
+
+SQLITE_BEGIN_OPTION = "fiberflow_sqlite_begin"
+"""Execution option: ``"IMMEDIATE"`` makes a SQLite transaction take the write lock at BEGIN."""
+
+
+def normalize_url(url: str) -> str:
+    """Pick psycopg (version 3) for plain ``postgresql://`` URLs; leave others alone."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def open_engine(
+    url: str,
+    *,
+    synchronous: str = "FULL",
+    schema_name: str | None = None,
+    application_name: str | None = None,
+) -> Engine:
+    """An engine on ``url`` (normalised), configured for fiberflow.
+
+    SQLite: :func:`configure_sqlite` with ``synchronous``; a ``schema_name`` is refused (SQLite
+    keeps a node per file). PostgreSQL: with ``schema_name``, the schema is created if missing
+    and every table of the engine's statements is put in it (a schema translate map);
+    ``application_name`` names the connections (see :func:`persistence.lease.application_name`).
+    """
+    url = normalize_url(url)
+    connect_args: dict[str, Any] = {}
+    if application_name is not None and url.startswith("postgresql"):
+        connect_args["application_name"] = application_name
+    engine = create_engine(url, connect_args=connect_args)
+    if engine.dialect.name == "sqlite":
+        if schema_name is not None:
+            raise ValueError("a schema name is for PostgreSQL; SQLite keeps a node per file")
+        configure_sqlite(engine, synchronous)
+    elif schema_name is not None:
+        with engine.begin() as connection:
+            connection.execute(CreateSchema(schema_name, if_not_exists=True))
+        engine = engine.execution_options(schema_translate_map={None: schema_name})
+    return engine
+
+
+def write_engine(engine: Engine) -> Engine:
+    """``engine`` for transactions that read before they write (IMMEDIATE on SQLite)."""
+    return engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+
+
+def create_tables(engine: Engine, metadata: MetaData) -> None:
+    """``metadata.create_all`` safely while other processes may be doing the same."""
+    with write_engine(engine).begin() as connection:
+        metadata.create_all(connection)
+
+
+def drop_schema(url: str, schema_name: str) -> None:
+    """Drop a PostgreSQL schema and everything in it (tests and tools)."""
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(DropSchema(schema_name, cascade=True, if_exists=True))
+    finally:
+        engine.dispose()
+
+
+def chunks(items: Sequence[T]) -> Iterator[list[T]]:
+    """``items`` in lists of at most :data:`QUERY_CHUNK` (one ``IN (...)`` query each)."""
+    for start in range(0, len(items), QUERY_CHUNK):
+        yield list(items[start : start + QUERY_CHUNK])
+
+
+def upsert(connection: Connection, table: Any, rows: Sequence[dict[str, Any]], key: str) -> None:
+    """Insert ``rows``, replacing existing rows with the same ``key`` (later rows win)."""
+    if not rows:
+        return
+    module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(connection.dialect.name)
+    if module is None or len({row[key] for row in rows}) != len(rows):
+        for row in rows:  # portable, and ordered when a key repeats
+            connection.execute(delete(table).where(table.c[key] == row[key]))
+            connection.execute(insert(table).values(**row))
+        return
+    statement = module.insert(table)
+    updates = {c.name: statement.excluded[c.name] for c in table.columns if c.name != key}
+    connection.execute(statement.on_conflict_do_update(index_elements=[key], set_=updates), rows)
+
+
+_PERMANENT_CONNECT_PROBLEMS = (
+    "does not exist",  # a missing database or role
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "unable to open database file",  # SQLite: a missing directory, or no right to write
+    "invalid dsn",
+    "invalid connection option",
+)
+
+
+def is_permanent_connect_error(error: BaseException) -> bool:
+    """True if connecting failed for a reason waiting will not cure.
+
+    Permanent: a wrong password, a missing database or role, a SQLite file that cannot be
+    opened. Not permanent: refused, timed out, the server starting up or full.
+    """
+    text = str(getattr(error, "orig", None) or error).lower()
+    return any(problem in text for problem in _PERMANENT_CONNECT_PROBLEMS)
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """Set WAL mode; retried, since SQLite does not wait on the lock this needs.
+
+    (Two processes opening a new database file at once: one converts it to WAL while the
+    other gets "database is locked" at once, busy timeout or not.)
+    """
+    delay = 0.005
+    for attempt in range(12):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or attempt == 11:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def configure_sqlite(engine: Engine, synchronous: str) -> None:
+    """WAL, the given ``synchronous`` level, a 10 s busy timeout, and explicit BEGIN."""
+    if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves, below
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout=10000")  # first: the others may wait for a lock
+        _switch_to_wal(cursor)
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # A transaction that reads before it writes must say so up front (IMMEDIATE):
+        # SQLite cannot upgrade a read lock while another connection writes, and fails
+        # at once with "database is locked" instead of waiting.
+        mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
+        connection.exec_driver_sql(f"BEGIN {mode}".strip())
