@@ -64,8 +64,8 @@ from statemachine.ports import (
     FiberOutcome,
     FlowEffects,
     InboundMessage,
+    MessageCodec,
     Outbound,
-    OutboxRow,
     ResponderRegistry,
     Returned,
     Suspended,
@@ -83,8 +83,6 @@ from statemachine.session_ids import (
 from statemachine.session_messages import (
     ExistingSessionMessage,
     InitialSessionMessage,
-    OutboundSessionMessage,
-    SessionMessage,
 )
 from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally
 from statemachine.transition import reject_initial_session, transition
@@ -171,11 +169,10 @@ class StateMachineManager:
         *,
         our_identity: str,
         store: CheckpointStore,
-        encode_message: Callable[[OutboundSessionMessage], OutboxRow],
+        codec: MessageCodec,
         outbound: Outbound,
         fibers: FiberFactory,
         responders: ResponderRegistry,
-        decode_message: Callable[[bytes], SessionMessage],
         acknowledge: Callable[[InboundMessage], None],
         clock: Clock,
         on_boundary: BoundaryHook | None = None,
@@ -188,13 +185,13 @@ class StateMachineManager:
         self._store = store
         self._fibers = fibers
         self._responders = responders
-        self._decode = decode_message
+        self._codec = codec
         self._acknowledge_one = acknowledge
         self._clock = clock
         self._on_boundary = on_boundary
         self.executor = ActionExecutor(
             store,
-            encode_message,
+            codec,
             outbound,
             self._acknowledge,
             self._schedule_wake_up,
@@ -345,7 +342,7 @@ class StateMachineManager:
             held.append(message)
             return
         try:
-            decoded = self._decode(message.data)
+            decoded = self._codec.decode(message.data)
         except Exception as error:  # any decoding failure: keep the message, tell why
             self._dead_letter(message, f"undecodable session message: {error}")
             return
