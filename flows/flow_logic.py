@@ -19,8 +19,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import attrs
 
-from flows.decorators import InitiatingInfo, initiating_info
 from flows.errors import FlowException
+from flows.markings import InitiatingInfo, initiating_info
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
 from persistence.serialization import SerializationError, Serializer
