@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import attrs
 
-from messaging.frame import MAX_FRAME_BYTES
 from persistence.serialization import (
     DEFAULT_LIMITS,
     SerializationError,
@@ -22,7 +21,7 @@ from persistence.serialization import (
     Serializer,
     TypeRegistry,
 )
-from statemachine.limits import ENVELOPE_HEADROOM
+from statemachine.limits import ENVELOPE_HEADROOM, FRAME_BYTES
 from statemachine.session_messages import (
     WIRE_CLASSES,
     ExistingSessionMessage,
@@ -105,7 +104,7 @@ class SessionCodec:
     @max_payload_bytes.default
     def _payload_limit(self) -> int:
         limits = self.limits
-        fits = min(limits.max_bytes, limits.max_bytes_length, MAX_FRAME_BYTES)
+        fits = min(limits.max_bytes, limits.max_bytes_length, FRAME_BYTES)
         return fits - ENVELOPE_HEADROOM
 
     def encode(self, message: SessionMessage) -> bytes:
