@@ -1,7 +1,16 @@
 """fiberflow's user-facing API: write flows with these names.
 
 See docs/writing-flows.md. The export list is pinned by ``tests/test_exports.py``.
+
+Importing the names flow code uses (``FlowLogic``, ``FlowSession``, the decorators, ``Party``,
+the exceptions) loads no database, transport or cryptography library; ``Node``,
+``NodeConfig``, ``FlowHandle`` and ``FlowHospitalizedError`` are loaded on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from flows.decorators import initiated_by, initiating_flow, serializable, startable_by_rpc
 from flows.errors import (
@@ -17,9 +26,35 @@ from flows.errors import (
     UnexpectedFlowEndException,
 )
 from flows.flow_logic import FOREVER, FlowLogic, FlowSession
-from flows.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
+
+if TYPE_CHECKING:
+    from flows.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
+
+_LAZY = {
+    "FlowHandle": "flows.node",
+    "FlowHospitalizedError": "flows.node",
+    "Node": "flows.node",
+    "NodeConfig": "flows.node",
+}
+"""Names that need the node's heavy dependencies, and the module that defines each."""
+
+
+def __getattr__(name: str) -> Any:
+    """Load the node's names on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flows' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily loaded ones included."""
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "FOREVER",

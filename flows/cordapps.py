@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
-from flows.decorators import app_name_of, initiating_info, responder_initiator
 from flows.flow_logic import FlowLogic
+from flows.markings import app_name_of, initiating_info, responder_initiator
 from persistence.serialization import qualified_name
 from statemachine.ports import Responder
 from statemachine.state import Checkpoint, InitiatedBy

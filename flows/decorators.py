@@ -2,7 +2,8 @@
 
 Each decorator checks the class when it is applied and fails with a
 :class:`~flows.errors.FlowDefinitionError` whose message says how to fix it, so a mistake
-shows at import time rather than as a stuck flow on a peer node.
+shows at import time rather than as a stuck flow on a peer node. What a decorator marks on a
+class is written and read in :mod:`flows.markings`.
 """
 
 from __future__ import annotations
@@ -14,24 +15,28 @@ from typing import Any, TypeVar, overload
 import attrs
 
 from flows.errors import FlowDefinitionError
+from flows.flow_logic import FlowLogic
+from flows.markings import (
+    InitiatingInfo,
+    app_name_of,
+    initiating_info,
+    mark_initiating,
+    mark_responder,
+    mark_startable_by_rpc,
+)
 from persistence.serialization import PAYLOAD_TYPES, qualified_name
 from statemachine.limits import APP_NAME_CHARS, FLOW_CLASS_CHARS
 
+__all__ = [
+    "InitiatingInfo",
+    "flow_class_name_problem",
+    "initiated_by",
+    "initiating_flow",
+    "serializable",
+    "startable_by_rpc",
+]
+
 C = TypeVar("C", bound=type)
-
-
-@attrs.frozen
-class InitiatingInfo:
-    """What an ``@initiating_flow`` tells the peer: its class name, version and app."""
-
-    flow_class: str
-    version: int
-    app_name: str
-
-
-def app_name_of(cls: type) -> str:
-    """The CorDapp (top-level package) a class belongs to."""
-    return cls.__module__.split(".")[0]
 
 
 def _check_module_level(cls: type, decorator: str) -> None:
@@ -63,8 +68,6 @@ def flow_class_name_problem(cls: type) -> str | None:
 
 
 def _check_flow_class(cls: Any, decorator: str) -> None:
-    from flows.flow_logic import FlowLogic
-
     if not isinstance(cls, type) or not issubclass(cls, FlowLogic):
         raise FlowDefinitionError(
             f"@{decorator} applies to FlowLogic subclasses, not {cls!r}; "
@@ -98,17 +101,12 @@ def initiating_flow(cls: Any = None, /, *, version: int = 1) -> Any:
 
     def decorate(target: C) -> C:
         _check_flow_class(target, "initiating_flow")
-        info = InitiatingInfo(qualified_name(target), version, app_name_of(target))
-        target._ff_initiating = info  # type: ignore[attr-defined]
+        mark_initiating(
+            target, InitiatingInfo(qualified_name(target), version, app_name_of(target))
+        )
         return target
 
     return decorate if cls is None else decorate(cls)
-
-
-def initiating_info(cls: type) -> InitiatingInfo | None:
-    """The ``@initiating_flow`` marking of exactly this class (not inherited), or None."""
-    info = cls.__dict__.get("_ff_initiating")
-    return info if isinstance(info, InitiatingInfo) else None
 
 
 def initiated_by(initiator: type) -> Callable[[C], C]:
@@ -132,28 +130,17 @@ def initiated_by(initiator: type) -> Callable[[C], C]:
                 f"@initiated_by on {cls.__qualname__}: its constructor must take the session as "
                 f"its one argument: `def __init__(self, session: FlowSession) -> None`"
             ) from None
-        cls._ff_initiated_by = initiator  # type: ignore[attr-defined]
+        mark_responder(cls, initiator)
         return cls
 
     return decorate
 
 
-def responder_initiator(cls: type) -> type | None:
-    """The initiating flow class this responder answers (not inherited), or None."""
-    initiator = cls.__dict__.get("_ff_initiated_by")
-    return initiator if isinstance(initiator, type) else None
-
-
 def startable_by_rpc(cls: C) -> C:
     """Allow operators to start this flow from outside the node (``fiberflow flow start``)."""
     _check_flow_class(cls, "startable_by_rpc")
-    cls._ff_startable_by_rpc = True  # type: ignore[attr-defined]
+    mark_startable_by_rpc(cls)
     return cls
-
-
-def is_startable_by_rpc(cls: type) -> bool:
-    """True if ``cls`` itself is marked ``@startable_by_rpc``."""
-    return bool(cls.__dict__.get("_ff_startable_by_rpc", False))
 
 
 def serializable(cls: C) -> C:

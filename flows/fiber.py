@@ -21,7 +21,7 @@ from flows.effects import FlowEffect, FlowEffectRegistry
 from flows.errors import error_from_exception, exception_from_error
 from flows.flow_logic import FlowInfo, FlowLogic, FlowSession
 from flows.party import Party
-from persistence.serialization import PAYLOADS
+from persistence.serialization import Serializer
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
 from statemachine.ports import Failed, FiberOutcome, Returned, Suspended
@@ -40,13 +40,19 @@ class _FiberRuntime:
         our_identity: Party,
         clock_now: Callable[[], float],
         effects: FlowEffectRegistry,
-        default_receive_timeout: float | None = None,
+        default_receive_timeout: float | None,
+        payloads: Serializer,
+        max_payload_bytes: int,
     ) -> None:
         self._fiber = fiber
         self.flow_id = flow_id
         self.our_identity = our_identity
         self.clock_now = clock_now
         self.default_receive_timeout = default_receive_timeout
+        self.payloads = payloads
+        """The node's payload serializer."""
+        self.max_payload_bytes = max_payload_bytes
+        """The largest payload that fits in one of the node's session messages."""
         self._effects = effects
         self._next_effect = 0
 
@@ -72,14 +78,24 @@ class GreenletFiber:
         our_identity: Party,
         clock_now: Callable[[], float],
         effects: FlowEffectRegistry,
-        default_receive_timeout: float | None = None,
-        monitor: BusyMonitor | None = None,
-        flow_class: str = "",
+        default_receive_timeout: float | None,
+        monitor: BusyMonitor,
+        flow_class: str,
+        *,
+        payloads: Serializer,
+        max_payload_bytes: int,
     ) -> None:
         self._runtime = _FiberRuntime(
-            self, flow_id, our_identity, clock_now, effects, default_receive_timeout
+            self,
+            flow_id,
+            our_identity,
+            clock_now,
+            effects,
+            default_receive_timeout,
+            payloads,
+            max_payload_bytes,
         )
-        self._monitor = monitor or BusyMonitor()
+        self._monitor = monitor
         self.flow_class = flow_class
         """The flow's class name (for the busy-flow watchdog's messages)."""
         self._build = build
@@ -90,7 +106,7 @@ class GreenletFiber:
         try:
             flow = self._build(self._runtime)
             result = flow.call()
-            return Returned(PAYLOADS.encode(result))
+            return Returned(self._runtime.payloads.encode(result))
         except greenlet.GreenletExit:
             raise
         except Exception as error:
@@ -154,7 +170,11 @@ def _import_flow_class(name: str) -> type[FlowLogic[Any]]:
 
 
 class GreenletFiberFactory:
-    """Creates fibers for a node (implements ``statemachine.ports.FiberFactory``)."""
+    """Creates fibers for a node (implements ``statemachine.ports.FiberFactory``).
+
+    Every flow of the node serializes its payloads, arguments and result with ``payloads``
+    (the node's limits) and may send payloads of up to ``max_payload_bytes``.
+    """
 
     def __init__(
         self,
@@ -164,7 +184,12 @@ class GreenletFiberFactory:
         effects: FlowEffectRegistry | None = None,
         default_receive_timeout: float | None = None,
         monitor: BusyMonitor | None = None,
+        *,
+        payloads: Serializer,
+        max_payload_bytes: int,
     ) -> None:
+        self._payloads = payloads
+        self._max_payload_bytes = max_payload_bytes
         self._effects = effects if effects is not None else FlowEffectRegistry()
         self.monitor = monitor or BusyMonitor()
         """Which flow's code runs now (read by the node process's watchdog)."""
@@ -184,7 +209,7 @@ class GreenletFiberFactory:
             if isinstance(instance, FlowLogic):
                 flow = instance
             elif isinstance(origin, StartedLocally):
-                args, kwargs = PAYLOADS.decode(origin.arguments)
+                args, kwargs = self._payloads.decode(origin.arguments)
                 flow = self._flow_class(origin.flow_class)(*args, **kwargs)
             else:
                 assert isinstance(origin, InitiatedBy)
@@ -207,4 +232,6 @@ class GreenletFiberFactory:
             self._default_receive_timeout,
             self.monitor,
             origin.flow_class,
+            payloads=self._payloads,
+            max_payload_bytes=self._max_payload_bytes,
         )

@@ -19,12 +19,11 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import attrs
 
-from flows.decorators import InitiatingInfo, initiating_info
 from flows.errors import FlowException
+from flows.markings import InitiatingInfo, initiating_info
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
-from messaging.codec import ENVELOPE_HEADROOM, max_payload_bytes
-from persistence.serialization import PAYLOADS, SerializationError
+from persistence.serialization import SerializationError, Serializer
 from statemachine.iorequests import (
     CloseSessions,
     InitiateSession,
@@ -38,7 +37,7 @@ from statemachine.iorequests import (
     SetProgress,
     Sleep,
 )
-from statemachine.limits import PROGRESS_STEP_CHARS
+from statemachine.limits import ENVELOPE_HEADROOM, PROGRESS_STEP_CHARS
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -49,6 +48,10 @@ class FlowRuntime(Protocol):
 
     flow_id: str
     our_identity: Party
+    payloads: Serializer
+    """The node's payload serializer (its limits): what ``send`` and ``receive`` use."""
+    max_payload_bytes: int
+    """The largest payload that fits in one of the node's session messages."""
 
     def suspend(self, request: IORequest) -> Plain:
         """Suspend the flow with ``request``; returns its result or raises its error."""
@@ -295,8 +298,8 @@ class FlowSession:
         Raises ``SerializationError`` (in the flow, before anything is sent) if the payload
         breaks a serialization rule or is too large to fit in a session message.
         """
-        data = PAYLOADS.encode(payload)
-        limit = max_payload_bytes()
+        data = self._runtime.payloads.encode(payload)
+        limit = self._runtime.max_payload_bytes
         if len(data) > limit:
             raise SerializationError(
                 f"payload of {len(data)} bytes to {self._counterparty} breaks the rule "
@@ -330,7 +333,7 @@ class FlowSession:
 
     def _check(self, receive_type: type[T], payload: bytes) -> UntrustworthyData[T]:
         try:
-            value = PAYLOADS.decode(payload)
+            value = self._runtime.payloads.decode(payload)
         except SerializationError as error:
             raise FlowException(
                 f"received an unreadable payload from {self._counterparty}: {error}"

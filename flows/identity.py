@@ -1,9 +1,11 @@
 """A node's Ed25519 key pair, and where it finds its peers' public keys.
 
-Every node signs every message it sends (:mod:`messaging.signing`) and verifies every message
-it receives against the public key of the node the message claims to come from. The key pair
-lives in a PEM file the node creates on its first start, with mode 0600 (readable by its
-owner only); a node refuses to start with a key file others can read or write.
+Every node signs every message it sends (its identity's ``signer``) and verifies every
+message it receives against the public key of the node the message claims to come from (a
+:class:`~messaging.signing.MessageVerifier` over :class:`StaticPeerKeys` or
+:class:`NetworkMapPeerKeys`). The key pair lives in a PEM file the node creates on its first
+start, with mode 0600 (readable by its owner only); a node refuses to start with a key file
+others can read or write.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Protocol
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -21,7 +22,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flows.errors import FiberflowError
 from flows.network_map import NetworkMap, NetworkMapError
 from messaging.service import Message
-from messaging.signing import sign
+from messaging.signing import MessageSigner, PeerKeys
+
+__all__ = [
+    "KeyFileError",
+    "NetworkMapPeerKeys",
+    "NodeIdentity",
+    "PeerKeys",
+    "StaticPeerKeys",
+    "load_or_create_identity",
+]
 
 
 class KeyFileError(FiberflowError):
@@ -29,11 +39,13 @@ class KeyFileError(FiberflowError):
 
 
 class NodeIdentity:
-    """A node's name and private key: it signs what the node sends."""
+    """A node's name and private key: its :attr:`signer` signs what the node sends."""
 
     def __init__(self, name: str, private_key: Ed25519PrivateKey) -> None:
         self.name = name
         self._key = private_key
+        self.signer = MessageSigner(private_key)
+        """Signs the node's messages (the node hands it to its outbox relay)."""
         self.public_key: bytes = private_key.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
         )
@@ -50,8 +62,8 @@ class NodeIdentity:
         return self.public_key.hex()
 
     def sign(self, message: Message, target: str) -> Message:
-        """``message`` signed for ``target``."""
-        return sign(message, target, self._key)
+        """``message`` signed for ``target`` (see :meth:`MessageSigner.sign`)."""
+        return self.signer.sign(message, target)
 
     def mac_key(self) -> bytes:
         """A node-local secret for checkpoint MACs, derived from the private key."""
@@ -93,13 +105,6 @@ def load_or_create_identity(path: Path, name: str) -> NodeIdentity:
     if not isinstance(loaded, Ed25519PrivateKey):
         raise KeyFileError(f"key file {path} holds a {type(loaded).__name__}, not an Ed25519 key")
     return NodeIdentity(name, loaded)
-
-
-class PeerKeys(Protocol):
-    """Where a node looks up the public key of a sender."""
-
-    def public_key(self, name: str) -> bytes | None:
-        """The raw public key of node ``name``, or None if it is not known."""
 
 
 class StaticPeerKeys:

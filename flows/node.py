@@ -3,6 +3,12 @@
 :class:`Node` wires the parts together (the state machine manager, the SQLAlchemy store,
 the outbox relay, the greenlet fibers) and is driven by calling :meth:`Node.run_once` (the
 test network does this step by step; a node process does it in its loop).
+
+Everything that depends on the node's configuration is made here, once, and handed to what
+needs it: the session codec (its limits) to the manager, the payload serializer (the same
+limits) and the payload limit to the fibers, the identity's signer to the outbox relay, the
+verifier (the peers' keys) to the inbound path. Nothing process-wide is configured, so nodes
+with different limits can share a process.
 """
 
 from __future__ import annotations
@@ -31,22 +37,27 @@ from flows.flow_logic import FlowLogic
 from flows.identity import NodeIdentity, PeerKeys
 from flows.party import Party
 from messaging.background_relay import BackgroundOutboxRelay
-from messaging.codec import decode_session_message, encode_session_message
+from messaging.codec import SessionCodec, wire_limits_problem
 from messaging.outbox_relay import OutboxRelay
+from messaging.relay import Relay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
-from messaging.signing import verification_problem
+from messaging.signing import MessageVerifier
 from persistence.lease import DEFAULT_LEASE_SECONDS, NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
-from persistence.serialization import PAYLOADS, SerializationError, qualified_name
+from persistence.serialization import (
+    DEFAULT_LIMITS,
+    PAYLOADS,
+    SerializationError,
+    SerializationLimits,
+    Serializer,
+    qualified_name,
+)
 from persistence.store import NodeDatabase
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
-from statemachine.ports import Clock, FailurePolicy, InboundMessage, OutboxRow
-from statemachine.session_messages import (
-    OutboundSessionMessage,
-)
+from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
@@ -86,6 +97,8 @@ class NodeConfig:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     """How long the node's lease on its database lasts without renewal (see
     :mod:`persistence.lease`)."""
+    limits: SerializationLimits = DEFAULT_LIMITS
+    """What payloads and session messages may be (size, depth, lengths), both ways."""
 
     def __attrs_post_init__(self) -> None:
         if not self.lease_seconds > 0:
@@ -98,6 +111,9 @@ class NodeConfig:
                 f"not {self.receive_timeout!r}"
             )
         Party(self.name)  # validates the name, naming the problem
+        problem = wire_limits_problem(self.limits)
+        if problem is not None:
+            raise ValueError(f"node {self.name}: {problem}")
         if not self.database_url or "://" not in self.database_url:
             raise ValueError(
                 f"node {self.name}: database_url {self.database_url!r} is not a URL "
@@ -189,6 +205,12 @@ class Node:
         self.config = config
         self.identity = identity
         self.peers = peers
+        self.verifier = MessageVerifier(config.name, peers)
+        """Checks every received message against its claimed sender's key."""
+        self.codec = SessionCodec(config.limits)
+        """Session messages to bytes and back, within the node's limits."""
+        self.payloads: Serializer = PAYLOADS.with_limits(config.limits)
+        """Flow payloads, arguments and results, within the node's limits."""
         self.party = Party(config.name)
         self.clock: Clock = clock or SystemClock()
         self.cordapps = Cordapps(config.cordapps)
@@ -208,10 +230,10 @@ class Node:
             )
         )
         self.messaging = messaging
-        self.relay: OutboxRelay | BackgroundOutboxRelay = (
-            BackgroundOutboxRelay(messaging, self.database.outbox, sign=identity.sign)
+        self.relay: Relay = (
+            BackgroundOutboxRelay(messaging, self.database.outbox, signer=identity.signer)
             if background_relay
-            else OutboxRelay(messaging, self.database.outbox, on_boundary, sign=identity.sign)
+            else OutboxRelay(messaging, self.database.outbox, on_boundary, signer=identity.signer)
         )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
@@ -225,15 +247,16 @@ class Node:
             self.effects,
             config.receive_timeout,
             self.busy,
+            payloads=self.payloads,
+            max_payload_bytes=self.codec.max_payload_bytes,
         )
         self.manager = StateMachineManager(
             our_identity=config.name,
             store=self.database.checkpoints,
-            encode_message=_encode_outbound,
+            codec=self.codec,
             outbound=self.relay,
             fibers=fibers,
             responders=self.cordapps,
-            decode_message=decode_session_message,
             acknowledge=self._acknowledge,
             clock=self.clock,
             on_boundary=on_boundary,
@@ -253,9 +276,7 @@ class Node:
             raise NodeStoppedError(f"node {self.party} was stopped")
 
     def _on_message(self, message: Message) -> None:
-        problem = verification_problem(
-            message, self.messaging.my_address, self.peers.public_key(message.sender)
-        )
+        problem = self.verifier.problem(message)
         self.manager.deliver(
             InboundMessage(message.message_id, message.sender, message.data, problem, message)
         )
@@ -361,7 +382,7 @@ class Node:
         problem = flow_class_name_problem(cls)
         if problem is not None:
             raise FlowDefinitionError(f"{cls.__qualname__} cannot be started: {problem}")
-        arguments = encode_arguments(flow)
+        arguments = encode_arguments(flow, self.payloads)
         flow_id = self.manager.start_flow(qualified_name(cls), arguments, flow)
         return FlowHandle(self, flow_id)
 
@@ -604,7 +625,7 @@ class Node:
         if stored.error is not None:
             raise exception_from_error(stored.error)
         assert stored.result is not None
-        return PAYLOADS.decode(stored.result)
+        return self.payloads.decode(stored.result)
 
     def checkpoints(self) -> list[tuple[str, str, str]]:
         """(flow id, flow class, status) of every flow with a stored checkpoint."""
@@ -631,23 +652,23 @@ class Node:
         return self.manager.next_deadline()
 
 
-def encode_arguments(flow: FlowLogic[Any]) -> bytes:
-    """Serialize a flow's constructor arguments, naming the first one that cannot be."""
+def encode_arguments(flow: FlowLogic[Any], payloads: Serializer = PAYLOADS) -> bytes:
+    """Serialize a flow's constructor arguments, naming the first one that cannot be.
+
+    ``payloads`` is the serializer of the node that will run the flow (a client that only
+    records the request uses the default limits).
+    """
     args, kwargs = flow._ff_args
     named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
     named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
     for label, value in named:
         try:
-            PAYLOADS.encode(value)
+            payloads.encode(value)
         except SerializationError as error:
             raise FlowArgumentError(
                 f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
             ) from None
-    return PAYLOADS.encode((list(args), kwargs))
-
-
-def _encode_outbound(message: OutboundSessionMessage) -> OutboxRow:
-    return OutboxRow(message.message_id, message.target, encode_session_message(message.message))
+    return payloads.encode((list(args), kwargs))
 
 
 __all__ = [

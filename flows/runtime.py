@@ -55,7 +55,7 @@ from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_iden
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
 from flows.party import Party
-from messaging.codec import configure_wire_limits, wire_limits_problem
+from messaging.codec import wire_limits_problem
 from messaging.transports import TransportUrlError, open_transport, transport_scheme
 from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
@@ -67,11 +67,7 @@ from persistence.lease import (
     WorkerInfo,
     application_name,
 )
-from persistence.serialization import (
-    DEFAULT_LIMITS,
-    PAYLOADS,
-    SerializationLimits,
-)
+from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 from persistence.store import NodeDatabase
 
 log = logging.getLogger("fiberflow.runtime")
@@ -153,6 +149,7 @@ class RuntimeConfig:
             database_schema=self.database_schema,
             receive_timeout=self.receive_timeout,
             lease_seconds=self.lease_seconds,
+            limits=self.limits,
         )
 
 
@@ -343,8 +340,6 @@ class NodeProcess:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         self._identity_cache = self._identity()
-        PAYLOADS.limits = config.limits
-        configure_wire_limits(config.limits)
         lease_database = self._open_database()
         if lease_database is None:
             return EXIT_REFUSED
@@ -656,7 +651,7 @@ class NodeProcess:
             checkpoints_written=node.database.checkpoints.checkpoints_written,
             messages_sent=node.relay.handed_off,
             relay_waiting=node.relay.waiting(),
-            relay_refused=getattr(node.relay, "refused", 0),
+            relay_refused=node.relay.refused,
         )
         return stats
 

@@ -27,6 +27,7 @@ from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
 from persistence.engine import drop_schema
 from persistence.memory_store import MEMORY_URL
+from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
@@ -275,8 +276,17 @@ class MockNetwork:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.nodes: list[MockNode] = []
 
-    def create_node(self, name: str, cordapps: Sequence[str] | None = None) -> MockNode:
-        """Add a node called ``name`` (an X.500 name such as ``O=Alice,L=London,C=GB``)."""
+    def create_node(
+        self,
+        name: str,
+        cordapps: Sequence[str] | None = None,
+        *,
+        limits: SerializationLimits = DEFAULT_LIMITS,
+    ) -> MockNode:
+        """Add a node called ``name`` (an X.500 name such as ``O=Alice,L=London,C=GB``).
+
+        ``limits`` bound its payloads and session messages (``NodeConfig.limits``).
+        """
         if any(node.name == name for node in self.nodes):
             raise ValueError(f"the network already has a node called {name}")
         party = Party(name)
@@ -298,6 +308,7 @@ class MockNetwork:
             cordapps=tuple(self.cordapps if cordapps is None else cordapps),
             synchronous=self.synchronous,
             receive_timeout=self.receive_timeout,
+            limits=limits,
         )
         node = MockNode(self, config)
         self.nodes.append(node)

@@ -1,12 +1,12 @@
-"""The outbox relay on its own thread, for node processes: the scheduler never waits on it.
+"""The threaded outbox relay: a :class:`~messaging.relay.Relay` for node processes.
 
-The scheduler hands committed outbox rows over (:meth:`BackgroundOutboxRelay.hand_off`
-only queues them); the relay thread sends them in batches (``send_batch``), then deletes
-the rows the transport has durably taken. A batch the transport refuses is sent row by
-row, so one unreachable target does not hold the others back; each refused row is retried
-after a jittered, exponentially growing delay (50 ms doubling up to 5 s). A crash at any
-point leaves the undeleted rows in the outbox: the next start sends them again and the
-receiver drops duplicates by id.
+The scheduler never waits on it: it hands committed outbox rows over
+(:meth:`BackgroundOutboxRelay.hand_off` only queues them); the relay thread sends them in
+batches (``send_batch``), then deletes the rows the transport has durably taken. A batch the
+transport refuses is sent row by row, so one unreachable target does not hold the others
+back; each refused row is retried after a jittered, exponentially growing delay (50 ms
+doubling up to 5 s). A crash at any point leaves the undeleted rows in the outbox: the next
+start sends them again and the receiver drops duplicates by id.
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from messaging.outbox_relay import OutboxStore
+from messaging.relay import OutboxStore
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
+from messaging.signing import MessageSigner
 from statemachine.ports import OutboxRow
+
+__all__ = ["BATCH_SIZE", "MAX_BACKOFF_SECONDS", "MIN_BACKOFF_SECONDS", "BackgroundOutboxRelay"]
 
 log = logging.getLogger("fiberflow.relay")
 
@@ -39,10 +42,11 @@ class BackgroundOutboxRelay:
         store: OutboxStore,
         *,
         seed: int | None = None,
-        sign: Callable[[Message, str], Message] | None = None,
+        signer: MessageSigner | None = None,
     ) -> None:
+        """``seed`` seeds the retry jitter; ``signer`` signs each message (None: unsigned)."""
         self._transport = transport
-        self._sign = sign
+        self._signer = signer
         self._store = store
         self._incoming: queue.SimpleQueue[Sequence[OutboxRow] | None] = queue.SimpleQueue()
         self._retries: list[tuple[float, int, OutboxRow]] = []  # a heap of (due, n, row)
@@ -173,8 +177,8 @@ class BackgroundOutboxRelay:
 
     def _prepare(self, row: OutboxRow) -> tuple[Message, str]:
         message = self._message(row)
-        if self._sign is not None:
-            message = self._sign(message, row.target)
+        if self._signer is not None:
+            message = self._signer.sign(message, row.target)
         return message, row.target
 
     def _message(self, row: OutboxRow) -> Message:

@@ -22,6 +22,7 @@ from statemachine.limits import (
     MESSAGE_ID_CHARS,
     PARTY_NAME_CHARS,
     TOPIC_CHARS,
+    text_problem,
 )
 
 FRAME_VERSION = 1
@@ -36,23 +37,6 @@ FIELD_LIMITS = {
     "sender": PARTY_NAME_CHARS,
 }
 """The longest each text field of a frame may be, in characters."""
-
-
-def text_problem(name: str, value: object, limit: int, *, may_be_empty: bool = False) -> str | None:
-    """Why ``value`` is not acceptable as text field ``name`` (at most ``limit``), or None.
-
-    Text must be a ``str`` of 1 (0 if ``may_be_empty``) to ``limit`` characters without a NUL
-    character (PostgreSQL cannot store one in a text column).
-    """
-    if not isinstance(value, str):
-        return f"field {name} is not a string"
-    if not value and not may_be_empty:
-        return f"field {name} is empty"
-    if len(value) > limit:
-        return f"field {name} has {len(value)} characters; the limit is {limit}"
-    if "\x00" in value:
-        return f"field {name} contains a NUL character"
-    return None
 
 
 def oversized_problem(size: int, limit: int = MAX_FRAME_BYTES) -> str:

@@ -1,35 +1,29 @@
-"""The outbox relay (Corda's "bridge"): committed outbox rows to the transport.
+"""The inline outbox relay: a :class:`~messaging.relay.Relay` inside the scheduler's rounds.
 
-A row is deleted only once the transport has durably taken it; a row the transport refused
-is retried (with a growing number of rounds between tries, capped); on start, every row left
-in the outbox is sent again. A crash between hand-off and delete therefore re-sends, never
-loses: the receiver drops the duplicate by its message id.
+It sends each committed row when the scheduler hands it over and deletes the rows taken at
+the end of the round (:meth:`OutboxRelay.flush`); a row the transport refused is retried
+after a growing number of rounds, capped. The test network steps it, so the crash points
+around it stay deterministic; node processes use the threaded
+:class:`~messaging.background_relay.BackgroundOutboxRelay`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import attrs
 
+from messaging.relay import OutboxStore
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
+from messaging.signing import MessageSigner
 from statemachine.ports import OutboxRow
+
+__all__ = ["MAX_BACKOFF_ROUNDS", "OutboxRelay", "OutboxStore"]
 
 log = logging.getLogger("fiberflow.outbox")
 
 MAX_BACKOFF_ROUNDS = 64
-
-
-class OutboxStore(Protocol):
-    """The outbox table, as the relay needs it."""
-
-    def pending_outbox(self) -> list[OutboxRow]:
-        """Every row still in the outbox, oldest first."""
-
-    def delete_outbox(self, message_ids: Sequence[str]) -> None:
-        """Delete rows the transport has durably taken."""
 
 
 @attrs.define
@@ -40,17 +34,18 @@ class _Retry:
 
 
 class OutboxRelay:
-    """Moves outbox rows to a transport; see the module docstring."""
+    """Moves outbox rows to a transport in the scheduler's rounds; see the module docstring."""
 
     def __init__(
         self,
         transport: MessagingService,
         store: OutboxStore,
         on_boundary: Callable[[str], None] | None = None,
-        sign: Callable[[Message, str], Message] | None = None,
+        signer: MessageSigner | None = None,
     ) -> None:
+        """``signer`` signs each message for its target (None: sent unsigned)."""
         self._transport = transport
-        self._sign = sign
+        self._signer = signer
         self._store = store
         self._on_boundary = on_boundary
         self._taken: list[str] = []
@@ -58,6 +53,8 @@ class OutboxRelay:
         self._round = 0
         self.handed_off = 0
         """Messages the transport has taken (for statistics and benchmarks)."""
+        self.refused = 0
+        """Send attempts the transport refused (each one is retried)."""
 
     def resend_pending(self) -> int:
         """Send every row left in the outbox (node start); returns how many there were."""
@@ -73,8 +70,8 @@ class OutboxRelay:
     def _try(self, row: OutboxRow, attempts: int) -> bool:
         try:
             message = Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
-            if self._sign is not None:
-                message = self._sign(message, row.target)
+            if self._signer is not None:
+                message = self._signer.sign(message, row.target)
             self._transport.send(message, row.target)
         except Exception as error:  # a refusal, or a row that cannot be framed or signed
             if not isinstance(error, TransportError):
@@ -85,6 +82,7 @@ class OutboxRelay:
                     error,
                 )
             backoff = min(2**attempts, MAX_BACKOFF_ROUNDS)
+            self.refused += 1
             log.info(
                 "transport refused %s (%s); retry in %d rounds", row.message_id, error, backoff
             )

@@ -125,13 +125,24 @@ class Serializer:
         """
         self.registry = registry
         self.what = what
-        self.limits = limits
-        """Replace to configure (for example from a node's config at start)."""
+        self._limits = limits
         self._tuple_types = frozenset(tuple_types)
+
+    @property
+    def limits(self) -> SerializationLimits:
+        """What this serializer accepts, both ways (fixed when it is made)."""
+        return self._limits
+
+    def with_limits(self, limits: SerializationLimits) -> Serializer:
+        """A serializer of the same types within other ``limits`` (a node's, say).
+
+        It shares this one's registry: a class registered later is allowed by both.
+        """
+        return Serializer(self.registry, self.what, limits, self._tuple_types)
 
     def _broken(self, rule: str, detail: str, encoding: bool) -> SerializationError:
         verb = "serialize" if encoding else "deserialize"
-        limit = getattr(self.limits, rule)
+        limit = getattr(self._limits, rule)
         return SerializationError(
             f"cannot {verb} {self.what}: it breaks the rule {rule} ({limit}): {detail}"
         )
@@ -144,7 +155,7 @@ class Serializer:
             raise
         except (TypeError, ValueError, OverflowError) as error:
             raise SerializationError(f"cannot serialize {self.what}: {error}") from error
-        if len(packed) > self.limits.max_bytes:
+        if len(packed) > self._limits.max_bytes:
             raise self._broken("max_bytes", f"{len(packed)} bytes encoded", True)
         return packed
 
@@ -152,7 +163,7 @@ class Serializer:
         """Deserialize bytes made by :meth:`encode`; never constructs an unregistered type."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise SerializationError(f"cannot deserialize {self.what}: not bytes")
-        if len(data) > self.limits.max_bytes:
+        if len(data) > self._limits.max_bytes:
             raise self._broken("max_bytes", f"{len(data)} bytes received", False)
         try:
             value = self._unpack(bytes(data))
@@ -172,7 +183,7 @@ class Serializer:
         return value
 
     def _unpack(self, data: bytes) -> Any:
-        limits = self.limits
+        limits = self._limits
         return msgpack.unpackb(
             data,
             ext_hook=self._ext_hook,
@@ -189,7 +200,7 @@ class Serializer:
     def _check_depth(self, value: Any) -> None:
         """Refuse decoded data nested deeper than the limit (walks it without recursion)."""
         stack: list[tuple[Any, int]] = [(value, 0)]
-        limit = self.limits.max_depth
+        limit = self._limits.max_depth
         while stack:
             item, depth = stack.pop()
             if depth > limit:
@@ -200,11 +211,11 @@ class Serializer:
                 stack.extend((child, depth + 1) for child in item.values())
             elif attrs.has(type(item)):
                 stack.extend((getattr(item, f.name), depth + 1) for f in attrs.fields(type(item)))
-            elif isinstance(item, str) and len(item) > self.limits.max_string_length:
+            elif isinstance(item, str) and len(item) > self._limits.max_string_length:
                 raise self._broken("max_string_length", f"{len(item)} characters", False)
 
     def _to_plain(self, value: Any, depth: int, path: str) -> Any:
-        limits = self.limits
+        limits = self._limits
         if depth > limits.max_depth:
             raise self._broken(
                 "max_depth", f"nested deeper than {limits.max_depth} at {path}", True
@@ -278,4 +289,6 @@ PAYLOAD_TYPES = TypeRegistry()
 """Classes flows may send, receive, return and take as arguments (``@flows.serializable``)."""
 
 PAYLOADS = Serializer(PAYLOAD_TYPES, "payload")
-"""The serializer for flow payloads, arguments and results."""
+"""The serializer for flow payloads, arguments and results, within the default limits.
+
+A node serializes its flows' payloads with ``PAYLOADS.with_limits(config.limits)``."""

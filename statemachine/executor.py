@@ -43,6 +43,7 @@ from statemachine.errors import AfterCommitError
 from statemachine.ports import (
     CheckpointStore,
     FlowEffects,
+    MessageCodec,
     Outbound,
     OutboxRow,
     StoreTransaction,
@@ -73,7 +74,7 @@ class ActionExecutor:
     def __init__(
         self,
         store: CheckpointStore,
-        encode_message: Callable[[OutboundSessionMessage], OutboxRow],
+        codec: MessageCodec,
         outbound: Outbound,
         acknowledge: Callable[[Sequence[str], bool], None],
         schedule_wake_up: Callable[[str, float], None],
@@ -82,13 +83,17 @@ class ActionExecutor:
     ) -> None:
         self._store = store
         self._effects = effects
-        self._encode = encode_message
+        self._codec = codec
         self._outbound = outbound
         self._acknowledge = acknowledge
         self._schedule_wake_up = schedule_wake_up
         self._on_boundary = on_boundary
         self.transactions = 0
         """How many transactions this executor committed (for statistics and benchmarks)."""
+
+    def _row(self, message: OutboundSessionMessage) -> OutboxRow:
+        """``message`` encoded as an outbox row."""
+        return OutboxRow(message.message_id, message.target, self._codec.encode(message.message))
 
     def _boundary(self, name: str) -> None:
         if self._on_boundary is not None:
@@ -145,7 +150,7 @@ class ActionExecutor:
             timed: list[tuple[OutboxRow, float]] = []
             for action in actions:
                 for message in action.messages:
-                    row = self._encode(message)
+                    row = self._row(message)
                     rows[row.message_id] = row
                     timed.append((row, action.at))
             transaction.write_outbox(timed)
@@ -173,7 +178,7 @@ class ActionExecutor:
         elif kind is HandOffMessages:
             self._outbound.hand_off(
                 [
-                    rows.get(m.message_id) or self._encode(m)
+                    rows.get(m.message_id) or self._row(m)
                     for action in actions
                     for m in action.messages
                 ]

@@ -8,10 +8,12 @@ them back into exceptions when it resumes a flow with one.
 from __future__ import annotations
 
 import enum
+from typing import Annotated
 
 import attrs
 
-from statemachine.limits import ERROR_MESSAGE_CHARS
+from statemachine.limits import ERROR_ID_CHARS, ERROR_MESSAGE_CHARS, EXCEPTION_CLASS_CHARS
+from statemachine.wire_fields import Text, WirePart
 
 
 class ErrorKind(enum.Enum):
@@ -37,20 +39,22 @@ def _bounded_message(message: str) -> str:
     Cutting a cut message changes nothing.
     """
     if not isinstance(message, str) or len(message) <= MAX_ERROR_MESSAGE_CHARS:
-        return message  # (a wrong type is left for the decoder's type checks to refuse)
+        return message  # (a wrong type is left for FlowError.validate to refuse)
     kept = MAX_ERROR_MESSAGE_CHARS - 64  # room for the note below
     return f"{message[:kept]}... ({len(message) - kept} more characters cut)"
 
 
 @attrs.frozen
-class FlowError:
+class FlowError(WirePart):
     """An error as the state machine stores and transmits it.
 
     Messages longer than ``MAX_ERROR_MESSAGE_CHARS`` are cut, so an error always fits in a
-    session message.
+    session message (from the wire too: a longer one never reaches the text check).
     """
 
     kind: ErrorKind
-    exception_class: str
-    message: str = attrs.field(converter=_bounded_message)
-    error_id: str = ""
+    exception_class: Annotated[str, Text(EXCEPTION_CLASS_CHARS, may_be_empty=True)]
+    message: Annotated[str, Text(ERROR_MESSAGE_CHARS, may_be_empty=True)] = attrs.field(
+        converter=_bounded_message
+    )
+    error_id: Annotated[str, Text(ERROR_ID_CHARS, may_be_empty=True)] = ""

@@ -3,8 +3,10 @@
 Decoders refuse a field over its limit (naming the field and the limit) before anything
 stores it, and the database columns that store a field are exactly as wide as its limit, so a
 value that got past a decoder always fits its column. ``persistence/schema.py``, the SQL
-queue's tables, ``messaging/frame.py``, ``messaging/codec.py`` and ``flows/party.py`` take
-their sizes from here, and ``tests/test_limits.py`` checks that they agree.
+queue's tables, ``messaging/frame.py``, the session message classes (their annotations, see
+:mod:`statemachine.wire_fields`) and ``flows/party.py`` take their sizes from here, and
+``tests/test_limits.py`` checks that they agree. :func:`text_problem` is the one check of a
+text field against its limit.
 
 Lengths are in characters (what a PostgreSQL ``varchar(n)`` counts), sizes in bytes.
 
@@ -26,6 +28,11 @@ FRAME_BYTES = 16 * 1024 * 1024
 
 A receiver refuses a larger one before decoding it (and the SQL queue before loading it).
 """
+
+ENVELOPE_HEADROOM = 64 * 1024
+"""Bytes kept free, beside a payload, for its session message and frame (ids, names, a
+signature): a payload that fits under a node's serialization limits less this always fits on
+the wire (``SessionCodec.max_payload_bytes``)."""
 
 MESSAGE_ID_CHARS = 200
 """A message id: the frame's ``message_id``; ``node_message_ids``, ``node_outbox`` and
@@ -92,3 +99,20 @@ address; a node's address is its name, at most ``PARTY_NAME_CHARS``."""
 QUEUE_MESSAGE_ID_CHARS = 512
 """The SQL queue's ``message_id`` columns (as wide as earlier versions made them): a sender
 only writes ids within ``MESSAGE_ID_CHARS``; a dead letter's is a bounded copy."""
+
+
+def text_problem(name: str, value: object, limit: int, *, may_be_empty: bool = False) -> str | None:
+    """Why ``value`` is not acceptable as text field ``name`` (at most ``limit``), or None.
+
+    Text must be a ``str`` of 1 (0 if ``may_be_empty``) to ``limit`` characters without a NUL
+    character (PostgreSQL cannot store one in a text column).
+    """
+    if not isinstance(value, str):
+        return f"field {name} is not a string"
+    if not value and not may_be_empty:
+        return f"field {name} is empty"
+    if len(value) > limit:
+        return f"field {name} has {len(value)} characters; the limit is {limit}"
+    if "\x00" in value:
+        return f"field {name} contains a NUL character"
+    return None

@@ -59,8 +59,8 @@ from statemachine.ports import (
     FiberOutcome,
     FlowEffects,
     InboundMessage,
+    MessageCodec,
     Outbound,
-    OutboxRow,
     ResponderRegistry,
     Returned,
     Suspended,
@@ -71,10 +71,6 @@ from statemachine.routing import (
     Start,
 )
 from statemachine.session_ids import identity_tag
-from statemachine.session_messages import (
-    OutboundSessionMessage,
-    SessionMessage,
-)
 from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally, StoredFlow
 from statemachine.statistics import ManagerStatistics
 from statemachine.timers import WakeUps
@@ -112,11 +108,10 @@ class StateMachineManager:
         *,
         our_identity: str,
         store: CheckpointStore,
-        encode_message: Callable[[OutboundSessionMessage], OutboxRow],
+        codec: MessageCodec,
         outbound: Outbound,
         fibers: FiberFactory,
         responders: ResponderRegistry,
-        decode_message: Callable[[bytes], SessionMessage],
         acknowledge: Callable[[InboundMessage], None],
         clock: Clock,
         on_boundary: BoundaryHook | None = None,
@@ -127,7 +122,6 @@ class StateMachineManager:
         self._session_tag = identity_tag(our_identity)
         self._store = store
         self._fibers = fibers
-        self._decode = decode_message
         self._acknowledge_one = acknowledge
         self._clock = clock
         self._on_boundary = on_boundary
@@ -138,7 +132,7 @@ class StateMachineManager:
         self.statistics = ManagerStatistics()
         self.executor = ActionExecutor(
             store,
-            encode_message,
+            codec,
             outbound,
             self._settle,
             self._wake_ups.schedule,
@@ -155,7 +149,7 @@ class StateMachineManager:
         self._intake = Intake(
             context=RoutingContext(our_identity, responders),
             store=store,
-            decode=decode_message,
+            decode=codec.decode,
             acknowledge=acknowledge,
             flows=self._flows,
             deliveries=self._deliveries,

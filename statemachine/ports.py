@@ -25,6 +25,7 @@ from statemachine.actions import (
 )
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
+from statemachine.session_messages import SessionMessage
 from statemachine.state import FlowOrigin, StoredFlow
 
 
@@ -183,6 +184,19 @@ class FailurePolicy(Protocol):
 
     def counted(self) -> list[str]:
         """The flows with failures counted against them (across the node's managers)."""
+
+
+class MessageCodec(Protocol):
+    """Session messages to bytes and back (the node's :class:`messaging.codec.SessionCodec`)."""
+
+    def encode(self, message: SessionMessage) -> bytes:
+        """The bytes ``message`` travels and is stored in the outbox as."""
+
+    def decode(self, data: bytes) -> SessionMessage:
+        """The message in bytes from a peer; raises an error naming what is wrong with them.
+
+        A decoded message satisfies its class's field rules (it was validated).
+        """
 
 
 class Outbound(Protocol):

@@ -10,7 +10,7 @@ import pytest
 from flows import FlowException
 from flows.testing import MockNetwork
 from messaging.codec import ENVELOPE_HEADROOM, max_payload_bytes
-from persistence.serialization import SerializationError
+from persistence.serialization import SerializationError, SerializationLimits
 from samples.pingpong import PingFlow
 from statemachine.flow_error import MAX_ERROR_MESSAGE_CHARS
 from tests.cordapp import BlobFlow
@@ -49,4 +49,21 @@ def test_a_huge_error_message_reaches_the_counterparty_cut_short(net: MockNetwor
     assert message.startswith("e" * 100)
     assert len(message) <= MAX_ERROR_MESSAGE_CHARS
     assert re.search(r"e\.\.\. \(\d{8} more characters cut\)$", message), message[-80:]
+    assert_drained(net)
+
+
+def test_each_node_has_its_own_limits_in_one_process(net: MockNetwork) -> None:
+    small = SerializationLimits(max_bytes=256 * 1024, max_bytes_length=256 * 1024)
+    alice = net.create_node(ALICE, limits=small)
+    bob = net.create_node(BOB)
+    assert alice.node.codec.max_payload_bytes == 256 * 1024 - ENVELOPE_HEADROOM
+    assert bob.node.codec.max_payload_bytes == max_payload_bytes()
+    size = 200 * 1024  # over Alice's payload limit, well within Bob's
+    from_bob = bob.start_flow(BlobFlow(alice.party, size))
+    from_alice = alice.start_flow(BlobFlow(bob.party, size))
+    net.run_network()
+    assert from_bob.result() == size  # Alice takes in what her limits allow
+    with pytest.raises(SerializationError, match=f"at most {256 * 1024 - ENVELOPE_HEADROOM} "):
+        from_alice.result()
+    assert max_payload_bytes() == bob.node.codec.max_payload_bytes  # nothing changed globally
     assert_drained(net)

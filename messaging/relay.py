@@ -1,0 +1,72 @@
+"""The outbox relay's contract, stated once; two relays implement it.
+
+A relay (Corda's "bridge") moves committed outbox rows to the transport, signed by the node's
+:class:`~messaging.signing.MessageSigner`, and deletes each row only once the transport has
+durably taken it; a row the transport refused is retried; on start, every row left in the
+outbox is sent again. A crash between hand-off and delete therefore re-sends, never loses:
+the receiver drops the duplicate by its message id.
+
+* :class:`~messaging.outbox_relay.OutboxRelay` runs inside the scheduler's rounds (the test
+  network steps it, so crash points stay deterministic);
+* :class:`~messaging.background_relay.BackgroundOutboxRelay` runs on its own thread (node
+  processes: the scheduler never waits for the transport).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from statemachine.ports import OutboxRow
+
+__all__ = ["OutboxStore", "Relay"]
+
+
+class OutboxStore(Protocol):
+    """The outbox table, as a relay needs it."""
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        """Every row still in the outbox, oldest first."""
+
+    def delete_outbox(self, message_ids: Sequence[str]) -> None:
+        """Delete rows the transport has durably taken."""
+
+
+class Relay(Protocol):
+    """Moves committed outbox rows to the transport (see the module docstring).
+
+    The scheduler calls :meth:`hand_off` after each commit; the node calls :meth:`retry_due`
+    and :meth:`flush` around each round, which a relay on its own thread may ignore.
+    """
+
+    handed_off: int
+    """Messages the transport has taken (for statistics and benchmarks)."""
+    refused: int
+    """Send attempts the transport refused (each one is retried)."""
+
+    def start(self) -> None:
+        """Begin relaying (a threaded relay starts its thread)."""
+
+    def stop(self) -> None:
+        """Stop relaying; rows not yet deleted are sent again at the next start."""
+
+    def hand_off(self, rows: Sequence[OutboxRow]) -> None:
+        """Send committed rows (now, or queued for the relay's thread)."""
+
+    def resend_pending(self) -> int:
+        """Send every row left in the outbox (node start); returns how many there were."""
+
+    def retry_due(self) -> bool:
+        """Retry refused rows whose backoff has passed; True if any was tried."""
+
+    def retry_all_now(self) -> bool:
+        """Make every waiting retry due at once; True if there was any (test networks)."""
+
+    def flush(self) -> None:
+        """Delete the rows the transport took since the last flush."""
+
+    def waiting(self) -> int:
+        """Rows refused by the transport and waiting for a retry."""
+
+    def idle(self) -> bool:
+        """True when no row waits for a send, a retry or its delete."""
