@@ -16,10 +16,13 @@ from collections.abc import Callable
 
 import pytest
 
+from messaging.service import Message, TransportError
+from tests.conftest import PIKA_MISSING, RABBITMQ_URL, rabbitmq_problem, require_service
+
+pytest.importorskip("pika", reason=PIKA_MISSING)  # before the imports that need it
+
 from messaging import amqp
 from messaging.amqp import AmqpMessaging
-from messaging.service import Message, TransportError
-from tests.conftest import RABBITMQ_URL, rabbitmq_problem, require_service
 
 TOPIC = "restart.topic"
 MESSAGES = 200

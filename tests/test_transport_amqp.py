@@ -7,11 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from messaging.service import MessagingService
+from tests.conftest import PIKA_MISSING, RABBITMQ_URL, rabbitmq_problem, require_service
+from tests.messaging_conformance import TransportConformance
+
+pytest.importorskip("pika", reason=PIKA_MISSING)  # before the imports that need it
+
 from messaging import amqp
 from messaging.amqp import AmqpMessaging
-from messaging.service import MessagingService
-from tests.conftest import RABBITMQ_URL, rabbitmq_problem, require_service
-from tests.messaging_conformance import TransportConformance
 
 
 class AmqpHarness:
