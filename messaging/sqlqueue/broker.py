@@ -434,6 +434,25 @@ class SqlQueueBroker:
                 ).scalar_one()
             )
 
+    def leases(self, queue: str) -> list[tuple[int, str | None]]:
+        """(row id, owner of its live lease or None) of each message in ``queue``, oldest first.
+
+        One snapshot, frames not loaded: what a consumer has claimed and what is still to come
+        (see :meth:`~messaging.sqlqueue.consumer.SqlQueueMessaging.drained`).
+        """
+        now = _ms(time.time())
+        table = queue_messages
+        with self.engine.connect() as connection:
+            rows = connection.execute(
+                select(table.c.id, table.c.lease_owner, table.c.lease_until)
+                .where(table.c.queue == queue)
+                .order_by(table.c.id)
+            )
+            return [
+                (int(row_id), owner if until is not None and until >= now else None)
+                for row_id, owner, until in rows
+            ]
+
     def depth(self, queue: str) -> int:
         """Messages stored in ``queue`` (leased or not)."""
         with self.engine.connect() as connection:

@@ -84,6 +84,8 @@ class SqlQueueMessaging:
         self._handlers: dict[str, MessageHandler] = {}
         self._owner = consumer_id or uuid.uuid4().hex
         self._pending_acks: list[int] = []  # row ids of settled deliveries
+        self._acks_in_flight: list[int] = []  # taken up by a flush, rows not deleted yet
+        self._in_handler: int | None = None  # the row id a handler is being given now
         self._outstanding: dict[int, int] = {}  # row id -> frame size, delivered, not settled
         self._outstanding_bytes = 0
         self._acks_lock = threading.Lock()
@@ -203,9 +205,34 @@ class SqlQueueMessaging:
         with self._acks_lock:
             return len(self._outstanding), self._outstanding_bytes
 
+    @property
+    def pending_acknowledgements(self) -> int:
+        """Acknowledgements given whose rows are not deleted yet.
+
+        A crash now would deliver those messages again (tests wait for 0 before crashing).
+        """
+        with self._acks_lock:
+            return len(self._pending_acks) + len(self._acks_in_flight)
+
+    def drained(self) -> bool:
+        """Whether this consumer's handlers were given every message its queue holds now.
+
+        True when every row of the queue is under this consumer's live lease and a handler
+        has had it (and returned): nothing stored is still to come to this consumer, so a
+        negative observation made after it (that message never came) means something. For
+        tests and operators: it reads the queue's row ids and leases, not its frames.
+        """
+        rows = self.broker.leases(self._address)
+        with self._acks_lock:
+            handed = self._outstanding.keys() | set(self._pending_acks) | set(self._acks_in_flight)
+            if self._in_handler is not None:  # (its handler has not returned yet)
+                handed.discard(self._in_handler)
+        return all(owner == self._owner and row_id in handed for row_id, owner in rows)
+
     def _flush_acks(self) -> None:
         with self._acks_lock:
             acks, self._pending_acks = self._pending_acks, []
+            self._acks_in_flight = acks
         if acks:
             try:
                 self.broker.acknowledge(self._address, acks)
@@ -213,6 +240,9 @@ class SqlQueueMessaging:
                 with self._acks_lock:
                     self._pending_acks[:0] = acks
                 raise
+            finally:
+                with self._acks_lock:
+                    self._acks_in_flight = []
 
     def _room(self) -> tuple[int, int]:
         """How many more deliveries, and frame bytes, the window allows now."""
@@ -308,11 +338,15 @@ class SqlQueueMessaging:
             if row_id not in self._outstanding:  # (a redelivery after its lease expired)
                 self._outstanding[row_id] = len(raw)
                 self._outstanding_bytes += len(raw)
+            self._in_handler = row_id
         self.delivered += 1
         try:
             handler(message)
         except Exception:  # a handler bug must not kill the consumer; the lease will expire
             log.exception("%s: handler failed on %s", self._address, message.message_id)
+        finally:
+            with self._acks_lock:
+                self._in_handler = None
 
     def _dead_letter(self, row_id: int, raw: bytes, reason: str, message_id: str | None) -> None:
         log.warning("%s: dead-lettering stored message %d: %s", self._address, row_id, reason)
