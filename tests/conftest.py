@@ -13,6 +13,7 @@ it; under ``FIBERFLOW_REQUIRE_SERVICES=1`` such a skipped module is a failure to
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -43,6 +44,11 @@ def pytest_make_collect_report(
         report.outcome = "failed"
         report.longrepr = f"required here (FIBERFLOW_REQUIRE_SERVICES=1): {reason}"
     return report
+
+
+def postgres_driver_problem() -> str | None:
+    """Why the PostgreSQL driver cannot be imported (psycopg is missing), or None."""
+    return None if importlib.util.find_spec("psycopg") is not None else PSYCOPG_MISSING
 
 
 @functools.cache
