@@ -7,6 +7,10 @@ start N ``PingFlow``s to Bob, shows progress until every flow has finished, stop
 with SIGTERM and prints a summary. ``--transport`` and ``--database`` run the same demo on
 RabbitMQ and PostgreSQL; ``--in-process`` runs both nodes in this process on the in-memory
 test network and prints every checkpoint written.
+
+The demo's CorDapp is data, as in a node config's ``cordapps``: a module name
+(:data:`DEMO_CORDAPP`) and the qualified name of its initiating flow (:data:`DEMO_FLOW`), loaded
+by name at run time. No framework module imports a sample.
 """
 
 from __future__ import annotations
@@ -25,21 +29,37 @@ from typing import Any
 import attrs
 
 from flows.client import NodeClient, decode_outcome
+from flows.cordapps import CordappError, Cordapps
+from flows.flow_logic import FlowLogic
 from flows.party import Party
 from flows.progress import ProgressBar
 from flows.testing import MockNetwork
 from messaging.transports import purge_queues
 from persistence.engine import drop_schema
-from samples.pingpong import PingFlow
 from statemachine.state import Checkpoint
 
 ALICE = "O=Alice,L=London,C=GB"
 BOB = "O=Bob,L=New York,C=US"
 STOP_TIMEOUT_SECONDS = 30.0
+DEMO_CORDAPP = "samples.pingpong"
+"""The CorDapp both demo nodes install (a module name, as in a node config's ``cordapps``)."""
+DEMO_FLOW = "samples.pingpong.flows.PingFlow"
+"""The initiating flow the demo starts on Alice, built with Bob's ``Party`` as its argument."""
+DEMO_REPLY = "Pong"
+"""What every demo flow returns when all went well."""
 
 
 class DemoNodeDiedError(RuntimeError):
     """A node process of the demo exited before the flows finished."""
+
+
+def demo_flows(count: int, counterparty: Party) -> list[FlowLogic[Any]]:
+    """``count`` instances of :data:`DEMO_FLOW` to ``counterparty``, loaded from its CorDapp."""
+    # Any: this flow's constructor takes the counterparty, FlowLogic's takes nothing.
+    flow_class: Any = Cordapps([DEMO_CORDAPP]).flow_class(DEMO_FLOW)
+    if flow_class is None:
+        raise CordappError(f"the demo flow {DEMO_FLOW} is not in the CorDapp {DEMO_CORDAPP}")
+    return [flow_class(counterparty) for _ in range(count)]
 
 
 def _describe_checkpoint(node: str, checkpoint: Checkpoint, size: int) -> str:
@@ -57,9 +77,7 @@ def _describe_checkpoint(node: str, checkpoint: Checkpoint, size: int) -> str:
 
 def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> int:
     """Ping/pong between Alice and Bob in one process; print results and checkpoints."""
-    with MockNetwork(
-        cordapps=["samples.pingpong"], directory=directory, synchronous="FULL"
-    ) as network:
+    with MockNetwork(cordapps=[DEMO_CORDAPP], directory=directory, synchronous="FULL") as network:
         alice = network.create_node(ALICE)
         bob = network.create_node(BOB)
         print(f"fiberflow demo: {flows} ping/pong flow(s) between {ALICE} and {BOB}")
@@ -75,7 +93,7 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
 
             mock.node.database.checkpoints.checkpoint_listeners.append(listener)
         started = time.perf_counter()
-        handles = [alice.start_flow(PingFlow(bob.party)) for _ in range(flows)]
+        handles = [alice.start_flow(flow) for flow in demo_flows(flows, bob.party)]
         rounds = network.run_network()
         elapsed = time.perf_counter() - started
         results = [h.result() for h in handles]
@@ -83,7 +101,7 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
             print(f"  result      PingFlow {handle.flow_id[:8]} -> {result!r}")
         if len(results) > 3:
             print(f"  ... {len(results) - 3} more results")
-        ok = results == ["Pong"] * flows
+        ok = results == [DEMO_REPLY] * flows
         written = sum(m.node.database.checkpoints.checkpoints_written for m in (alice, bob))
         sent = network.messaging.statistics.sent
         left = len(alice.checkpoints()) + len(bob.checkpoints())
@@ -92,7 +110,7 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
             f"{rounds} rounds, {written} checkpoints written, {sent} messages sent, "
             f"{left} checkpoints left"
         )
-        print("  all flows returned 'Pong'" if ok else "  SOME FLOWS FAILED")
+        print(f"  all flows returned {DEMO_REPLY!r}" if ok else "  SOME FLOWS FAILED")
         return 0 if ok and left == 0 else 1
 
 
@@ -113,7 +131,7 @@ class _DemoNode:
             f"name = {json.dumps(name)}",
             f"database_url = {json.dumps(self.database_url)}",
             f"transport_url = {json.dumps(transport)}",
-            'cordapps = ["samples.pingpong"]',
+            f"cordapps = {json.dumps([DEMO_CORDAPP])}",
             'network_map = "network-map"',
             f"status_file = {json.dumps(self.status_path.name)}",
         ]
@@ -189,8 +207,8 @@ class PingPongRun:
 
     @property
     def ok(self) -> bool:
-        """Every flow returned "Pong" and both nodes stopped cleanly."""
-        return self.results == ("Pong",) * self.flows and self.exit_codes == (0, 0)
+        """Every flow returned :data:`DEMO_REPLY` and both nodes stopped cleanly."""
+        return self.results == (DEMO_REPLY,) * self.flows and self.exit_codes == (0, 0)
 
 
 def run_pingpong_processes(
@@ -220,7 +238,7 @@ def run_pingpong_processes(
             node.wait_started()
         client = NodeClient(alice.database_url, database_schema=alice.schema)
         started = time.perf_counter()
-        flow_ids = client.start_flows([PingFlow(Party(BOB)) for _ in range(flows)])
+        flow_ids = client.start_flows(demo_flows(flows, Party(BOB)))
         bar = ProgressBar(flows, "flows") if show_progress else None
 
         def progress(done: int, total: int) -> None:
@@ -286,7 +304,7 @@ def run_process_demo(
         f"messages sent; completed Alice {run.completed[0]}, Bob {run.completed[1]}; "
         f"nodes exited with {list(run.exit_codes)}"
     )
-    print("  all flows returned 'Pong'" if run.ok else "  SOME FLOWS OR NODES FAILED")
+    print(f"  all flows returned {DEMO_REPLY!r}" if run.ok else "  SOME FLOWS OR NODES FAILED")
     if owns_directory and run.ok:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0 if run.ok else 1

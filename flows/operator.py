@@ -19,7 +19,7 @@ import attrs
 from sqlalchemy import select
 
 from flows.identity import KeyFileError, load_or_create_identity
-from flows.runtime import ConfigError, RuntimeConfig, load_config
+from flows.runtime_config import ConfigError, RuntimeConfig, load_config
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
 from persistence.serialization import PAYLOADS, SerializationError

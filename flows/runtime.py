@@ -1,27 +1,8 @@
 """The node runtime: one node in its own process, from a TOML config file.
 
-``fiberflow node run --config node.toml`` builds a :class:`NodeProcess` and runs it until
-SIGTERM or SIGINT, then shuts down cleanly (stop consuming, stop the relay, close the
-database; every flow stays checkpointed). The config file::
-
-    name = "O=Alice,L=London,C=GB"          # the node's X.500 name (required)
-    database_url = "sqlite:///alice.db"      # required; relative SQLite paths are taken
-                                             # relative to the config file's directory
-    transport_url = "sqlite:///queue.db"     # required: sqlite, postgresql or amqp URL
-    cordapps = ["samples.pingpong"]          # modules holding the node's flows
-    network_map = "network-map"              # directory of node-info files (default)
-    database_schema = "alice"                # optional, PostgreSQL only
-    synchronous = "FULL"                     # optional, SQLite durability level
-    status_file = "alice.status.json"        # optional: statistics, rewritten every second
-    log_level = "INFO"                       # optional
-    key_file = "alice.key.pem"               # optional: the node's Ed25519 key pair
-    receive_timeout = 3600                   # optional: seconds, or "forever"
-    limits = { max_bytes = 16777216, max_depth = 64 }   # optional: payload/message limits
-    lease_seconds = 20                       # optional: the node lease's length
-    database_wait_seconds = 60               # optional: wait this long for the database
-    busy_warning_seconds = 5                 # optional: log flows running this long
-
-A bad config fails at start with the file and the field named (:class:`ConfigError`).
+``fiberflow node run --config node.toml`` loads the config (:mod:`flows.runtime_config`),
+builds a :class:`NodeProcess` and runs it until SIGTERM or SIGINT, then shuts down cleanly
+(stop consuming, stop the relay, close the database; every flow stays checkpointed).
 
 One process runs a node at a time: at start the process takes the node's lease
 (:mod:`persistence.lease`) and renews it on a thread of its own. A second process on the same
@@ -40,7 +21,6 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -49,17 +29,14 @@ import attrs
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
-from flows.cordapps import CordappError, Cordapps
 from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
-from flows.network_map import NetworkMap, NetworkMapError, NodeInfo, node_key
-from flows.node import DEFAULT_RECEIVE_TIMEOUT, Node, NodeConfig
-from flows.party import Party
-from messaging.codec import wire_limits_problem
-from messaging.transports import TransportUrlError, open_transport, transport_scheme
+from flows.network_map import NetworkMap, NetworkMapError, NodeInfo
+from flows.node import Node
+from flows.runtime_config import ConfigError, RuntimeConfig, load_config
+from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
-    DEFAULT_LEASE_SECONDS,
     LeaseHeldError,
     LeaseKeeper,
     LeaseLostError,
@@ -67,7 +44,6 @@ from persistence.lease import (
     WorkerInfo,
     application_name,
 )
-from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 from persistence.store import NodeDatabase
 
 log = logging.getLogger("fiberflow.runtime")
@@ -78,201 +54,10 @@ IDLE_WAIT_SECONDS = 0.05
 STATUS_SECONDS = 1.0
 REPORT_SECONDS = 10.0
 
-_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "database_url": str,
-    "transport_url": str,
-    "cordapps": list,
-    "network_map": str,
-    "database_schema": str,
-    "synchronous": str,
-    "status_file": str,
-    "log_level": str,
-    "key_file": str,
-    "receive_timeout": (int, float, str),
-    "limits": dict,
-    "lease_seconds": (int, float),
-    "database_wait_seconds": (int, float),
-    "busy_warning_seconds": (int, float),
-}
-_REQUIRED = ("name", "database_url", "transport_url")
-
-
-class ConfigError(ValueError):
-    """A node config that cannot be used; the message names the file and the field."""
-
-
-DEFAULT_BUSY_WARNING_SECONDS = 5.0
-"""A flow whose code runs this long without suspending is logged (and shown as RUNNING)."""
-DEFAULT_DATABASE_WAIT_SECONDS = 60.0
-"""How long a starting node retries a database that refuses connections."""
-
 EXIT_REFUSED = 2
 """Exit status of a node process that could not start (bad config, another holder)."""
 EXIT_LEASE_LOST = 3
 """Exit status of a node process that lost its lease to another process."""
-
-
-@attrs.frozen
-class RuntimeConfig:
-    """A node process's configuration (see the module docstring)."""
-
-    name: str
-    database_url: str
-    transport_url: str
-    cordapps: tuple[str, ...] = ()
-    network_map: Path | None = None
-    database_schema: str | None = None
-    synchronous: str = "FULL"
-    status_file: Path | None = None
-    log_level: str = "INFO"
-    key_file: Path | None = None
-    """The node's Ed25519 key pair (PEM, mode 0600), created at first start."""
-    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
-    """Seconds a receive waits when the flow gives no timeout (None: forever)."""
-    limits: SerializationLimits = DEFAULT_LIMITS
-    """What payloads and session messages may be (size, depth, lengths), both ways."""
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    """How long the node lease lasts without renewal (renewed every third of it)."""
-    database_wait_seconds: float = DEFAULT_DATABASE_WAIT_SECONDS
-    """How long a starting node waits for an unreachable database before giving up."""
-    busy_warning_seconds: float = DEFAULT_BUSY_WARNING_SECONDS
-    """A flow whose code runs this long without suspending is logged and listed."""
-
-    def node_config(self) -> NodeConfig:
-        """The :class:`NodeConfig` of the node."""
-        return NodeConfig(
-            name=self.name,
-            database_url=self.database_url,
-            cordapps=self.cordapps,
-            synchronous=self.synchronous,
-            database_schema=self.database_schema,
-            receive_timeout=self.receive_timeout,
-            lease_seconds=self.lease_seconds,
-            limits=self.limits,
-        )
-
-
-def load_config(path: str | Path) -> RuntimeConfig:
-    """Read and check a node config file; raises :class:`ConfigError` naming the problem."""
-    path = Path(path)
-    try:
-        document = tomllib.loads(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the config: {error}") from error
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}") from error
-    return config_from_mapping(document, path.resolve().parent, str(path))
-
-
-def config_from_mapping(
-    document: dict[str, Any], base: Path, source: str = "config"
-) -> RuntimeConfig:
-    """Check a parsed config (paths relative to ``base``); see :func:`load_config`."""
-
-    def fail(field: str, problem: str) -> ConfigError:
-        return ConfigError(f"{source}: field {field!r}: {problem}")
-
-    unknown = sorted(set(document) - set(_FIELDS))
-    if unknown:
-        raise fail(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
-    for field in _REQUIRED:
-        if field not in document:
-            raise fail(field, "missing (required)")
-    for field, expected in _FIELDS.items():
-        if field in document and not isinstance(document[field], expected):
-            names = " or ".join(
-                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
-            )
-            raise fail(field, f"must be a {names}, not {document[field]!r}")
-    try:
-        Party(document["name"])
-    except ValueError as error:
-        raise fail("name", str(error)) from None
-    cordapps = tuple(document.get("cordapps", ()))
-    if not all(isinstance(c, str) for c in cordapps):
-        raise fail("cordapps", "must be a list of module names")
-    try:
-        Cordapps(cordapps)
-    except CordappError as error:
-        raise fail("cordapps", str(error)) from None
-    database_url = _resolve_sqlite(document["database_url"], base)
-    if "://" not in database_url:
-        raise fail("database_url", f"{database_url!r} is not a URL (e.g. sqlite:///alice.db)")
-    transport_url = _resolve_sqlite(document["transport_url"], base)
-    try:
-        transport_scheme(transport_url)
-    except TransportUrlError as error:
-        raise fail("transport_url", str(error)) from None
-    synchronous = document.get("synchronous", "FULL")
-    if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-        raise fail("synchronous", "must be OFF, NORMAL, FULL or EXTRA")
-    level = document.get("log_level", "INFO").upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise fail("log_level", "must be DEBUG, INFO, WARNING or ERROR")
-    schema = document.get("database_schema")
-    if schema is not None and not database_url.startswith("postgres"):
-        raise fail("database_schema", "is for PostgreSQL databases only")
-    network_map = base / document.get("network_map", "network-map")
-    status_file = document.get("status_file")
-    key_file = base / document.get("key_file", f"{node_key(document['name'])}.key.pem")
-    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
-    if "receive_timeout" in document:
-        value = document["receive_timeout"]
-        if value == "forever":
-            receive_timeout = None
-        elif isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-            receive_timeout = float(value)
-        else:
-            raise fail("receive_timeout", 'must be positive seconds or "forever"')
-    limits = DEFAULT_LIMITS
-    if "limits" in document:
-        known = {f.name for f in attrs.fields(SerializationLimits)}
-        unknown_limits = sorted(set(document["limits"]) - known)
-        if unknown_limits:
-            raise fail("limits", f"unknown limit {unknown_limits[0]!r} (known: {sorted(known)})")
-        try:
-            limits = SerializationLimits(**document["limits"])
-        except (TypeError, ValueError) as error:
-            raise fail("limits", str(error)) from None
-        problem = wire_limits_problem(limits)
-        if problem is not None:
-            raise fail("limits", problem)
-    lease_seconds = document.get("lease_seconds", DEFAULT_LEASE_SECONDS)
-    if isinstance(lease_seconds, bool) or not lease_seconds > 0:
-        raise fail("lease_seconds", "must be positive seconds")
-    database_wait = document.get("database_wait_seconds", DEFAULT_DATABASE_WAIT_SECONDS)
-    if isinstance(database_wait, bool) or not database_wait >= 0:
-        raise fail("database_wait_seconds", "must be zero or positive seconds")
-    busy_warning = document.get("busy_warning_seconds", DEFAULT_BUSY_WARNING_SECONDS)
-    if isinstance(busy_warning, bool) or not busy_warning > 0:
-        raise fail("busy_warning_seconds", "must be positive seconds")
-    return RuntimeConfig(
-        name=document["name"],
-        database_url=database_url,
-        transport_url=transport_url,
-        cordapps=cordapps,
-        network_map=network_map,
-        database_schema=schema,
-        synchronous=synchronous,
-        status_file=None if status_file is None else base / status_file,
-        log_level=level,
-        key_file=key_file,
-        receive_timeout=receive_timeout,
-        limits=limits,
-        lease_seconds=float(lease_seconds),
-        database_wait_seconds=float(database_wait),
-        busy_warning_seconds=float(busy_warning),
-    )
-
-
-def _resolve_sqlite(url: str, base: Path) -> str:
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and not url.startswith(prefix + "/"):
-        relative = url[len(prefix) :]
-        if relative and relative != ":memory:":
-            return prefix + str((base / relative).resolve())
-    return url
 
 
 def _first_line(error: BaseException) -> str:

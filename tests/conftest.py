@@ -4,13 +4,18 @@ Every network test runs on SQLite and on PostgreSQL. PostgreSQL is taken from
 ``FIBERFLOW_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``); if it
 cannot be reached the PostgreSQL cases skip with the reason, unless
 ``FIBERFLOW_REQUIRE_SERVICES=1`` (set by ``.ci/run``), which turns the skip into a failure.
+
+Test modules that need an optional package at import time (pika) skip it first with
+``pytest.importorskip(package, reason=...)`` naming the package and the extra that installs
+it; under ``FIBERFLOW_REQUIRE_SERVICES=1`` such a skipped module is a failure too.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,27 @@ POSTGRES_URL = os.environ.get(
 )
 REQUIRE_SERVICES = os.environ.get("FIBERFLOW_REQUIRE_SERVICES") == "1"
 BACKENDS = ["sqlite", "postgresql"]
+PSYCOPG_MISSING = "psycopg is not installed (pip install -e '.[dev,postgres]')"
+PIKA_MISSING = "pika is not installed (pip install -e '.[dev,amqp]')"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """With ``FIBERFLOW_REQUIRE_SERVICES=1``, a module skipped at import is a failure."""
+    report = yield
+    if REQUIRE_SERVICES and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        reason = str(reason).removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"required here (FIBERFLOW_REQUIRE_SERVICES=1): {reason}"
+    return report
+
+
+def postgres_driver_problem() -> str | None:
+    """Why the PostgreSQL driver cannot be imported (psycopg is missing), or None."""
+    return None if importlib.util.find_spec("psycopg") is not None else PSYCOPG_MISSING
 
 
 @functools.cache
@@ -31,7 +57,7 @@ def postgres_problem() -> str | None:
     try:
         import psycopg
     except ImportError:
-        return "psycopg is not installed (pip install -e '.[dev,postgres]')"
+        return PSYCOPG_MISSING
     try:
         conninfo = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(conninfo, connect_timeout=5) as connection:
@@ -91,7 +117,7 @@ def rabbitmq_problem() -> str | None:
     try:
         import pika
     except ImportError:
-        return "pika is not installed (pip install -e '.[dev,amqp]')"
+        return PIKA_MISSING
     try:
         parameters = pika.URLParameters(RABBITMQ_URL)
         parameters.socket_timeout = 5

@@ -7,6 +7,13 @@ dies, durability across a consumer restart, no loss under concurrent producers, 
 dead-lettering, with the reason, of frames that cannot be decoded, of bodies over the frame
 limit (refused on their length, before decoding), of text fields over their limits (exactly
 the limit passes) and of messages whose topic has no handler.
+
+No test sleeps for a fixed time. Every wait is a condition with a deadline that names what it
+waited for (:func:`wait_until`); the in-memory network is driven step by step, so a wait on it
+fails at once when nothing is left to deliver. Before asserting that something did *not*
+arrive, a test has the harness prove that the endpoint was given everything its queue held
+(:meth:`TransportHarness.drain`), and before crashing an endpoint it has the harness prove
+that its acknowledgements were written (:meth:`TransportHarness.flush_acknowledgements`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS, TOPIC_CHARS
 
 TOPIC = "conformance.topic"
 WAIT_SECONDS = 30.0
+"""How long a wait may take before it fails, naming what it waited for."""
+POLL_SECONDS = 0.005
+"""How often a wait on a transport with consumer threads checks its condition again."""
 
 
 class TransportHarness(Protocol):
@@ -37,8 +47,26 @@ class TransportHarness(Protocol):
         With ``max_frame_bytes``, it takes no larger frame (the default limit otherwise).
         """
 
-    def pump(self) -> None:
-        """Let deliveries happen (drive the in-memory network; wait a little otherwise)."""
+    def deliver(self) -> bool:
+        """Drive the deliveries a test must drive; False when nothing more can happen by itself.
+
+        The in-memory network delivers only when told: it delivers what is queued and answers
+        whether anything was delivered or dead-lettered. Transports with consumer threads
+        deliver by themselves and answer True.
+        """
+
+    def drain(self, endpoint: MessagingService) -> None:
+        """Return once ``endpoint``'s handlers were given everything its queue holds now.
+
+        After it, "this message never came" is an observation, not a guess. Each harness
+        proves it its own way and fails, naming the endpoint, if it cannot.
+        """
+
+    def flush_acknowledgements(self, endpoint: MessagingService) -> None:
+        """Return once every acknowledgement given to ``endpoint`` is written through.
+
+        (So that a crash right after it loses none of them.)
+        """
 
     def crash(self, endpoint: MessagingService) -> None:
         """Make ``endpoint`` die as a killed process would (no clean shutdown)."""
@@ -67,18 +95,21 @@ class Inbox:
 
 
 def wait_until(harness: TransportHarness, condition: Callable[[], bool], what: str) -> None:
+    """Return once ``condition()`` holds; fail naming ``what`` when it cannot or did not in time.
+
+    On the in-memory network it fails as soon as nothing is left to deliver; on a transport
+    with consumer threads it checks again every :data:`POLL_SECONDS` until
+    :data:`WAIT_SECONDS` have passed.
+    """
     deadline = time.monotonic() + WAIT_SECONDS
     while not condition():
+        if not harness.deliver():
+            if condition():
+                return
+            raise AssertionError(f"no {what}: the transport has nothing left to deliver")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_SECONDS} s waiting for {what}")
-        harness.pump()
-
-
-def settle(harness: TransportHarness, seconds: float = 0.3) -> None:
-    """Give a transport time to deliver anything it (wrongly) still would."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        harness.pump()
+            raise AssertionError(f"timed out after {WAIT_SECONDS:.0f} s waiting for {what}")
+        time.sleep(POLL_SECONDS)
 
 
 def address(role: str) -> str:
@@ -165,7 +196,7 @@ class TransportConformance:
         marker = message(sender_name, 99)
         sender.send(marker, receiver_name)
         wait_until(harness, lambda: marker.message_id in again_inbox.ids(), "the marker")
-        settle(harness)
+        harness.drain(again)
         assert again_inbox.ids() == [marker.message_id]
         again.stop()
         sender.stop()
@@ -187,11 +218,11 @@ class TransportConformance:
         wait_until(harness, lambda: len(inbox.ids()) == 2, "both copies")
         (bad,) = [m for m in inbox.messages if m.sender == forger_name]
         receiver.acknowledge(bad)
-        settle(harness)  # let a transport that buffers acknowledgements write this one
+        harness.flush_acknowledgements(receiver)  # a transport may buffer acknowledgements
         harness.crash(receiver)  # the genuine copy was never acknowledged: it comes back
         again, again_inbox = successor(harness, receiver, receiver_name)
         wait_until(harness, lambda: len(again_inbox.ids()) >= 1, "the genuine copy")
-        settle(harness)
+        harness.drain(again)
         assert [(m.sender, m.data) for m in again_inbox.messages] == [(sender_name, genuine.data)]
         for delivered in list(again_inbox.messages):
             again.acknowledge(delivered)
@@ -229,7 +260,6 @@ class TransportConformance:
         sent = [message(sender_name, n) for n in range(10)]
         for m in sent:
             sender.send(m, receiver_name)
-        settle(harness, 0.1)
         again, inbox = consumer(harness, receiver_name)
         wait_until(harness, lambda: len(set(inbox.ids())) == 10, "10 messages after restart")
         assert set(inbox.ids()) == {m.message_id for m in sent}
@@ -306,7 +336,7 @@ class TransportConformance:
         after = message(sender_name, 3)
         sender.send(after, receiver_name)
         wait_until(harness, lambda: after.message_id in again_inbox.ids(), "a later message")
-        settle(harness)
+        harness.drain(again)
         assert again_inbox.ids() == [after.message_id]
         assert len(harness.dead_letter_reasons(receiver_name)) == 3
         again.stop()
@@ -431,7 +461,7 @@ class TransportConformance:
         after = message(sender_name, 2)
         sender.send(after, receiver_name)
         wait_until(harness, lambda: after.message_id in again_inbox.ids(), "a later message")
-        settle(harness)
+        harness.drain(again)
         assert again_inbox.ids() == [after.message_id]
         assert len(harness.dead_letter_reasons(receiver_name)) == 1
         again.stop()

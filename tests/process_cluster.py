@@ -36,6 +36,7 @@ from persistence.engine import drop_schema
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
 from tests.cordapp import LEDGER_METADATA, PaymentFlow, ledger_entries
+from tests.waiting import serving, wait_until
 
 RUN = uuid.uuid4().hex[:6]
 """Node names carry it: queues are named after nodes, so two test runs sharing a broker (or
@@ -69,6 +70,7 @@ class ClusterNode:
             self.schema = f"ffkill_{self.short}_{uuid.uuid4().hex[:8]}"
         self.config_path = directory / f"{self.short}.toml"
         self.log_path = directory / f"{self.short}.log"
+        self.status_path = directory / f"{self.short}.status.json"
         fields: dict[str, Any] = {
             "name": name,
             "database_url": self.database_url,
@@ -76,6 +78,7 @@ class ClusterNode:
             "cordapps": CORDAPPS,
             "synchronous": "NORMAL",
             "log_level": "INFO",
+            "status_file": self.status_path.name,
         }
         if self.schema is not None:
             fields["database_schema"] = self.schema
@@ -110,13 +113,15 @@ class ClusterNode:
             )
 
     def wait_started(self, timeout: float = 60.0) -> None:
-        """Wait until the node logged its start (this incarnation)."""
-        deadline = time.monotonic() + timeout
-        while self.log_path.read_text(errors="replace").count("started (pid") < self.starts:
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not start within {timeout} s")
-            time.sleep(0.02)
+        """Wait until this incarnation serves (its status file says so, with its pid)."""
+        process = self.process
+        assert process is not None
+        wait_until(
+            lambda: serving(self.status_path, process),
+            f"{self.name} to start",
+            timeout,
+            check=self.check_alive,
+        )
 
     def check_alive(self) -> None:
         """Raise with the end of the log if the process exited on its own."""
@@ -275,7 +280,6 @@ def _check(
         else:
             assert result == f"receipt {flow.amount}"  # type: ignore[attr-defined]
     # Exactly once on every node: one responder per initiated session, no flow twice.
-    deadline = time.monotonic() + 120
     expected = {
         alice.short: Counter(
             {
@@ -287,12 +291,16 @@ def _check(
         bob.short: Counter({"PongFlow": kinds["ping"], "SellerFlow": kinds["trade"]}),
         carol.short: Counter({"ApproverFlow": kinds["trade"], "PayeeFlow": kinds["payment"]}),
     }
-    while True:  # responders finish a moment after the initiators' outcomes are in
-        found = {node.short: node.counts(schema.node_flow_results) for node in cluster.nodes}
-        if found == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert found == expected, f"results per node {found}, expected {expected}"
+
+    def found() -> dict[str, Counter[str]]:
+        return {node.short: node.counts(schema.node_flow_results) for node in cluster.nodes}
+
+    wait_until(  # responders finish a moment after the initiators' outcomes are in
+        lambda: found() == expected,
+        f"results per node {expected}",
+        120,
+        explain=lambda: str(found()),
+    )
     for node in cluster.nodes:
         assert node.counts(schema.node_flow_exceptions) == Counter(), node.name
     payments = [(flow, fid) for (k, flow), fid in zip(planned, ids, strict=True) if k == "payment"]
@@ -303,10 +311,11 @@ def _check(
         mine = [entry for fid, entry in alice_rows if fid == flow_id]
         assert mine == [f"debit {amount}", f"receipt {amount}"], (flow_id, mine)
     assert carol_rows == Counter(f"credit {f.amount}" for f, _ in payments)  # type: ignore[attr-defined]
-    while time.monotonic() < deadline:  # relays empty their outboxes shortly after
-        if all(node.client.database.count("node_outbox") == 0 for node in cluster.nodes):
-            break
-        time.sleep(0.1)
+    wait_until(  # relays empty their outboxes shortly after
+        lambda: all(node.client.database.count("node_outbox") == 0 for node in cluster.nodes),
+        "every outbox to be empty",
+        120,
+    )
     for node in cluster.nodes:
         assert node.client.database.count("node_outbox") == 0, f"{node.name} outbox not empty"
         assert node.client.database.count("node_checkpoints") == 0, f"{node.name} checkpoints"

@@ -14,8 +14,14 @@ import threading
 import uuid
 from collections.abc import Iterator
 
-import pika
 import pytest
+
+from messaging.service import Message
+from tests.conftest import PIKA_MISSING, RABBITMQ_URL, rabbitmq_problem, require_service
+
+pytest.importorskip("pika", reason=PIKA_MISSING)  # before the imports that need it
+
+import pika
 
 from messaging.amqp import (
     AmqpMessaging,
@@ -27,8 +33,6 @@ from messaging.amqp import (
     read_dead_letters,
     setup_topology,
 )
-from messaging.service import Message
-from tests.conftest import RABBITMQ_URL, rabbitmq_problem, require_service
 
 TOPIC = "permissions.topic"
 

@@ -54,7 +54,12 @@ from tests.analytics_data import (
     build_clean_network,
     corrupt,
 )
-from tests.conftest import POSTGRES_URL, database_for, require_service
+from tests.conftest import (
+    POSTGRES_URL,
+    database_for,
+    postgres_driver_problem,
+    require_service,
+)
 
 SETTINGS_MINUTE = 60_000
 JARS = find_jdbc_jars()
@@ -206,11 +211,13 @@ def test_a_bad_node_fails_fast_before_spark_starts(
         f"sqlite:///{tmp_path / 'missing.db'}": "no database file",
         f"sqlite:///{not_a_node}": "is not a fiberflow node database: no table node_checkpoints",
         f"sqlite:///{tmp_path / 'garbage.db'}": "cannot read",
-        "O=Bob,L=Paris,C=FR=postgresql://postgres@127.0.0.1:1/test": "cannot connect",
         "mysql://x/y": "unsupported database",
         "alice.db": "must be a database URL or NAME=URL",
+        "O=Bob,L=Paris,C=FR=postgresql://postgres@127.0.0.1:1/test": "cannot connect",
     }
     for node, message in cases.items():
+        if "postgresql://" in node:  # the last case: it needs the driver (the others ran)
+            require_service("the PostgreSQL driver", postgres_driver_problem())
         started = time.perf_counter()
         assert cli_main(["analyze", "--node", node, "--json", str(tmp_path / "r.json")]) == 2
         printed = capsys.readouterr()

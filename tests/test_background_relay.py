@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.frame import MAX_FRAME_BYTES, encode_frame
 from messaging.service import Message, MessageHandler, TransportError
 from statemachine.ports import OutboxRow
+from tests.waiting import wait_until
 
 
 class FlakyTransport:
@@ -59,10 +59,7 @@ class ListOutbox:
 
 
 def wait_idle(relay: BackgroundOutboxRelay) -> None:
-    deadline = time.monotonic() + 30
-    while not relay.idle():
-        assert time.monotonic() < deadline, "relay never became idle"
-        time.sleep(0.01)
+    wait_until(relay.idle, "the relay to become idle", 30)
 
 
 def test_refused_rows_are_retried_without_holding_back_the_others() -> None:
@@ -89,10 +86,7 @@ def test_rows_not_taken_stay_in_the_outbox_after_stop() -> None:
     relay = BackgroundOutboxRelay(transport, outbox, seed=2)
     relay.start()
     relay.hand_off(rows)
-    deadline = time.monotonic() + 30
-    while "m2" not in outbox.deleted:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: "m2" in outbox.deleted, "the row to A to be taken", 30)
     relay.stop()
     assert list(outbox.rows) == ["m1"]
     assert not relay.idle() and relay.waiting() == 1
@@ -115,16 +109,11 @@ def test_a_row_that_cannot_be_framed_stays_in_the_outbox_and_the_relay_goes_on()
     relay = BackgroundOutboxRelay(transport, outbox, seed=1)
     relay.start()
     relay.resend_pending()
-    deadline = time.monotonic() + 30
-    while len(outbox.deleted) < 2:
-        assert time.monotonic() < deadline, "the sendable rows were never taken"
-        time.sleep(0.01)
+    wait_until(lambda: len(outbox.deleted) >= 2, "the sendable rows to be taken", 30)
     late = OutboxRow("m3", "A", b"x")
     outbox.rows["m3"] = late  # committed by a later round
     relay.hand_off([late])  # the thread is still alive and working
-    while "m3" not in outbox.deleted:
-        assert time.monotonic() < deadline, "the relay thread stopped working"
-        time.sleep(0.01)
+    wait_until(lambda: "m3" in outbox.deleted, "the relay thread to take a later row", 30)
     relay.stop()
     assert sorted(outbox.deleted) == ["m1", "m2", "m3"]
     assert list(outbox.rows) == ["huge"]  # kept, never lost

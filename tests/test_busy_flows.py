@@ -23,7 +23,8 @@ from messaging.transports import purge_queues
 from persistence.engine import drop_schema
 from tests.cordapp import BusyFlow
 from tests.process_cluster import NAMES, ClusterNode
-from tests.test_single_writer import backends, log_of, wait_for
+from tests.test_single_writer import backends, log_of
+from tests.waiting import wait_until
 
 ALICE = NAMES[0]
 
@@ -39,7 +40,7 @@ def test_a_flow_that_never_suspends_is_logged_listed_and_sigterm_still_stops_the
         alice.start()
         alice.wait_started()
         (flow_id,) = alice.client.start_flows([BusyFlow(600, how)])
-        wait_for(
+        wait_until(
             lambda: "without suspending, at cordapp.py:" in log_of(alice.log_path),
             "the watchdog to name the busy flow",
         )
@@ -54,7 +55,9 @@ def test_a_flow_that_never_suspends_is_logged_listed_and_sigterm_still_stops_the
         if (which, how) != ("sqlite", "effect"):
             # (On SQLite an effect runs inside the step's transaction, which holds the write
             # lock: nothing can be written until it ends, the note included; the log has it.)
-            wait_for(lambda: [f["status"] for f in listed()] == ["RUNNING"], "flow list to show it")
+            wait_until(
+                lambda: [f["status"] for f in listed()] == ["RUNNING"], "flow list to show it"
+            )
             (shown,) = listed()
             assert str(shown["waiting_on"]).startswith("running ")
             assert "at cordapp.py:" in str(shown["waiting_on"])

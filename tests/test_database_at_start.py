@@ -21,7 +21,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import POSTGRES_URL, postgres_problem, require_service
+from tests.conftest import (
+    POSTGRES_URL,
+    postgres_driver_problem,
+    postgres_problem,
+    require_service,
+)
 from tests.test_runtime import write_config
 
 FIBERFLOW = [sys.executable, "-m", "flows.cli"]
@@ -144,6 +149,7 @@ def test_a_node_waits_for_postgresql_and_starts_when_it_answers(tmp_path: Path) 
 
 
 def test_a_node_gives_up_on_an_unreachable_database_after_its_wait(tmp_path: Path) -> None:
+    require_service("the PostgreSQL driver", postgres_driver_problem())  # no server needed
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
     status, stderr = run_to_exit(node_config(tmp_path, url, database_wait_seconds=1.5))
     assert status == 2, stderr

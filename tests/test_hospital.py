@@ -18,6 +18,7 @@ from persistence.sql_transaction import SqlTransaction
 from samples.pingpong import PingFlow
 from tests.cordapp import FailingEffectFlow, FlakyEffectsFlow
 from tests.test_runtime import running, two_nodes
+from tests.waiting import wait_until
 
 
 def locked() -> OperationalError:
@@ -125,7 +126,7 @@ def test_a_flow_whose_effect_has_a_bug_fails_and_its_counterparty_is_told(
             # never stopped for it (issue 12: quarantine, not node-wide retry).
             assert processes[0].hospital.pinned == 1
             assert processes[0].recoveries == 0
-            _wait_for(lambda: _responder_error(bobs) is not None)
+            wait_until(lambda: _responder_error(bobs) is not None, "Bob's responder to fail")
             assert _responder_error(bobs) == "flows.errors.UnexpectedFlowEndException"
     finally:
         client.close()
@@ -143,15 +144,6 @@ def _responder_error(client: NodeClient) -> str | None:
             select(table.c.exception_class).where(table.c.flow_class.like("%WaitingResponder"))
         ).first()
     return None if found is None else str(found.exception_class)
-
-
-def _wait_for(condition: Any) -> None:
-    import time
-
-    deadline = time.monotonic() + 60
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_path: Path) -> None:
@@ -194,12 +186,12 @@ def test_failures_in_a_row_count_again_once_the_flow_gets_past_the_step(tmp_path
 
 
 def _wait_for_status(config: Any, flow_id: str, status: str) -> dict[str, Any]:
-    import time
+    def found() -> list[dict[str, Any]]:
+        return [f for f in list_flows(config) if f["flow_id"] == flow_id and f["status"] == status]
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for flow in list_flows(config):
-            if flow["flow_id"] == flow_id and flow["status"] == status:
-                return flow
-        time.sleep(0.05)
-    raise AssertionError(f"{flow_id} never reached {status}: {list_flows(config)}")
+    wait_until(
+        lambda: bool(found()),
+        f"{flow_id} to reach {status}",
+        explain=lambda: str(list_flows(config)),
+    )
+    return found()[0]

@@ -28,6 +28,7 @@ from persistence.node_store import FlowRequest
 from samples.pingpong import PingFlow
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 from tests.cordapp import SleepyFlow
+from tests.waiting import serving, still_running, wait_until
 
 FIBERFLOW = [sys.executable, "-m", "flows.cli"]
 
@@ -196,14 +197,17 @@ def test_two_node_processes_ping_pong_over_the_sql_queue(tmp_path: Path, backend
             assert [decode_outcome(outcomes[f]) for f in flow_ids] == ["Pong"] * 30
             assert {p.node.party.name for p in processes if p.node} == {alice.name, bob.name}
             # The last messages (ends of sessions) are still travelling: the network drains.
-            deadline = time.monotonic() + 30
-            while (
-                broker.depth(alice.name)
-                or broker.depth(bob.name)
-                or client.database.count("node_outbox")
-            ):
-                assert time.monotonic() < deadline, "the queues never drained"
-                time.sleep(0.05)
+            wait_until(
+                lambda: (
+                    not (
+                        broker.depth(alice.name)
+                        or broker.depth(bob.name)
+                        or client.database.count("node_outbox")
+                    )
+                ),
+                "the queues and Alice's outbox to drain",
+                30,
+            )
         assert set(NetworkMap(tmp_path / "network-map").nodes()) == {alice.name, bob.name}
         status = json.loads((tmp_path / "bob.status.json").read_text())
         assert status["flows_completed"] == 30 and status["running"] is False
@@ -244,17 +248,6 @@ def test_a_flow_request_is_started_once_and_an_unknown_class_fails_with_the_reas
 # --- real processes -----------------------------------------------------------------------
 
 
-def wait_for_log(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        if process.poll() is not None:
-            raise AssertionError(f"node exited ({process.returncode}): {path.read_text()}")
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} never appeared in {path}")
-
-
 def test_a_node_process_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     path = write_config(tmp_path / "alice.toml", **good_fields(tmp_path))
     log = tmp_path / "alice.log"
@@ -262,8 +255,13 @@ def test_a_node_process_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
         process = subprocess.Popen(
             [*FIBERFLOW, "node", "run", "--config", str(path)], stdout=output, stderr=output
         )
-    try:
-        wait_for_log(log, "started (pid", process)
+    network_map = NetworkMap(tmp_path / "network-map")
+    try:  # a node publishes its node info once it has started
+        wait_until(
+            lambda: network_map.lookup("O=Alice,L=London,C=GB") is not None,
+            "Alice to start and publish her node info",
+            check=still_running(process, log),
+        )
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
     finally:
@@ -313,13 +311,28 @@ def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -
             )
 
     client = NodeClient(alice.database_url)
+    bobs: NodeClient | None = None  # opened once Bob's process has made his database
+    statuses = [tmp_path / "alice.status.json", tmp_path / "bob.status.json"]
+
+    def wait_serving(index: int) -> None:
+        wait_until(
+            lambda: serving(statuses[index], processes[index]),
+            f"{('Alice', 'Bob')[index]} to start",
+            check=still_running(processes[index], logs[index]),
+        )
+
     processes = [start(0)]  # Bob is not running yet: Alice's messages wait in his queue
     try:
-        wait_for_log(logs[0], "started (pid", processes[0])
+        wait_serving(0)
         flow_ids = client.start_flows([PingFlow(Party(bob.name)) for _ in range(40)])
         processes.append(start(1))
-        wait_for_log(logs[1], "started (pid", processes[1])
-        time.sleep(0.05)
+        wait_serving(1)
+        bobs = NodeClient(bob.database_url)
+        wait_until(  # killed in the middle of his work, not before it
+            lambda: bobs.database.count("node_message_ids") > 0,
+            "Bob to take in a first message",
+            check=still_running(processes[1], logs[1]),
+        )
         os.kill(processes[1].pid, signal.SIGKILL)
         processes[1].wait(30)
         processes[1] = start(1)
@@ -331,4 +344,6 @@ def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -
                 process.send_signal(signal.SIGTERM)
                 process.wait(60)
         client.close()
+        if bobs is not None:
+            bobs.close()
     assert logs[1].read_text().count("started (pid") == 2

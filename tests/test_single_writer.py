@@ -17,7 +17,6 @@ import sqlite3
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ from tests.conftest import (
 )
 from tests.cordapp import PaymentFlow, ledger_entries
 from tests.process_cluster import Cluster, ClusterNode
+from tests.waiting import serving, still_running, wait_until
 
 LEASE_SECONDS = 2.0
 
@@ -47,14 +47,6 @@ def backends(tmp_path: Path, which: str) -> tuple[str, str | None]:
     require_service("PostgreSQL", postgres_problem())
     require_service("RabbitMQ", rabbitmq_problem())
     return RABBITMQ_URL, POSTGRES_URL
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def log_of(path: Path) -> str:
@@ -71,11 +63,15 @@ def test_two_processes_started_at_once_one_runs_the_other_refuses(
     logs = [tmp_path / "alice-1.log", tmp_path / "alice-2.log"]
     processes = [alice.spawn(path) for path in logs]
     try:
-        wait_for(lambda: any(p.poll() is not None for p in processes), "one process to give up", 90)
+        wait_until(lambda: any(p.poll() is not None for p in processes), "one to give up", 90)
         refused = next(i for i, p in enumerate(processes) if p.poll() is not None)
         running = 1 - refused
         assert processes[refused].returncode == 2, log_of(logs[refused])
-        wait_for(lambda: "started (pid" in log_of(logs[running]), "the other to start")
+        wait_until(
+            lambda: serving(alice.status_path, processes[running]),
+            "the other to start",
+            check=still_running(processes[running], logs[running]),
+        )
         assert processes[running].poll() is None, log_of(logs[running])
         lines = [line for line in log_of(logs[refused]).splitlines() if "ERROR" in line]
         assert len(lines) == 1, lines
@@ -140,11 +136,15 @@ def test_a_paused_holder_is_replaced_and_commits_nothing_when_it_thaws(
         cluster.start()
         payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 61)]
         ids = alice.client.start_flows(payments[:40])
-        wait_for(lambda: len(alice.client.outcomes(ids)) >= 5, "some payments to finish")
+        wait_until(lambda: len(alice.client.outcomes(ids)) >= 5, "some payments to finish")
         freeze_outside_a_commit(alice, database)
-        wait_for(lambda: lease_expired(alice), "the frozen holder's lease to expire")
+        wait_until(lambda: lease_expired(alice), "the frozen holder's lease to expire")
         successor = alice.spawn(successor_log)
-        wait_for(lambda: "started (pid" in log_of(successor_log), "the successor to start")
+        wait_until(
+            lambda: serving(alice.status_path, successor),
+            "the successor to start",
+            check=still_running(successor, successor_log),
+        )
         assert "took the node over from pid" in log_of(successor_log)
         ids += alice.client.start_flows(payments[40:])
         assert alice.process is not None
@@ -159,7 +159,7 @@ def test_a_paused_holder_is_replaced_and_commits_nothing_when_it_thaws(
         for payment, flow_id in zip(payments, ids, strict=True):
             mine = [entry for owner, entry in entries if owner == flow_id]
             assert mine == [f"debit {payment.amount}", f"receipt {payment.amount}"], mine
-        wait_for(
+        wait_until(
             lambda: len(ledger_entries(carol.client.database.engine)) >= len(payments),
             "Carol's credits",
         )

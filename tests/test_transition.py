@@ -174,9 +174,11 @@ def test_delivery_completes_a_pending_receive_in_sequence_order() -> None:
 
 
 def test_duplicate_sequence_is_acknowledged_and_ignored() -> None:
-    state = transition(suspended_on_receive(), deliver(0, ConfirmSession(1, "app"))).state
-    again = transition(state, deliver(0, ConfirmSession(1, "app"), message_id="other-id"))
-    assert again.state == state
+    def confirmed() -> FlowState:
+        return transition(suspended_on_receive(), deliver(0, ConfirmSession(1, "app"))).state
+
+    again = transition(confirmed(), deliver(0, ConfirmSession(1, "app"), message_id="other-id"))
+    assert again.state == confirmed()  # a copy built apart: the duplicate changed nothing
     assert again.actions == (AcknowledgeMessages(("other-id",)),)
 
 
@@ -314,14 +316,16 @@ def test_close_sends_end_and_refuses_later_use() -> None:
 def test_illegal_transition_names_flow_status_and_event_and_changes_nothing(
     status: FlowStatus, event: object
 ) -> None:
-    state = started()
-    state = attrs.evolve(state, checkpoint=attrs.evolve(state.checkpoint, status=status))
-    before = state
+    def at_status() -> FlowState:
+        state = started()
+        return attrs.evolve(state, checkpoint=attrs.evolve(state.checkpoint, status=status))
+
+    state = at_status()
     with pytest.raises(IllegalTransitionError) as caught:
         transition(state, event)  # type: ignore[arg-type]
     message = str(caught.value)
     assert "f1" in message and status.value in message and type(event).__name__ in message
-    assert state == before
+    assert state == at_status()  # a copy built apart: the refused event changed nothing
 
 
 def test_creating_events_only_apply_to_a_new_flow() -> None:

@@ -20,9 +20,23 @@ class InMemoryHarness:
             self.network.max_frame_bytes = max_frame_bytes
         return self.network.endpoint(address)
 
-    def pump(self) -> None:
+    def deliver(self) -> bool:
+        """Deliver what is queued for every endpoint; whether anything was taken off a queue."""
+        statistics = self.network.statistics
+        before = statistics.delivered + statistics.dead_lettered
         for address in set(self.addresses):
             self.network.deliver(address)
+        return statistics.delivered + statistics.dead_lettered != before
+
+    def drain(self, endpoint: MessagingService) -> None:
+        """Deliver until nothing moves; then the endpoint's queue must be empty."""
+        while self.deliver():
+            pass
+        left = self.network.pending(endpoint.my_address)
+        assert left == 0, f"{left} messages stay queued for {endpoint.my_address}"
+
+    def flush_acknowledgements(self, endpoint: MessagingService) -> None:
+        """Nothing to wait for: the network applies an acknowledgement at once."""
 
     def crash(self, endpoint: MessagingService) -> None:
         assert isinstance(endpoint, InMemoryMessaging)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from messaging.service import MessagingService
 from messaging.sqlqueue import SqlQueueBroker, SqlQueueMessaging
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
-from tests.messaging_conformance import TransportConformance
+from tests.messaging_conformance import TransportConformance, wait_until
 
 
 class SqlQueueHarness:
@@ -25,8 +24,23 @@ class SqlQueueHarness:
         limits = {} if max_frame_bytes is None else {"max_frame_bytes": max_frame_bytes}
         return SqlQueueMessaging(self.url, address, synchronous="NORMAL", **limits)
 
-    def pump(self) -> None:
-        time.sleep(0.005)
+    def deliver(self) -> bool:
+        """The consumer threads deliver by themselves."""
+        return True
+
+    def drain(self, endpoint: MessagingService) -> None:
+        """Wait until every row of the queue is leased by the endpoint and handed over."""
+        assert isinstance(endpoint, SqlQueueMessaging)
+        wait_until(self, endpoint.drained, f"everything queued for {endpoint.my_address}")
+
+    def flush_acknowledgements(self, endpoint: MessagingService) -> None:
+        """Wait until the consumer thread has deleted the acknowledged rows."""
+        assert isinstance(endpoint, SqlQueueMessaging)
+        wait_until(
+            self,
+            lambda: endpoint.pending_acknowledgements == 0,
+            f"the acknowledgements of {endpoint.my_address} to be written",
+        )
 
     def crash(self, endpoint: MessagingService) -> None:
         assert isinstance(endpoint, SqlQueueMessaging)

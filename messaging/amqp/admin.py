@@ -1,0 +1,107 @@
+"""Tools for administrators and tests: topology set-up, permissions, dead letters, queues.
+
+Each opens a short-lived connection of its own; pika's errors become
+:class:`~messaging.service.TransportError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from messaging.amqp.connection import AMQP_ERRORS, Channel, close_quietly, open_channel, safe_url
+from messaging.amqp.topology import (
+    REASON_HEADER,
+    dead_letter_queue_name,
+    declare_queues,
+    node_key,
+    publish,
+    queue_name,
+    split_options,
+)
+from messaging.service import TransportError
+
+
+def setup_topology(admin_url: str, addresses: Sequence[str]) -> None:
+    """As an administrator: create the exchanges and each node's queues and bindings."""
+    with _tool_channel(admin_url, "setting up the topology") as channel:
+        for address in addresses:
+            declare_queues(channel, address)
+
+
+def permission_commands(address: str, user: str, password: str) -> list[str]:
+    """The ``rabbitmqctl`` commands giving ``user`` exactly what node ``address`` needs.
+
+    Configure: nothing (the administrator set the topology up). Write: the two exchanges
+    (publishing to any node's inbound queue, and to dead-letter queues, goes through them;
+    the default exchange, which reaches every queue, is not allowed). Read: the node's own
+    two queues only (consuming; other nodes' queues are refused, and so is binding anything
+    to the exchanges, which needs read on them).
+    """
+    own = f"^p2p\\.(inbound|deadletter)\\.{node_key(address)}$"
+    return [
+        f"rabbitmqctl add_user '{user}' '{password}'",
+        f"rabbitmqctl set_permissions -p / '{user}' '^$' '^p2p\\.(inbound|deadletter)$' '{own}'",
+    ]
+
+
+@contextlib.contextmanager
+def _tool_channel(url: str, what: str) -> Iterator[Channel]:
+    """A confirm-mode channel on a short-lived connection; pika errors become TransportError."""
+    url, _ = split_options(url)
+    try:
+        connection, channel = open_channel(url, f"fiberflow tool: {what}")
+    except AMQP_ERRORS as error:
+        raise TransportError(f"cannot reach the broker at {safe_url(url)}: {error!r}") from error
+    try:
+        yield channel
+    except AMQP_ERRORS as error:
+        raise TransportError(f"{what} failed on {safe_url(url)}: {error!r}") from error
+    finally:
+        close_quietly(connection)
+
+
+def read_dead_letters(url: str, address: str) -> list[tuple[bytes, str]]:
+    """(frame, reason) of each dead letter of ``address``, oldest first, leaving them in place.
+
+    Every dead letter is fetched without an ack and then rejected back to the queue (it keeps
+    its place), so reading is not destructive and may be repeated.
+    """
+    found: list[tuple[bytes, str]] = []
+    with _tool_channel(url, f"reading the dead letters of {address}") as channel:
+        last_tag = None
+        while True:
+            method, properties, body = channel.basic_get(dead_letter_queue_name(address))
+            if method is None:
+                break
+            last_tag = method.delivery_tag
+            found.append((bytes(body), _reason(properties)))
+        if last_tag is not None:
+            channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
+    return found
+
+
+def _reason(properties: Any) -> str:
+    reason = (properties.headers or {}).get(REASON_HEADER, "")
+    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+
+
+def inject_raw(url: str, address: str, raw: bytes) -> None:
+    """Publish raw bytes to ``address``'s queue as if a broken sender had sent them (tests)."""
+    with _tool_channel(url, f"injecting into {address}") as channel:
+        publish(channel, queue_name(address), raw)
+
+
+def queue_depth(url: str, address: str) -> int:
+    """Messages ready in ``address``'s queue (deliveries a live consumer holds not counted)."""
+    with _tool_channel(url, f"measuring the queue of {address}") as channel:
+        declared = channel.queue_declare(queue_name(address), passive=True)
+        return int(declared.method.message_count)
+
+
+def delete_queues(url: str, address: str) -> None:
+    """Delete the inbound and dead-letter queues of ``address`` and their messages (tests)."""
+    with _tool_channel(url, f"deleting the queues of {address}") as channel:
+        for name in (queue_name(address), dead_letter_queue_name(address)):
+            channel.queue_delete(name)

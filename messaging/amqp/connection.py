@@ -1,0 +1,76 @@
+"""Connecting to RabbitMQ: one attempt, a confirm-mode channel, closing, backoff, safe URLs.
+
+Everything that talks to the broker (:mod:`messaging.amqp.publisher`,
+:mod:`messaging.amqp.consumer`, :mod:`messaging.amqp.admin`) opens its connections here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit, urlunsplit
+
+import pika
+
+Connection: TypeAlias = Any
+"""A ``pika.BlockingConnection`` (pika ships no type information)."""
+Channel: TypeAlias = Any
+"""A ``pika.adapters.blocking_connection.BlockingChannel``."""
+
+DEFAULT_RECONNECT_SECONDS = 30.0
+"""How long a send keeps reconnecting before it raises TransportError."""
+MIN_BACKOFF_SECONDS = 0.1
+MAX_BACKOFF_SECONDS = 5.0
+"""Bounds of the wait between reconnection attempts (doubling from the minimum)."""
+BLOCKED_CONNECTION_SECONDS = 10.0
+"""A connection the broker blocks (resource alarm) longer than this is dropped (and retried)."""
+
+AMQP_ERRORS = (pika.exceptions.AMQPError, OSError)
+"""What pika raises when the broker or the network fails (worth a reconnection)."""
+REFUSALS = (pika.exceptions.UnroutableError, pika.exceptions.NackError)
+"""What a confirmed publish raises when the broker refuses the message (not worth one)."""
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def backoff_seconds(attempt: int) -> float:
+    """The wait before reconnection attempt ``attempt`` (1, 2, ...): 0.1 s doubling up to 5 s."""
+    return min(MIN_BACKOFF_SECONDS * 2.0 ** min(max(attempt - 1, 0), 16), MAX_BACKOFF_SECONDS)
+
+
+def connect(url: str, name: str) -> Connection:
+    """One attempt to connect to the broker at ``url``; ``name`` shows in its connection list."""
+    parameters = pika.URLParameters(url)
+    if parameters.blocked_connection_timeout is None:
+        parameters.blocked_connection_timeout = BLOCKED_CONNECTION_SECONDS
+    parameters.client_properties = {
+        "connection_name": name,
+        **(parameters.client_properties or {}),
+    }
+    return pika.BlockingConnection(parameters)
+
+
+def open_channel(url: str, name: str) -> tuple[Connection, Channel]:
+    """A new connection to ``url`` and a channel on it in publisher-confirm mode."""
+    connection = connect(url, name)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+    except BaseException:
+        close_quietly(connection)
+        raise
+    return connection, channel
+
+
+def close_quietly(connection: Connection) -> None:
+    """Close ``connection`` if it is open, ignoring a broker that is already gone."""
+    if connection.is_open:
+        with contextlib.suppress(*AMQP_ERRORS):
+            connection.close()

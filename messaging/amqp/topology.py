@@ -1,0 +1,113 @@
+"""The broker's topology: exchanges, each node's two queues, and publishing a frame to one.
+
+Queues (durable, ``x-queue-type: classic``), named after the node key (:func:`node_key`):
+
+* ``p2p.inbound.<node key>``: the node's inbound messages, as frames (:mod:`messaging.frame`),
+  each a persistent message whose ``message_id`` property is the message id. A node declares
+  its queues when its :class:`~messaging.amqp.consumer.AmqpMessaging` is built, so a send to
+  a node that has never started is unroutable and raises
+  :class:`~messaging.service.TransportError`.
+* ``p2p.deadletter.<node key>``: frames the node could not take (undecodable, over the frame
+  limit, or of a topic it has no handler for), each with the reason in its
+  ``x-fiberflow-reason`` header (cut to ``limits.DEAD_LETTER_REASON_CHARS``, so that the
+  header always fits). A body over the frame limit is refused on its length, before it is
+  decoded, and only its first ``limits.DEAD_LETTER_PREFIX_BYTES`` are kept.
+
+Both are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
+queue name as routing key. Sending publishes to ``p2p.inbound`` (routing key: the target's
+queue), ``mandatory``, on a channel in publisher-confirm mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import urlsplit, urlunsplit
+
+import pika
+
+from messaging.amqp.connection import Channel
+
+INBOUND_EXCHANGE = "p2p.inbound"
+"""The direct exchange every node's inbound queue is bound to (routing key: the queue name)."""
+DEAD_LETTER_EXCHANGE = "p2p.deadletter"
+"""The direct exchange of the dead-letter queues."""
+INBOUND_PREFIX = "p2p.inbound."
+"""Prefix of a node's inbound queue name."""
+DEAD_LETTER_PREFIX = "p2p.deadletter."
+"""Prefix of a node's dead-letter queue name."""
+REASON_HEADER = "x-fiberflow-reason"
+"""The header of a dead letter that says why its frame was refused."""
+QUEUE_ARGUMENTS = {"x-queue-type": "classic"}
+"""Arguments every queue is declared with (a redeclaration must use the same ones)."""
+
+
+def node_key(address: str) -> str:
+    """The key naming the queues of the node at ``address`` (32 hex digits)."""
+    return hashlib.sha256(address.encode()).hexdigest()[:32]
+
+
+def queue_name(address: str) -> str:
+    """The inbound queue of the node at ``address``: ``p2p.inbound.<node key>``.
+
+    The node key is the start of the SHA-256 of the address for now; it will become the hash
+    of the node's public key once nodes have keys.
+    """
+    return INBOUND_PREFIX + node_key(address)
+
+
+def dead_letter_queue_name(address: str) -> str:
+    """The dead-letter queue of the node at ``address``: ``p2p.deadletter.<node key>``."""
+    return DEAD_LETTER_PREFIX + node_key(address)
+
+
+def declare_queues(channel: Channel, address: str) -> None:
+    """Make sure the exchanges, the two queues of ``address`` and their bindings exist."""
+    for exchange in (INBOUND_EXCHANGE, DEAD_LETTER_EXCHANGE):
+        channel.exchange_declare(exchange, exchange_type="direct", durable=True)
+    for exchange, name in (
+        (INBOUND_EXCHANGE, queue_name(address)),
+        (DEAD_LETTER_EXCHANGE, dead_letter_queue_name(address)),
+    ):
+        channel.queue_declare(name, durable=True, arguments=QUEUE_ARGUMENTS)
+        channel.queue_bind(name, exchange, routing_key=name)
+
+
+def publish(
+    channel: Channel,
+    queue: str,
+    body: bytes,
+    *,
+    message_id: str | None = None,
+    headers: dict[str, str] | None = None,
+    exchange: str = INBOUND_EXCHANGE,
+) -> None:
+    """Publish ``body`` persistently to ``queue`` through ``exchange``; returns once confirmed.
+
+    Raises ``pika.exceptions.UnroutableError`` if ``queue`` is not bound to the exchange
+    (``channel`` must be in publisher-confirm mode).
+    """
+    properties = pika.BasicProperties(
+        delivery_mode=pika.DeliveryMode.Persistent, message_id=message_id, headers=headers
+    )
+    channel.basic_publish(
+        exchange=exchange, routing_key=queue, body=body, properties=properties, mandatory=True
+    )
+
+
+def split_options(url: str) -> tuple[str, bool]:
+    """``url`` without fiberflow's own query option, and whether the node declares its queues.
+
+    ``?declare=false`` says the queues, exchanges and bindings were set up by an administrator
+    (:func:`setup_topology`): a node whose broker user may not configure anything needs it.
+    """
+    parts = urlsplit(url)
+    kept, declare = [], True
+    for item in filter(None, parts.query.split("&")):
+        key, _, value = item.partition("=")
+        if key == "declare":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"declare must be true or false, not {value!r}")
+            declare = value.lower() in ("true", "1")
+        else:
+            kept.append(item)
+    return urlunsplit(parts._replace(query="&".join(kept))), declare
