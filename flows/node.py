@@ -34,7 +34,9 @@ from flows.errors import (
 )
 from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
+from flows.flow_requests import FlowRequestIntake
 from flows.identity import NodeIdentity, PeerKeys
+from flows.operations import OperatorCommands
 from flows.party import Party
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import SessionCodec, wire_limits_problem
@@ -54,9 +56,8 @@ from persistence.serialization import (
     qualified_name,
 )
 from persistence.store import NodeDatabase
-from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
+from statemachine.manager import FlowEnd, StateMachineManager
 from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 
@@ -264,6 +265,31 @@ class Node:
             failures=hospital,
         )
         self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
+        self.flow_requests = FlowRequestIntake(
+            party=self.party,
+            control=self.database.control,
+            known_flows=self.database.checkpoints.known_flows,
+            manager=self.manager,
+            cordapps=self.cordapps,
+            clock=self.clock,
+            hospital=hospital,
+        )
+        """Starts the flows clients asked for through the database."""
+        self.operator_commands = OperatorCommands(
+            party=self.party,
+            control=self.database.control,
+            clock=self.clock,
+            hospital=hospital,
+            flow_commands={
+                "kill": self.kill_flow,
+                "pause": self.pause_flow,
+                "resume": self.resume_flow,
+                "retry": self.retry_flow,
+            },
+            set_draining=self.set_draining,
+            refusals=(KeyError, UntrustedCheckpointError),
+        )
+        """Carries out the operator commands queued in the database."""
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
         self.incompatible_flows: dict[str, str] = {}
@@ -389,85 +415,10 @@ class Node:
     def start_requested_flows(self, limit: int = 500) -> int:
         """Start flows clients asked for in ``node_flow_requests``; returns how many.
 
-        The requests are claimed (marked started) in the transaction that commits their
-        flows' first checkpoints, or their refusals: a request is started exactly once. The
-        flow id is the request id; a request whose id is already a flow's is only claimed.
+        Each request is started exactly once (:mod:`flows.flow_requests`).
         """
         self._check_running()
-        requests = self.database.control.pending_flow_requests(limit)
-        if not requests:
-            return 0
-        ids = [r.request_id for r in requests]
-        known = self.database.checkpoints.known_flows(ids)
-        known |= {i for i in ids if self.manager.flow_state(i)}
-        to_start = []
-        refused: list[StoreFlowError] = []
-        for request in requests:
-            if request.request_id in known:
-                continue
-            if self.manager.draining or self.cordapps.flow_class(request.flow_class) is None:
-                reason = (
-                    f"node {self.party} is draining: it starts no new flows"
-                    if self.manager.draining
-                    else f"{request.flow_class} is not a flow in this node's CorDapps"
-                )
-                log.error("refusing flow request %s: %s", request.request_id, reason)
-                refused.append(
-                    StoreFlowError(
-                        request.request_id,
-                        request.flow_class,
-                        FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason),
-                        self.clock.now(),
-                    )
-                )
-                continue
-            to_start.append(
-                FlowToStart(request.request_id, request.flow_class, request.arguments, None)
-            )
-        claim = ClaimFlowRequests(tuple(ids), self.clock.now())
-        try:
-            self.manager.start_flows(to_start, also=(*refused, claim))
-        except Exception as error:
-            if self.hospital is None or self.hospital.is_node_wide(error) or len(ids) == 1:
-                raise
-            # One request per transaction, to find the ones that cannot be started.
-            return sum(self._start_requests_one_by_one(to_start, refused, error))
-        return len(to_start)
-
-    def _start_requests_one_by_one(
-        self, to_start: list[FlowToStart], refused: list[StoreFlowError], error: Exception
-    ) -> list[int]:
-        """Start each request in its own transaction; refuse those that fail (pinned)."""
-        assert self.hospital is not None
-        log.warning(
-            "%s: starting %d requested flows failed (%s); one by one now",
-            self.party,
-            len(to_start),
-            error,
-        )
-        started = []
-        for flow in to_start:
-            at = self.clock.now()
-            try:
-                self.manager.start_flows([flow], also=(ClaimFlowRequests((flow.flow_id,), at),))
-                started.append(1)
-                continue
-            except Exception as failure:
-                if self.hospital.is_node_wide(failure):
-                    raise
-                reason = f"could not be started: {type(failure).__name__}: {failure}"
-            log.error("refusing flow request %s: %s", flow.flow_id, reason)
-            refusal = StoreFlowError(
-                flow.flow_id,
-                flow.flow_class,
-                FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason[:8192]),
-                at,
-            )
-            self.manager.start_flows([], also=(refusal, ClaimFlowRequests((flow.flow_id,), at)))
-        for refusal in refused:
-            claim = ClaimFlowRequests((refusal.flow_id,), self.clock.now())
-            self.manager.start_flows([], also=(refusal, claim))
-        return started
+        return self.flow_requests.start_pending(limit)
 
     # --- operators ------------------------------------------------------------------------
 
@@ -526,42 +477,7 @@ class Node:
 
     def process_operator_requests(self) -> int:
         """Carry out the operator commands queued in the database; returns how many."""
-        control = self.database.control
-        pending = control.pending_operations()
-        for request in pending:
-            outcome = self._operate(request.action, request.flow_id)
-            log.info(
-                "%s: operator %s %s: %s", self.party, request.action, request.flow_id or "", outcome
-            )
-            control.finish_operation(request.request_id, outcome, self.clock.now())
-        return len(pending)
-
-    def _operate(self, action: str, flow_id: str | None) -> str:
-        try:
-            if action == "drain":
-                return f"draining; {self.set_draining(True)} flow(s) left"
-            if action == "undrain":
-                return f"accepting new flows; {self.set_draining(False)} flow(s) live"
-            if flow_id is None:
-                return f"error: {action} needs a flow id"
-            operations: dict[str, Callable[[str], None]] = {
-                "kill": self.kill_flow,
-                "pause": self.pause_flow,
-                "resume": self.resume_flow,
-                "retry": self.retry_flow,
-            }
-            operation = operations.get(action)
-            if operation is None:
-                return f"error: unknown action {action!r}"
-            operation(flow_id)
-            return f"ok: {action} {flow_id}"
-        except (KeyError, UntrustedCheckpointError) as error:
-            return f"error: {error.args[0] if error.args else error}"
-        except Exception as error:  # pinned on this command: the node goes on
-            if self.hospital is None or self.hospital.is_node_wide(error):
-                raise
-            log.exception("%s: operator %s %s failed", self.party, action, flow_id or "")
-            return f"error: {type(error).__name__}: {error}"
+        return self.operator_commands.process()
 
     def keep_in_hospital(self, flow_id: str, reason: str) -> None:
         """Keep a live flow for observation (it does not run until retried or killed)."""

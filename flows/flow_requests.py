@@ -1,0 +1,131 @@
+"""Flows that clients asked for through the database, started exactly once.
+
+A client (``fiberflow flow start``, :mod:`flows.client`) writes a row to
+``node_flow_requests``; the node process calls :meth:`FlowRequestIntake.start_pending` in
+its loop. Each request is claimed in the transaction that commits its flow's first
+checkpoint, or its refusal, so a request is started exactly once. The flow id is the
+request id: a request whose id is already a flow's is only claimed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from flows.cordapps import Cordapps
+from flows.party import Party
+from persistence.node_store import ControlPlane, FlowRequest
+from statemachine.actions import ClaimFlowRequests, StoreFlowError
+from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.manager import FlowToStart, StateMachineManager
+from statemachine.ports import Clock, FailurePolicy
+
+log = logging.getLogger("fiberflow.node")
+
+_FAILED = "flows.errors.FlowFailedError"
+_MAX_REASON = 8192
+
+
+class FlowRequestIntake:
+    """Starts the flows waiting in the control plane (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        party: Party,
+        control: ControlPlane,
+        known_flows: Callable[[Sequence[str]], set[str]],
+        manager: StateMachineManager,
+        cordapps: Cordapps,
+        clock: Clock,
+        hospital: FailurePolicy | None,
+    ) -> None:
+        """Take requests from ``control`` and start them through ``manager``.
+
+        ``known_flows`` tells which of some ids already name a stored flow.
+
+        With a ``hospital``, a batch that fails for a reason pinned on one request is
+        started again one request per transaction, and the requests that still fail are
+        refused (recorded as failed flows); without one the error propagates.
+        """
+        self._party = party
+        self._control = control
+        self._known_flows = known_flows
+        self._manager = manager
+        self._cordapps = cordapps
+        self._clock = clock
+        self._hospital = hospital
+
+    def start_pending(self, limit: int = 500) -> int:
+        """Start up to ``limit`` requested flows; returns how many were started."""
+        requests = self._control.pending_flow_requests(limit)
+        if not requests:
+            return 0
+        ids = [r.request_id for r in requests]
+        known = self._known_flows(ids)
+        known |= {i for i in ids if self._manager.flow_state(i)}
+        to_start: list[FlowToStart] = []
+        refused: list[StoreFlowError] = []
+        for request in requests:
+            if request.request_id in known:
+                continue
+            reason = self._refusal(request)
+            if reason is not None:
+                log.error("refusing flow request %s: %s", request.request_id, reason)
+                refused.append(self._refused(request.request_id, request.flow_class, reason))
+                continue
+            to_start.append(
+                FlowToStart(request.request_id, request.flow_class, request.arguments, None)
+            )
+        claim = ClaimFlowRequests(tuple(ids), self._clock.now())
+        try:
+            self._manager.start_flows(to_start, also=(*refused, claim))
+        except Exception as error:
+            if self._hospital is None or self._hospital.is_node_wide(error) or len(ids) == 1:
+                raise
+            # One request per transaction, to find the ones that cannot be started.
+            return self._start_one_by_one(to_start, refused, error)
+        return len(to_start)
+
+    def _refusal(self, request: FlowRequest) -> str | None:
+        """Why ``request`` cannot be started now, or None."""
+        if self._manager.draining:
+            return f"node {self._party} is draining: it starts no new flows"
+        if self._cordapps.flow_class(request.flow_class) is None:
+            return f"{request.flow_class} is not a flow in this node's CorDapps"
+        return None
+
+    def _refused(self, flow_id: str, flow_class: str, reason: str) -> StoreFlowError:
+        """The failed-flow record of a refused request."""
+        error = FlowError(ErrorKind.INTERNAL, _FAILED, reason[:_MAX_REASON])
+        return StoreFlowError(flow_id, flow_class, error, self._clock.now())
+
+    def _start_one_by_one(
+        self, to_start: list[FlowToStart], refused: list[StoreFlowError], error: Exception
+    ) -> int:
+        """Start each request in its own transaction; refuse those that fail (pinned)."""
+        assert self._hospital is not None
+        log.warning(
+            "%s: starting %d requested flows failed (%s); one by one now",
+            self._party,
+            len(to_start),
+            error,
+        )
+        started = 0
+        for flow in to_start:
+            at = self._clock.now()
+            try:
+                self._manager.start_flows([flow], also=(ClaimFlowRequests((flow.flow_id,), at),))
+                started += 1
+                continue
+            except Exception as failure:
+                if self._hospital.is_node_wide(failure):
+                    raise
+                reason = f"could not be started: {type(failure).__name__}: {failure}"
+            log.error("refusing flow request %s: %s", flow.flow_id, reason)
+            refusal = self._refused(flow.flow_id, flow.flow_class, reason)
+            self._manager.start_flows([], also=(refusal, ClaimFlowRequests((flow.flow_id,), at)))
+        for refusal in refused:
+            claim = ClaimFlowRequests((refusal.flow_id,), self._clock.now())
+            self._manager.start_flows([], also=(refusal, claim))
+        return started
