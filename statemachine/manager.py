@@ -14,6 +14,7 @@ It applies decisions made elsewhere, each in a module of its own:
 * when deliveries are acknowledged: :mod:`statemachine.deliveries` (after the commit that
   took them in; dropped ones after a lease check);
 * messages waiting for their session: :mod:`statemachine.parking`;
+* running a fiber one step and naming its outcome: :mod:`statemachine.fiber_driver`;
 * deadlines and retries: :mod:`statemachine.timers`;
 * failures pinned on one flow or one message: :mod:`statemachine.isolation`, with a
   :class:`~statemachine.ports.FailurePolicy` (the node's flow hospital); without one, every
@@ -33,18 +34,16 @@ from statemachine.deliveries import Deliveries
 from statemachine.events import (
     DeliverSessionMessage,
     Event,
-    FlowFailed,
-    FlowFinished,
     Hospitalize,
     KillFlow,
     LoadFlow,
     RetryFlow,
     StartFlow,
     StartInitiatedFlow,
-    Suspend,
     WakeUp,
 )
 from statemachine.executor import ActionExecutor, BoundaryHook
+from statemachine.fiber_driver import FiberDriver
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.flow_table import FlowRuntime, FlowTable
 from statemachine.intake import Intake
@@ -52,18 +51,14 @@ from statemachine.isolation import Batch, FailureIsolation
 from statemachine.ports import (
     CheckpointStore,
     Clock,
-    Failed,
     FailureAction,
     FailurePolicy,
     FiberFactory,
-    FiberOutcome,
     FlowEffects,
     InboundMessage,
     MessageCodec,
     Outbound,
     ResponderRegistry,
-    Returned,
-    Suspended,
 )
 from statemachine.result import Abort, Continuation, ProcessEvents, Resume, Throw
 from statemachine.routing import (
@@ -121,10 +116,9 @@ class StateMachineManager:
         self.our_identity = our_identity
         self._session_tag = identity_tag(our_identity)
         self._store = store
-        self._fibers = fibers
+        self._driver = FiberDriver(fibers, clock, on_boundary)
         self._acknowledge_one = acknowledge
         self._clock = clock
-        self._on_boundary = on_boundary
         self._flows = FlowTable()
         self._deliveries = Deliveries(acknowledge)
         self._wake_ups = WakeUps()
@@ -423,32 +417,8 @@ class StateMachineManager:
         if isinstance(continuation, Abort):
             self._abort(runtime)
             return
-        if runtime.fiber is None:
-            runtime.fiber = self._fibers.create(
-                flow_id, runtime.state.checkpoint.origin, runtime.instance
-            )
-            runtime.instance = None
-        if isinstance(continuation, Resume):
-            outcome = runtime.fiber.resume(continuation.value)
-        else:
-            assert isinstance(continuation, Throw)
-            outcome = runtime.fiber.throw(continuation.error)
-        if isinstance(outcome, Returned):
-            runtime.result = outcome.result
-        self._flows.queue_event(flow_id, self._event_for(outcome))
-        if isinstance(outcome, Suspended) and self._on_boundary is not None:
-            self._on_boundary("flow_suspended")
-            if runtime.state.status is FlowStatus.REPLAYING:
-                self._on_boundary("during_replay")
-
-    def _event_for(self, outcome: FiberOutcome) -> Event:
-        at = self._clock.now()
-        if isinstance(outcome, Suspended):
-            return Suspend(outcome.request, at)
-        if isinstance(outcome, Returned):
-            return FlowFinished(outcome.result, at)
-        assert isinstance(outcome, Failed)
-        return FlowFailed(outcome.error, at)
+        assert isinstance(continuation, Resume | Throw)
+        self._flows.queue_event(flow_id, self._driver.step(runtime, continuation))
 
     def _abort(self, runtime: FlowRuntime) -> None:
         state = runtime.state
