@@ -31,7 +31,7 @@ from statemachine.parking import (
     PARKED_TIMEOUT_SECONDS,
     ParkingLot,
 )
-from statemachine.ports import CheckpointStore, Clock, FailureAction, InboundMessage
+from statemachine.ports import CheckpointStore, Clock, FailureAction, InboundMessage, MessageCodec
 from statemachine.routing import (
     DeadLetter,
     Deliver,
@@ -65,7 +65,7 @@ class Intake:
         *,
         context: RoutingContext,
         store: CheckpointStore,
-        decode: Callable[[bytes], SessionMessage],
+        codec: MessageCodec,
         acknowledge: Callable[[InboundMessage], None],
         flows: FlowTable,
         deliveries: Deliveries,
@@ -77,7 +77,7 @@ class Intake:
     ) -> None:
         self.context = context
         self._store = store
-        self._decode = decode
+        self._codec = codec
         self._acknowledge = acknowledge
         self._flows = flows
         self._deliveries = deliveries
@@ -136,7 +136,7 @@ class Intake:
 
     def _decode_one(self, message: InboundMessage) -> SessionMessage | _Undecodable:
         try:
-            return self._decode(message.data)
+            return self._codec.decode(message.data)
         except Exception as error:  # any decoding failure: keep the message, tell why
             return _Undecodable(f"undecodable session message: {error}")
 

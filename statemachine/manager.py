@@ -143,7 +143,7 @@ class StateMachineManager:
         self._intake = Intake(
             context=RoutingContext(our_identity, responders),
             store=store,
-            decode=codec.decode,
+            codec=codec,
             acknowledge=acknowledge,
             flows=self._flows,
             deliveries=self._deliveries,
