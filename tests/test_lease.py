@@ -13,10 +13,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, text, update
 from sqlalchemy.exc import OperationalError
 
 from flows.node import Node
@@ -37,6 +38,7 @@ from statemachine.ports import InboundMessage
 from tests.conftest import database_for
 from tests.cordapp import PaymentFlow, ledger_entries
 from tests.test_flow_effects import with_ledger
+from tests.waiting import wait_until
 
 
 @attrs.frozen
@@ -204,8 +206,15 @@ def test_an_expired_lease_nobody_took_is_renewed(opened: Opened) -> None:
 
 
 def test_a_takeover_waits_for_a_commit_in_progress(opened: Opened) -> None:
-    """The fence holds off a takeover until the fenced transaction ends (then it wins)."""
-    old_db, new_db = opened.database(), opened.database()
+    """The fence holds off a takeover until the fenced transaction ends (then it wins).
+
+    Observed, not timed: on PostgreSQL the takeover's session is seen waiting for a lock
+    (``pg_stat_activity``) while the commit is open; on SQLite, whose writers wait in a busy
+    handler nobody can watch, a takeover without one is refused at once ("database is
+    locked"). Either way the takeover goes through once the commit ends.
+    """
+    thief_worker = another_process()
+    old_db, new_db = opened.database(), opened.database(thief_worker)
     try:
         old = old_db.new_lease(None, 20)
         old.acquire()
@@ -213,28 +222,60 @@ def test_a_takeover_waits_for_a_commit_in_progress(opened: Opened) -> None:
         expire(old_db)  # (in its own transaction, before the commit below begins)
         # Fenced: the check ran, the transaction stays open.
         transaction = old_db.checkpoints.begin()
-        taken = threading.Event()
-        errors: list[BaseException] = []
+        if new_db.engine.dialect.name == "sqlite":
+            event.listen(new_db.engine, "checkout", _no_busy_wait)
+            with pytest.raises(OperationalError, match="database is locked"):
+                new_db.new_lease(thief_worker, 20).acquire()
+            transaction.commit()  # the old holder's commit, begun while it held the lease
+            new_db.new_lease(thief_worker, 20).acquire()
+        else:
+            taken = threading.Event()
+            errors: list[BaseException] = []
 
-        def take_over() -> None:
-            try:
-                new_db.new_lease(another_process(), 20).acquire()
-                taken.set()
-            except BaseException as error:  # reported below
-                errors.append(error)
+            def take_over() -> None:
+                try:
+                    new_db.new_lease(thief_worker, 20).acquire()
+                    taken.set()
+                except BaseException as error:  # reported below
+                    errors.append(error)
 
-        thief = threading.Thread(target=take_over)
-        thief.start()
-        time.sleep(0.3)
-        assert not taken.is_set(), "a takeover went through while a fenced commit was open"
-        transaction.commit()  # the old holder's commit, begun while it held the lease
-        thief.join(30)
-        assert not errors and taken.is_set()
+            thief = threading.Thread(target=take_over)
+            thief.start()
+            name = application_name(thief_worker.worker_id)
+            wait_until(
+                lambda: _waits_for_a_lock(old_db, name) or taken.is_set() or bool(errors),
+                "the takeover to wait for the open commit's locks",
+                timeout=30,
+            )
+            assert not taken.is_set() and not errors, (
+                "a takeover went through while a fenced commit was open"
+            )
+            transaction.commit()  # the old holder's commit, begun while it held the lease
+            thief.join(30)
+            assert not errors and taken.is_set()
         with pytest.raises(LeaseLostError):
             old_db.checkpoints.begin()
     finally:
         old_db.close()
         new_db.close()
+
+
+def _no_busy_wait(dbapi_connection: Any, _record: object, _proxy: object) -> None:
+    """Make a SQLite connection give up at once on a locked database (no busy handler)."""
+    dbapi_connection.execute("PRAGMA busy_timeout = 0")
+
+
+def _waits_for_a_lock(database: NodeDatabase, name: str) -> bool:
+    """True while a PostgreSQL session named ``name`` waits for a lock."""
+    with database.engine.connect() as connection:
+        waiting = connection.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = :name AND wait_event_type = 'Lock'"
+            ),
+            {"name": name},
+        ).scalar_one()
+    return bool(waiting)
 
 
 @pytest.fixture
