@@ -129,7 +129,11 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
         connection.execute("PRAGMA journal_mode=OFF")
         connection.execute("PRAGMA synchronous=OFF")
     alice, bob = connections[ALICE], connections[BOB]
-    insert_cp = "INSERT INTO node_checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    insert_cp = (
+        "INSERT INTO node_checkpoints (flow_id, flow_class, status, progress_step, suspended_on,"
+        " waiting_for, journal_length, checkpoint_bytes, error_message, created_at, updated_at,"
+        " checkpoint_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,1)"
+    )
     insert_id = "INSERT INTO node_message_ids VALUES (?,?,?,?,?)"
     rng = random.Random(seed + 1)
     for alice_rows, bob_rows, extra in _flow_rows(rows // 2, seed):
