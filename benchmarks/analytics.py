@@ -40,7 +40,7 @@ from persistence.analytics import (
     stop_spark,
 )
 from persistence.analytics.checks import CHECKS
-from persistence.analytics.loading import ReadPath
+from persistence.analytics.reading import ReadPath
 from persistence.store import NodeDatabase
 from statemachine.session_ids import RESPONDER_NAMESPACE
 
