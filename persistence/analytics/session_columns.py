@@ -52,19 +52,24 @@ def is_responder(session: Column) -> Column:
     return session.endswith(RESPONDER_SUFFIX)
 
 
+def _without_suffix(session: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return session.substr(F.lit(1), F.length(session) - len(RESPONDER_SUFFIX))
+
+
 def initiator_session(session: Column) -> Column:
     """The initiator's id of a session (``X.r`` -> ``X``; ``X`` stays)."""
     from pyspark.sql import functions as F
 
-    kept = session.substr(F.lit(1), F.length(session) - len(RESPONDER_SUFFIX))
-    return F.when(is_responder(session), kept).otherwise(session)
+    return F.when(is_responder(session), _without_suffix(session)).otherwise(session)
 
 
 def peer_session(session: Column) -> Column:
     """The other end's session id (``X`` <-> ``X.r``)."""
     from pyspark.sql import functions as F
 
-    return F.when(is_responder(session), initiator_session(session)).otherwise(
+    return F.when(is_responder(session), _without_suffix(session)).otherwise(
         F.concat(session, F.lit(RESPONDER_SUFFIX))
     )
 
