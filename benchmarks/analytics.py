@@ -40,9 +40,17 @@ from persistence.analytics import (
     stop_spark,
 )
 from persistence.analytics.checks import CHECKS
-from persistence.analytics.loading import ReadPath
+from persistence.analytics.reading import ReadPath
 from persistence.store import NodeDatabase
-from statemachine.session_ids import RESPONDER_NAMESPACE
+from statemachine.session_ids import (
+    MESSAGE_ID_PREFIX,
+    RESPONDER_SUFFIX,
+    SESSION_SEPARATOR,
+    initiator_session_id,
+    message_id,
+    responder_flow_id,
+    responder_session_id,
+)
 
 ALICE = "O=Alice,L=London,C=GB"
 BOB = "O=Bob,L=Paris,C=FR"
@@ -66,8 +74,9 @@ def _flow_rows(
         extra: dict[str, list[Any]] = {"alice_ids": [], "bob_ids": [], "outbox": [], "gone": []}
         for i in range(start, min(pairs, start + CHUNK)):
             flow = f"{i * step + rng.randrange(step):032x}"
-            session = f"{flow}.s0"
-            responder = uuid.uuid5(RESPONDER_NAMESPACE, f"{ALICE}|{session}").hex
+            session = initiator_session_id(flow, 0)
+            back_session = responder_session_id(session)
+            responder = responder_flow_id(ALICE, session)
             at = START_MS + i * SPAN_MS // pairs
             flow_class = INITIATORS[i % len(INITIATORS)]
             journal = min(400, int(rng.expovariate(1 / 12)) + 2)
@@ -87,7 +96,7 @@ def _flow_rows(
             alice_rows.append(
                 (flow, flow_class, status, None, on, waiting, journal, size, error, at, at)
             )
-            back = json.dumps([{"session": f"{session}.r", "counterparty": ALICE}])
+            back = json.dumps([{"session": back_session, "counterparty": ALICE}])
             bob_at = at + 5
             if i % ANOMALY_EVERY == 1:
                 extra["gone"].append(responder)  # a deleted responder: an orphan
@@ -107,15 +116,17 @@ def _flow_rows(
                         bob_at,
                     )
                 )
-            extra["bob_ids"].append((f"N-{session}-0", ALICE, f"{session}.r", 0, bob_at))
-            extra["alice_ids"].append((f"N-{session}.r-0", BOB, session, 0, bob_at + 3))
+            extra["bob_ids"].append((message_id(session, 0), ALICE, back_session, 0, bob_at))
+            extra["alice_ids"].append((message_id(back_session, 0), BOB, session, 0, bob_at + 3))
             if i % ANOMALY_EVERY == 2:  # consumed twice, under a second id
-                extra["bob_ids"].append((uuid.uuid4().hex, ALICE, f"{session}.r", 0, bob_at))
+                extra["bob_ids"].append((uuid.uuid4().hex, ALICE, back_session, 0, bob_at))
             if i % ANOMALY_EVERY == 3:  # message 1 lost, 2 recorded: a gap
-                extra["alice_ids"].append((f"N-{session}.r-2", BOB, session, 2, bob_at + 9))
+                extra["alice_ids"].append(
+                    (message_id(back_session, 2), BOB, session, 2, bob_at + 9)
+                )
             if i % 200 == 7:
                 created = AS_OF_MS - 60_000 if i % ANOMALY_EVERY != 7 else AS_OF_MS - 3_600_000
-                extra["outbox"].append((f"N-{session}-1", BOB, b"x" * 64, created))
+                extra["outbox"].append((message_id(session, 1), BOB, b"x" * 64, created))
         yield alice_rows, bob_rows, extra
 
 
@@ -129,7 +140,11 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
         connection.execute("PRAGMA journal_mode=OFF")
         connection.execute("PRAGMA synchronous=OFF")
     alice, bob = connections[ALICE], connections[BOB]
-    insert_cp = "INSERT INTO node_checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+    insert_cp = (
+        "INSERT INTO node_checkpoints (flow_id, flow_class, status, progress_step, suspended_on,"
+        " waiting_for, journal_length, checkpoint_bytes, error_message, created_at, updated_at,"
+        " checkpoint_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,1)"
+    )
     insert_id = "INSERT INTO node_message_ids VALUES (?,?,?,?,?)"
     rng = random.Random(seed + 1)
     for alice_rows, bob_rows, extra in _flow_rows(rows // 2, seed):
@@ -166,12 +181,24 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
 
 # --- the same checks in plain SQL on SQLite -------------------------------------------------
 
-SESSION_FLOW = "substr({s}, 1, instr({s}, '.s') - 1)"
-OUTBOX_SESSION = "substr(rtrim({m}, '0123456789'), 3, length(rtrim({m}, '0123456789')) - 3)"
-PEER = "CASE WHEN {s} LIKE '%.r' THEN substr({s}, 1, length({s}) - 2) ELSE {s} || '.r' END"
-COUNTERPART = (
-    "CASE WHEN {s} LIKE '%.r' THEN " + SESSION_FLOW + " ELSE responder_flow_id({n}, {s}) END"
+# The session-id grammar (statemachine/session_ids.py) in SQLite, for the untagged ids generated
+# here, with "{s}" (a session), "{m}" (a message id), "{n}" (a node), "{q}" (a sequence number)
+# left for str.format.
+IS_RESPONDER = f"{{s}} LIKE '%{RESPONDER_SUFFIX}'"
+SESSION_FLOW = f"substr({{s}}, 1, instr({{s}}, '{SESSION_SEPARATOR}') - 1)"
+OUTBOX_SESSION = (
+    f"substr(rtrim({{m}}, '0123456789'), {len(MESSAGE_ID_PREFIX) + 1}, "
+    f"length(rtrim({{m}}, '0123456789')) - {len(MESSAGE_ID_PREFIX) + 1})"
 )
+PEER = (
+    f"CASE WHEN {IS_RESPONDER} THEN substr({{s}}, 1, length({{s}}) - {len(RESPONDER_SUFFIX)}) "
+    f"ELSE {{s}} || '{RESPONDER_SUFFIX}' END"
+)
+COUNTERPART = (
+    f"CASE WHEN {IS_RESPONDER} THEN {SESSION_FLOW} ELSE responder_flow_id({{n}}, {{s}}) END"
+)
+INITIAL_ID = f"'{MESSAGE_ID_PREFIX}' || {{s}} || '-0'"
+MESSAGE_ID = f"'{MESSAGE_ID_PREFIX}' || {{s}} || '-' || {{q}}"
 
 KNOWN = """
 CREATE TEMP TABLE known AS
@@ -249,6 +276,8 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
         session = OUTBOX_SESSION.format(m="message_id")
         counterpart = COUNTERPART.format(s="e.session_id", n="e.node")
         own = SESSION_FLOW.format(s="e.session_id")
+        responder = IS_RESPONDER.format(s="e.session_id")
+        initial = INITIAL_ID.format(s="e.session_id")
         return rows(
             c,
             KNOWN,
@@ -262,19 +291,19 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                 WHERE e.counterparty IN {nodes}
                   AND NOT EXISTS (SELECT 1 FROM known k
                                   WHERE k.node = e.counterparty AND k.flow_id = {counterpart})
-                  AND NOT (e.session_id NOT LIKE '%.r'
+                  AND NOT (NOT {responder}
                            AND EXISTS (SELECT 1 FROM ids i WHERE i.node = e.counterparty
-                                       AND i.message_id = 'N-' || e.session_id || '-0')
+                                       AND i.message_id = {initial})
                            AND NOT EXISTS (SELECT 1 FROM cp WHERE cp.node = e.node
                                            AND cp.flow_id = {own}))
-                  AND NOT (e.session_id NOT LIKE '%.r'
+                  AND NOT (NOT {responder}
                            AND EXISTS (SELECT 1 FROM outb o WHERE o.node = e.node
-                                       AND o.message_id = 'N-' || e.session_id || '-0'))
+                                       AND o.message_id = {initial}))
                   AND e.since <= :grace""",
         )
 
     def exactly_once_audit(c: sqlite3.Connection) -> int:
-        peer = PEER.format(s="session_id")
+        expected = MESSAGE_ID.format(s=PEER.format(s="session_id"), q="sequence")
         return rows(
             c,
             "",
@@ -284,7 +313,7 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                 HAVING count(DISTINCT session_id || '#' || sequence) > 1
                 UNION ALL
                 SELECT node, message_id, sequence FROM ids
-                WHERE message_id != 'N-' || {peer} || '-' || sequence
+                WHERE message_id != {expected}
                 UNION ALL
                 SELECT * FROM (
                   WITH RECURSIVE gaps AS (
@@ -358,7 +387,7 @@ def sqlite_connection(paths: dict[str, Path]) -> sqlite3.Connection:
     connection.create_function(
         "responder_flow_id",
         2,
-        lambda node, session: uuid.uuid5(RESPONDER_NAMESPACE, f"{node}|{session}").hex,
+        responder_flow_id,
         deterministic=True,
     )
     tables = {

@@ -34,13 +34,34 @@ from persistence.analytics import (
     parse_node_argument,
     session_consistency,
 )
-from persistence.analytics.checks import responder_flow_id, session_flow
 from persistence.analytics.command import parse_duration, parse_moment
-from persistence.analytics.loading import range_predicates
-from persistence.analytics.report import Table, render_html, text_table
+from persistence.analytics.reading import range_predicates
+from persistence.analytics.report import Table, text_table
+from persistence.analytics.report_html import render_html
+from persistence.analytics.session_columns import (
+    counterpart_flow,
+    expected_message_id,
+    initiator_session,
+    is_responder,
+    message_sequence,
+    message_session,
+    peer_session,
+    responder_flow_id,
+    session_flow,
+)
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
-from statemachine.session_ids import RESPONDER_NAMESPACE
+from statemachine import session_ids
+from statemachine.session_ids import (
+    RESPONDER_NAMESPACE,
+    flow_id_of_session,
+    identity_tag,
+    initiator_session_id,
+    is_responder_session_id,
+    message_id,
+    peer_session_id,
+    responder_session_id,
+)
 from tests.analytics_data import (
     ALICE,
     BOB,
@@ -304,6 +325,84 @@ def test_the_initiating_flow_is_found_in_tagged_and_untagged_session_ids(spark: 
     frame = spark.createDataFrame([(s,) for s in sessions], "session string")
     found = frame.select(session_flow(F.col("session")).alias("flow")).collect()
     assert [row["flow"] for row in found] == [flow] * 4
+
+
+def recorded_session_ids(data: NetworkData) -> list[tuple[str, str, str, int]]:
+    """(node, our session id, message id, sequence) of every message a node consumed."""
+    found = []
+    for name, path in data.databases.items():
+        with sqlite3.connect(path) as connection:
+            found += [
+                (name, session, message, sequence)
+                for session, message, sequence in connection.execute(
+                    "SELECT session_id, message_id, sequence FROM node_message_ids"
+                )
+            ]
+        connection.close()
+    return found
+
+
+@pytest.mark.spark
+def test_the_spark_session_id_expressions_agree_with_statemachine_session_ids(
+    spark: Any, clean: NetworkData
+) -> None:
+    """Every expression of session_columns gives what its Python function gives.
+
+    On the session ids the nodes of the clean network wrote (tagged: ``<tag>-F.s0``, both
+    ends), and on the untagged ids of the same flows (``F.s0``, the older form).
+    """
+    from pyspark.sql import functions as F
+
+    recorded = recorded_session_ids(clean)
+    # every message id a node recorded is the grammar's id of the sender's session end
+    assert recorded and all(
+        message == message_id(peer_session_id(session), sequence)
+        for _, session, message, sequence in recorded
+    )
+    tagged = sorted({(node, session) for node, session, _, _ in recorded})
+    tags = {identity_tag(name) for name in NAMES}
+    assert any(is_responder_session_id(s) for _, s in tagged)
+    assert any(not is_responder_session_id(s) for _, s in tagged)
+    assert all(s.split("-", 1)[0] in tags for _, s in tagged)
+    flows = sorted({flow_id_of_session(s) for _, s in tagged})
+    untagged = []  # the same flows' sessions in the older form, each seen on one node
+    for index, flow in enumerate(flows):
+        for number in (0, 12):
+            opened = initiator_session_id(flow, number)
+            name = NAMES[index % len(NAMES)]
+            untagged += [(name, opened), (name, responder_session_id(opened))]
+    ids = sorted({(node, session, sequence) for node, session, _, sequence in recorded})
+    ids += [(node, session, sequence) for node, session in untagged for sequence in (0, 17, 12_345)]
+    frame = spark.createDataFrame(ids, "node string, session string, sequence bigint")
+    session, node, sequence = F.col("session"), F.col("node"), F.col("sequence")
+    sent = expected_message_id(session, sequence)
+    computed = frame.select(
+        is_responder(session).alias("responder"),
+        session_flow(session).alias("flow"),
+        peer_session(session).alias("peer"),
+        sent.alias("message"),
+        message_session(sent).alias("back"),
+        message_sequence(sent).alias("number"),
+        responder_flow_id(node, initiator_session(session)).alias("responder_flow"),
+        counterpart_flow(node, session).alias("counterpart"),
+    ).collect()
+    expected = []
+    for name, sid, number in ids:
+        initiator = peer_session_id(sid) if is_responder_session_id(sid) else sid
+        responder = session_ids.responder_flow_id(name, initiator)
+        expected.append(
+            (
+                is_responder_session_id(sid),
+                flow_id_of_session(sid),
+                peer_session_id(sid),
+                message_id(sid, number),
+                sid,
+                number,
+                responder,
+                flow_id_of_session(sid) if is_responder_session_id(sid) else responder,
+            )
+        )
+    assert [tuple(row) for row in computed] == expected
 
 
 @pytest.mark.spark
@@ -595,7 +694,7 @@ def test_html_report_escapes_what_the_tables_hold() -> None:
 
 
 def test_the_size_histogram_shows_the_empty_buckets_between_sizes() -> None:
-    from persistence.analytics.report import histogram_chart, nice_ceiling
+    from persistence.analytics.report_html import histogram_chart, nice_ceiling
 
     chart = histogram_chart(
         Table(["from_bytes", "to_bytes", "flows"], [[512, 1024, 30], [4096, 8192, 2]], 2)

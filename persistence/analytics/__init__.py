@@ -16,8 +16,7 @@ when a function needs it, so this package imports without it. See ``docs/analyti
             print(result.name, result.verdict)
 """
 
-from persistence.analytics.checks import (
-    CHECKS,
+from persistence.analytics.checking import (
     FAIL,
     INFO,
     OK,
@@ -25,6 +24,9 @@ from persistence.analytics.checks import (
     CheckResult,
     CheckSettings,
     Verdict,
+)
+from persistence.analytics.checks import (
+    CHECKS,
     checkpoint_costs,
     exactly_once_audit,
     failed_flows,
@@ -35,15 +37,16 @@ from persistence.analytics.checks import (
     stuck_flows,
 )
 from persistence.analytics.command import analyze, run_analyze
-from persistence.analytics.loading import AnalyticsLoadError, NodeLoad, Snapshot, load_nodes
+from persistence.analytics.loading import load_nodes
 from persistence.analytics.report import (
     AnalysisReport,
     collect_report,
-    render_html,
     render_text,
     report_json,
 )
+from persistence.analytics.report_html import render_html
 from persistence.analytics.session import spark_problem, spark_session, stop_spark
+from persistence.analytics.snapshot import AnalyticsLoadError, NodeLoad, Snapshot
 from persistence.analytics.sources import (
     JdbcJars,
     NodeArgumentError,

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from persistence.analytics.checks import CheckSettings
-    from persistence.analytics.loading import ReadPath
+    from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.reading import ReadPath
     from persistence.analytics.report import AnalysisReport
     from persistence.analytics.sources import NodeSource
 
@@ -246,7 +246,8 @@ def run_analyze(
     except (NodeArgumentError, ValueError) as error:
         err.write(f"fiberflow analyze: {error}\n")
         return 2
-    from persistence.analytics.loading import AnalyticsLoadError, probe_source
+    from persistence.analytics.opening import probe_source
+    from persistence.analytics.snapshot import AnalyticsLoadError
 
     try:
         for source in sources:  # before Spark's 10-20 s start
@@ -258,8 +259,9 @@ def run_analyze(
     if problem is not None:
         err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
         return 2
-    from persistence.analytics.checks import FAIL, CheckSettings
-    from persistence.analytics.report import render_text, write_html, write_json
+    from persistence.analytics.checking import FAIL, CheckSettings
+    from persistence.analytics.report import render_text, write_json
+    from persistence.analytics.report_html import write_html
     from persistence.analytics.session import active_spark, spark_session, stop_spark
     from persistence.analytics.sources import find_jdbc_jars
 

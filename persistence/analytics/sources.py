@@ -3,7 +3,7 @@
 A node's own name is not stored in its tables (other nodes' tables name it, as ``sender``
 and ``target``). A database is given either as a plain URL (``sqlite:///alice.db``): its node
 name is then found in the other analyzed nodes' tables (see
-``persistence.analytics.loading.infer_node_names``); or as ``NAME=URL``, for example
+``persistence.analytics.naming.infer_node_names``); or as ``NAME=URL``, for example
 ``O=Alice,L=London,C=GB=sqlite:///alice.db``, which names it outright. The name ends at the
 first ``=`` that is followed by a URL scheme (``sqlite://``, ``postgresql://``), so X.500
 names with their own ``=`` signs need no quoting beyond the shell's.

@@ -1,0 +1,120 @@
+"""What every check shares: its settings, its verdict and result, and a few helpers.
+
+A check is a function ``(snapshot, settings) -> CheckResult``: a DataFrame of findings, a
+:class:`Verdict` (``ok``, ``info``, ``warn`` or ``fail``, a summary, the number of
+findings) and supporting DataFrames. Time-based rules compare the tables' millisecond
+timestamps with ``CheckSettings.as_of_ms`` (default: the snapshot time, see
+:func:`as_of_ms`), so a snapshot of yesterday can be judged as of yesterday.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from persistence.analytics.snapshot import Snapshot
+
+OK = "ok"
+"""Nothing to report."""
+INFO = "info"
+"""Figures to read, not a problem."""
+WARN = "warn"
+"""Something an operator should look at (a stuck flow, a flow in the hospital)."""
+FAIL = "fail"
+"""A broken promise (an orphaned session, a message consumed twice)."""
+STATUS_ORDER = {OK: 0, INFO: 1, WARN: 2, FAIL: 3}
+"""Verdict statuses, mildest first. Only ``fail`` makes ``fiberflow analyze`` exit non-zero."""
+MINUTE_MS = 60_000
+"""A minute in milliseconds (the tables' time unit)."""
+HOUR_MS = 60 * MINUTE_MS
+"""An hour in milliseconds."""
+DAY_MS = 24 * HOUR_MS
+"""A day in milliseconds."""
+
+
+@attrs.frozen
+class Verdict:
+    """What a check concluded: ``ok``, ``info``, ``warn`` or ``fail``, and why."""
+
+    status: str
+    summary: str
+    findings: int = 0
+    """Rows of the check's DataFrame that are findings (problems or items to look at)."""
+
+
+@attrs.frozen
+class CheckSettings:
+    """Thresholds of the checks (milliseconds)."""
+
+    as_of_ms: int | None = None
+    """"Now" for the time-based rules; None: the snapshot time."""
+    stuck_after_ms: int = 10 * MINUTE_MS
+    """A flow suspended on a receive (or past its wake-up time) for longer is stuck."""
+    outbox_after_ms: int = 5 * MINUTE_MS
+    """An outbox message older than this is listed as undelivered."""
+    grace_ms: int = MINUTE_MS
+    """Evidence newer than this (before ``as_of``) is not judged by the cross-node rules:
+    its messages may still be in the transport, or the snapshots of two nodes may straddle
+    it."""
+    top: int = 10
+    """How many top offenders the checkpoint cost check lists."""
+    bucket_ms: int | None = None
+    """Bucket of the status-over-time series; None: chosen to give at most 48 buckets."""
+
+
+@attrs.frozen
+class CheckResult:
+    """A check's outcome: its findings as a DataFrame, a verdict and supporting frames."""
+
+    name: str
+    title: str
+    frame: DataFrame
+    verdict: Verdict
+    extras: dict[str, DataFrame] = attrs.field(factory=dict)
+
+
+CheckFunction = Callable[["Snapshot", CheckSettings], CheckResult]
+"""A check: the snapshot and the settings in, its result out."""
+
+
+def as_of_ms(snapshot: Snapshot, settings: CheckSettings) -> int:
+    """The "now" of the time-based rules: ``settings.as_of_ms``, else the snapshot time."""
+    return settings.as_of_ms if settings.as_of_ms is not None else snapshot.taken_at_ms
+
+
+def is_analyzed(snapshot: Snapshot, node: Column) -> Column:
+    """True where ``node`` is one of the analyzed nodes (its tables are in the snapshot)."""
+    from pyspark.sql import functions as F
+
+    return F.array_contains(F.array(*[F.lit(name) for name in snapshot.node_names]), node)
+
+
+def keep(snapshot: Snapshot, frame: DataFrame) -> DataFrame:
+    """Cache a check's (small) result frame until the snapshot closes."""
+    cached = frame.cache()
+    snapshot.on_close(cached.unpersist)
+    return cached
+
+
+def duration(ms: int) -> str:
+    """A duration for people: ``90s``, ``10m``, ``2h30m``, ``3d``."""
+    seconds = ms / 1000
+    if seconds < 120:
+        return f"{seconds:g}s"
+    minutes = seconds / 60
+    if minutes < 120:
+        return f"{minutes:.0f}m"
+    hours, rest = divmod(round(minutes), 60)
+    if hours < 48:
+        return f"{hours}h{rest:02d}m" if rest else f"{hours}h"
+    return f"{hours / 24:.1f}d"
+
+
+def worst(results: Sequence[CheckResult]) -> str:
+    """The most serious verdict status among ``results`` (``ok`` when empty)."""
+    return max((r.verdict.status for r in results), key=STATUS_ORDER.__getitem__, default=OK)

@@ -1,0 +1,155 @@
+"""The cross-node session consistency check: every session end has its counterpart (``fail``).
+
+A session end one node's tables show (:func:`~persistence.analytics.evidence.session_ends`)
+needs the flow that holds the other end on the counterparty's node: the initiating flow for
+a responder end, the responder flow the node started (its id derived from the initiator's
+session, :func:`~persistence.analytics.session_columns.responder_flow_id`) for an initiator
+end. One missing is an orphan: a conversation one side believes open and the other never
+had, or lost.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persistence.analytics.checking import (
+    FAIL,
+    OK,
+    CheckResult,
+    CheckSettings,
+    Verdict,
+    as_of_ms,
+    is_analyzed,
+    keep,
+)
+from persistence.analytics.evidence import known_flows, session_ends
+from persistence.analytics.session_columns import (
+    counterpart_flow,
+    expected_message_id,
+    is_responder,
+    session_flow,
+)
+
+if TYPE_CHECKING:
+    from persistence.analytics.snapshot import Snapshot
+
+
+def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
+    """Cross-node session consistency: every session seen has its counterpart.
+
+    For each session end a node's tables show (:func:`session_ends`) with a counterparty
+    among the analyzed nodes, the flow holding the other end must be known there (live,
+    completed or failed):
+
+    * a responder end ``X.r`` needs the initiating flow (``X`` without ``.sN``);
+    * an initiator end ``X`` needs the responder flow (UUID5 of ``"<node>|X"``), unless the
+      peer consumed the initial message and our flow has ended (the peer refused the
+      session), or the initial message still waits in our outbox (in flight).
+
+    Ends whose earliest evidence is newer than ``grace_ms`` before ``as_of`` are not judged
+    (messages may be in the transport). The frame lists the orphans with both node names;
+    ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan is found.
+    """
+    from pyspark.sql import functions as F
+
+    settings = settings or CheckSettings()
+    as_of = as_of_ms(snapshot, settings)
+    ends = session_ends(snapshot).withColumn(
+        "role", F.when(is_responder(F.col("session_id")), "responder").otherwise("initiator")
+    )
+    ends = ends.withColumn(
+        "counterpart_flow_id", counterpart_flow(F.col("node"), F.col("session_id"))
+    )
+    known = known_flows(snapshot).select(
+        F.col("node").alias("k_node"),
+        F.col("flow_id").alias("k_flow"),
+        F.col("status").alias("counterpart_status"),
+    )
+    ends = ends.join(
+        known,
+        (known.k_node == ends.counterparty) & (known.k_flow == ends.counterpart_flow_id),
+        "left",
+    ).drop("k_node", "k_flow")
+    own = snapshot.checkpoints.select(
+        F.col("node").alias("o_node"),
+        F.col("flow_id").alias("o_flow"),
+        F.lit(True).alias("own_live"),
+    )
+    ends = ends.join(
+        own, (own.o_node == ends.node) & (own.o_flow == session_flow(ends.session_id)), "left"
+    ).drop("o_node", "o_flow")
+    initial_id = expected_message_id(F.col("session_id"), F.lit(0))
+    consumed = snapshot.message_ids.select(
+        F.col("node").alias("c_node"),
+        F.col("message_id").alias("c_id"),
+        F.lit(True).alias("initial_consumed"),
+    )
+    ends = ends.join(
+        consumed, (consumed.c_node == ends.counterparty) & (consumed.c_id == initial_id), "left"
+    ).drop("c_node", "c_id")
+    queued = snapshot.outbox.select(
+        F.col("node").alias("q_node"),
+        F.col("message_id").alias("q_id"),
+        F.lit(True).alias("initial_queued"),
+    )
+    ends = (
+        ends.join(queued, (queued.q_node == ends.node) & (queued.q_id == initial_id), "left")
+        .drop("q_node", "q_id")
+        .dropDuplicates(["node", "session_id", "counterparty"])
+    )
+    analyzed = is_analyzed(snapshot, F.col("counterparty"))
+    initiator = F.col("role") == "initiator"
+    outcome = (
+        F.when(~analyzed, "not analyzed")
+        .when(F.col("counterpart_status").isNotNull(), "ok")
+        .when(
+            initiator & F.col("initial_consumed").isNotNull() & F.col("own_live").isNull(),
+            "ok (refused)",
+        )
+        .when(initiator & F.col("initial_queued").isNotNull(), "in flight")
+        .when(F.col("since_ms") > as_of - settings.grace_ms, "too recent")
+        .otherwise("orphan")
+    )
+    ends = keep(snapshot, ends.withColumn("outcome", outcome))
+    orphans = (
+        ends.where(F.col("outcome") == "orphan")
+        .select(
+            "node",
+            "session_id",
+            "role",
+            "counterparty",
+            "counterpart_flow_id",
+            F.array_join("evidence", ",").alias("evidence"),
+            "since_ms",
+            F.concat(
+                F.lit("no flow "),
+                F.col("counterpart_flow_id"),
+                F.lit(" on "),
+                F.col("counterparty"),
+                F.lit(" holds the other end"),
+            ).alias("problem"),
+        )
+        .orderBy("node", "session_id")
+    )
+    orphans = keep(snapshot, orphans)
+    summary_frame = keep(
+        snapshot, ends.groupBy("outcome").agg(F.count("*").alias("sessions")).orderBy("outcome")
+    )
+    counts = {row["outcome"]: row["sessions"] for row in summary_frame.collect()}
+    found = counts.get("orphan", 0)
+    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    if found:
+        verdict = Verdict(
+            FAIL,
+            f"{found} session end{'s' if found != 1 else ''} without a counterpart ({detail})",
+            found,
+        )
+    else:
+        verdict = Verdict(OK, f"every session end has its counterpart ({detail or 'no sessions'})")
+    return CheckResult(
+        "session_consistency",
+        "Cross-node session consistency",
+        orphans,
+        verdict,
+        extras={"summary": summary_frame},
+    )

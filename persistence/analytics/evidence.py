@@ -1,0 +1,107 @@
+"""What the node tables show about sessions and flows, as DataFrames the checks join.
+
+A node's tables show a session end when a live flow waits on it (``waiting_for`` of a
+``Receive``: :func:`waits`), when a message of it was consumed (``node_message_ids``: our
+session, the sender, the sequence number) or when a message for it waits in the outbox
+(:func:`session_ends`). A flow is known to a node when it is live there or finished
+(:func:`known_flows`). A session of a flow that neither waits on it nor has consumed or
+queued a message on it is visible only in the checkpoint blob, which is not read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persistence.analytics.session_columns import message_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from persistence.analytics.snapshot import Snapshot
+
+
+def waits(checkpoints: DataFrame) -> DataFrame:
+    """One row per (flow, session it waits on) of flows suspended on ``Receive``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+
+    schema = ArrayType(
+        StructType(
+            [StructField("session", StringType()), StructField("counterparty", StringType())]
+        )
+    )
+    receiving = checkpoints.where(F.col("suspended_on") == "Receive")
+    parsed = receiving.withColumn("wait", F.explode(F.from_json("waiting_for", schema)))
+    return parsed.select(
+        "*",
+        F.col("wait.session").alias("session_id"),
+        F.col("wait.counterparty").alias("counterparty"),
+    ).drop("wait")
+
+
+def known_flows(snapshot: Snapshot) -> DataFrame:
+    """Every flow a node knows: live (its checkpoint status), ``COMPLETED`` or ``FAILED``."""
+    from pyspark.sql import functions as F
+
+    live = snapshot.checkpoints.select(
+        "node", "flow_id", "status", "suspended_on", F.lit(0).alias("rank")
+    )
+    done = snapshot.results.select(
+        "node",
+        "flow_id",
+        F.lit("COMPLETED").alias("status"),
+        F.lit(None).cast("string").alias("suspended_on"),
+        F.lit(1).alias("rank"),
+    )
+    failed = snapshot.exceptions.select(
+        "node",
+        "flow_id",
+        F.lit("FAILED").alias("status"),
+        F.lit(None).cast("string").alias("suspended_on"),
+        F.lit(2).alias("rank"),
+    )
+    union = live.unionByName(done).unionByName(failed)
+    best = union.groupBy("node", "flow_id").agg(
+        F.min(F.struct("rank", "status", "suspended_on")).alias("best")
+    )
+    return best.select("node", "flow_id", F.col("best.status").alias("status"), "best.suspended_on")
+
+
+def session_ends(snapshot: Snapshot) -> DataFrame:
+    """Every (node, session, counterparty) the tables show, with how and since when.
+
+    ``evidence`` lists ``waiting`` (a live flow waits on it), ``received`` (a message of it
+    was consumed) and ``outbox`` (a message for it waits in the outbox); ``since_ms`` is the
+    earliest of those times.
+    """
+    from pyspark.sql import functions as F
+
+    waiting = waits(snapshot.checkpoints).select(
+        "node",
+        "session_id",
+        "counterparty",
+        F.lit("waiting").alias("evidence"),
+        F.col("updated_at").alias("at"),
+    )
+    received = snapshot.message_ids.select(
+        "node",
+        "session_id",
+        F.col("sender").alias("counterparty"),
+        F.lit("received").alias("evidence"),
+        F.col("inserted_at").alias("at"),
+    )
+    sent = snapshot.outbox.select(
+        "node",
+        message_session(F.col("message_id")).alias("session_id"),
+        F.col("target").alias("counterparty"),
+        F.lit("outbox").alias("evidence"),
+        F.col("created_at").alias("at"),
+    ).where(F.col("session_id") != "")
+    return (
+        waiting.unionByName(received)
+        .unionByName(sent)
+        .groupBy("node", "session_id", "counterparty")
+        .agg(
+            F.min("at").alias("since_ms"), F.sort_array(F.collect_set("evidence")).alias("evidence")
+        )
+    )

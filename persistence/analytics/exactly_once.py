@@ -1,0 +1,222 @@
+"""The exactly-once audit of the dedup ids and the outbox (``fail``).
+
+Each consumed message is recorded (``node_message_ids``) with its deterministic id, its
+session and its sequence number, in the transaction that consumed it; each sent one waits
+in the outbox until the transport took it. The audit looks for what the primary key cannot
+stop: a message consumed twice (under two ids, or where the key is gone), an id reused or
+not of the grammar, a sequence number never consumed below later ones, and outbox rows left
+behind.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persistence.analytics.checking import (
+    FAIL,
+    OK,
+    CheckResult,
+    CheckSettings,
+    Verdict,
+    as_of_ms,
+    duration,
+    is_analyzed,
+    keep,
+)
+from persistence.analytics.session_columns import (
+    expected_message_id,
+    message_sequence,
+    message_session,
+    peer_session,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from persistence.analytics.snapshot import Snapshot
+
+
+def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
+    """The exactly-once audit of the dedup ids and the outbox.
+
+    Findings, one row each, by ``kind``:
+
+    * ``consumed_twice``: one (session, sequence number) recorded more than once on a node
+      (under two ids, or twice under one id where the primary key is missing);
+    * ``id_reused``: one message id recorded for two different (session, sequence) pairs;
+    * ``id_mismatch``: a recorded id that is not ``N-<sender's session>-<sequence>``;
+    * ``sequence_gap``: a sequence number missing below the highest one consumed in a
+      session (not judged within ``grace_ms``, nor while the message waits in the sender's
+      outbox);
+    * ``undelivered``: an outbox message older than ``outbox_after_ms`` (the detail says
+      whether the target already consumed it, i.e. only the row was left behind).
+
+    ``fail`` when any is found.
+    """
+    from pyspark.sql import functions as F
+
+    settings = settings or CheckSettings()
+    as_of = as_of_ms(snapshot, settings)
+    ids = snapshot.message_ids
+
+    twice = (
+        ids.groupBy("node", "session_id", "sequence")
+        .agg(
+            F.count("*").alias("times"),
+            F.sort_array(F.collect_list("message_id")).alias("ids"),
+            F.first("sender").alias("counterparty"),
+            F.max("inserted_at").alias("at"),
+        )
+        .where(F.col("times") > 1)
+        .select(
+            "node",
+            F.lit("consumed_twice").alias("kind"),
+            "session_id",
+            "sequence",
+            "counterparty",
+            F.array_join("ids", " ").alias("message_ids"),
+            "at",
+            F.concat(
+                F.lit("message "),
+                F.col("sequence").cast("string"),
+                F.lit(" consumed "),
+                F.col("times").cast("string"),
+                F.lit(" times"),
+            ).alias("detail"),
+        )
+    )
+    reused = (
+        ids.groupBy("node", "message_id")
+        .agg(
+            F.countDistinct("session_id", "sequence").alias("pairs"),
+            F.first("session_id").alias("session_id"),
+            F.first("sender").alias("counterparty"),
+            F.max("inserted_at").alias("at"),
+        )
+        .where(F.col("pairs") > 1)
+        .select(
+            "node",
+            F.lit("id_reused").alias("kind"),
+            "session_id",
+            F.lit(None).cast("bigint").alias("sequence"),
+            "counterparty",
+            F.col("message_id").alias("message_ids"),
+            "at",
+            F.concat(
+                F.lit("id recorded for "), F.col("pairs").cast("string"), F.lit(" messages")
+            ).alias("detail"),
+        )
+    )
+    expected = expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
+    mismatch = ids.where(F.col("message_id") != expected).select(
+        "node",
+        F.lit("id_mismatch").alias("kind"),
+        "session_id",
+        "sequence",
+        F.col("sender").alias("counterparty"),
+        F.col("message_id").alias("message_ids"),
+        F.col("inserted_at").alias("at"),
+        F.concat(F.lit("expected "), expected).alias("detail"),
+    )
+    gaps = _sequence_gaps(snapshot, as_of - settings.grace_ms)
+    targets = (
+        ids.select(F.col("node").alias("t_node"), F.col("message_id").alias("t_id"))
+        .distinct()
+        .withColumn("delivered", F.lit(True))
+    )
+    old = snapshot.outbox.where(F.col("created_at") <= as_of - settings.outbox_after_ms)
+    old = old.join(
+        targets, (targets.t_node == old.target) & (targets.t_id == old.message_id), "left"
+    )
+    analyzed = is_analyzed(snapshot, F.col("target"))
+    undelivered = old.select(
+        "node",
+        F.lit("undelivered").alias("kind"),
+        message_session(F.col("message_id")).alias("session_id"),
+        message_sequence(F.col("message_id")).alias("sequence"),
+        F.col("target").alias("counterparty"),
+        F.col("message_id").alias("message_ids"),
+        F.col("created_at").alias("at"),
+        F.concat(
+            F.lit("in the outbox for "),
+            ((F.lit(as_of) - F.col("created_at")) / 1000).cast("bigint").cast("string"),
+            F.lit(" s; "),
+            F.when(~analyzed, F.concat(F.col("target"), F.lit(" not analyzed")))
+            .when(
+                F.col("delivered").isNotNull(),
+                F.concat(
+                    F.lit("already consumed by "),
+                    F.col("target"),
+                    F.lit(": the row was left behind"),
+                ),
+            )
+            .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
+        ).alias("detail"),
+    )
+    frame = (
+        twice.unionByName(reused).unionByName(mismatch).unionByName(gaps).unionByName(undelivered)
+    )
+    frame = keep(snapshot, frame.orderBy("kind", "node", "session_id", "sequence"))
+    counts = {
+        row["kind"]: row["n"]
+        for row in frame.groupBy("kind").agg(F.count("*").alias("n")).collect()
+    }
+    found = sum(counts.values())
+    if found:
+        parts = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        verdict = Verdict(
+            FAIL, f"{found} exactly-once finding{'s' if found != 1 else ''}: {parts}", found
+        )
+    else:
+        verdict = Verdict(
+            OK,
+            "no message consumed twice, no malformed id, no sequence gap, no outbox message "
+            f"older than {duration(settings.outbox_after_ms)}",
+        )
+    return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict)
+
+
+def _sequence_gaps(snapshot: Snapshot, judged_before: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    sessions = (
+        snapshot.message_ids.groupBy("node", "session_id", "sender")
+        .agg(
+            F.max("sequence").alias("top"),
+            F.countDistinct("sequence").alias("seen"),
+            F.collect_set("sequence").alias("sequences"),
+            F.max("inserted_at").alias("at"),
+        )
+        .where((F.col("top") + 1 > F.col("seen")) & (F.col("at") <= judged_before))
+    )
+    missing = sessions.select(
+        "node",
+        "session_id",
+        "sender",
+        "at",
+        "sequences",
+        F.explode(F.sequence(F.lit(0).cast("bigint"), F.col("top"))).alias("sequence"),
+    ).where(~F.array_contains(F.col("sequences"), F.col("sequence")))
+    missing = missing.withColumn(
+        "missing_id", expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
+    )
+    queued = snapshot.outbox.select(
+        F.col("node").alias("q_node"), F.col("message_id").alias("q_id")
+    )
+    missing = missing.join(
+        queued, (queued.q_node == missing.sender) & (queued.q_id == missing.missing_id), "left_anti"
+    )
+    return missing.select(
+        "node",
+        F.lit("sequence_gap").alias("kind"),
+        "session_id",
+        "sequence",
+        F.col("sender").alias("counterparty"),
+        F.col("missing_id").alias("message_ids"),
+        "at",
+        F.concat(
+            F.lit("message "),
+            F.col("sequence").cast("string"),
+            F.lit(" never consumed, later ones were"),
+        ).alias("detail"),
+    )

@@ -1,0 +1,185 @@
+"""What a snapshot of the node databases holds: the tables read, and the :class:`Snapshot`.
+
+:data:`TABLES` names every node table the analytics read, its partition key and its columns
+with their types (blobs and payloads are never read). A :class:`Snapshot` holds them as Spark
+DataFrames, one per table with every analyzed node's rows and a ``node`` column, and says
+how each node was read (:class:`NodeLoad`). :mod:`persistence.analytics.loading` makes it;
+the checks read it. Nothing here imports PySpark at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+STRING = "string"
+"""A text column."""
+LONG = "long"
+"""A 64-bit integer column (millisecond times, counts, sizes)."""
+
+TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    "checkpoints": (
+        "node_checkpoints",
+        "flow_id",
+        (
+            ("flow_id", STRING),
+            ("flow_class", STRING),
+            ("status", STRING),
+            ("progress_step", STRING),
+            ("suspended_on", STRING),
+            ("waiting_for", STRING),
+            ("journal_length", LONG),
+            ("checkpoint_bytes", LONG),
+            ("error_message", STRING),
+            ("created_at", LONG),
+            ("updated_at", LONG),
+        ),
+    ),
+    "results": (
+        "node_flow_results",
+        "flow_id",
+        (("flow_id", STRING), ("flow_class", STRING), ("completed_at", LONG)),
+    ),
+    "exceptions": (
+        "node_flow_exceptions",
+        "flow_id",
+        (
+            ("flow_id", STRING),
+            ("flow_class", STRING),
+            ("error_kind", STRING),
+            ("exception_class", STRING),
+            ("message", STRING),
+            ("failed_at", LONG),
+        ),
+    ),
+    "message_ids": (
+        "node_message_ids",
+        "message_id",
+        (
+            ("message_id", STRING),
+            ("sender", STRING),
+            ("session_id", STRING),
+            ("sequence", LONG),
+            ("inserted_at", LONG),
+        ),
+    ),
+    "outbox": (
+        "node_outbox",
+        "message_id",
+        (("message_id", STRING), ("target", STRING), ("created_at", LONG)),
+    ),
+    "paused": ("node_paused_flows", "flow_id", (("flow_id", STRING), ("paused_at", LONG))),
+}
+"""Frame name: (node table, partition key, columns read with their types). Blobs and
+payloads are never read."""
+
+
+class AnalyticsLoadError(RuntimeError):
+    """A node database could not be read (missing tables, no driver, a moving snapshot)."""
+
+
+@attrs.frozen
+class NodeLoad:
+    """How one node's tables were read."""
+
+    name: str
+    url: str
+    """The database URL, password hidden."""
+    path: str
+    """``"jdbc"`` or ``"arrow"``."""
+    detail: str
+    """The driver or the reason for the fallback, and the partitions."""
+    snapshot: str
+    """How the consistent snapshot was taken."""
+    taken_at_ms: int
+    """Wall-clock time of the snapshot (ms since the epoch)."""
+    rows: dict[str, int]
+    """Rows per frame name (``checkpoints``, ``message_ids``, ...)."""
+    named_by: str = "argument"
+    """Where the node's name came from: ``argument`` (``NAME=URL``), ``other nodes`` (found
+    in the other nodes' tables) or ``unknown`` (the URL stands in for it)."""
+
+
+@attrs.define
+class Snapshot:
+    """The node tables of every analyzed node, as Spark DataFrames with a ``node`` column.
+
+    Use it as a context manager: on exit the cached data, the held PostgreSQL transactions
+    and the staging files are released.
+    """
+
+    spark: SparkSession
+    nodes: list[NodeLoad]
+    frames: dict[str, DataFrame]
+    _cleanup: list[Callable[[], None]] = attrs.field(factory=list, alias="cleanup")
+
+    @property
+    def node_names(self) -> list[str]:
+        """The analyzed nodes, in the order given."""
+        return [node.name for node in self.nodes]
+
+    @property
+    def taken_at_ms(self) -> int:
+        """The earliest snapshot time: the default "now" of the time-based checks."""
+        return min(node.taken_at_ms for node in self.nodes)
+
+    @property
+    def spread_ms(self) -> int:
+        """Time between the first and the last snapshot (0 when taken in one transaction)."""
+        return max(n.taken_at_ms for n in self.nodes) - min(n.taken_at_ms for n in self.nodes)
+
+    @property
+    def checkpoints(self) -> DataFrame:
+        """``node_checkpoints`` of every node, with ``node``."""
+        return self.frames["checkpoints"]
+
+    @property
+    def results(self) -> DataFrame:
+        """``node_flow_results`` (no result blobs), with ``node``."""
+        return self.frames["results"]
+
+    @property
+    def exceptions(self) -> DataFrame:
+        """``node_flow_exceptions``, with ``node``."""
+        return self.frames["exceptions"]
+
+    @property
+    def message_ids(self) -> DataFrame:
+        """``node_message_ids`` (the dedup ids of consumed messages), with ``node``."""
+        return self.frames["message_ids"]
+
+    @property
+    def outbox(self) -> DataFrame:
+        """``node_outbox`` (no payloads), with ``node``."""
+        return self.frames["outbox"]
+
+    @property
+    def paused(self) -> DataFrame:
+        """``node_paused_flows`` (flows an operator paused), with ``node``."""
+        return self.frames["paused"]
+
+    def on_close(self, release: Callable[[], object]) -> None:
+        """Have ``release`` called when the snapshot closes (cached check results)."""
+
+        def run() -> None:
+            release()
+
+        self._cleanup.append(run)
+
+    def close(self) -> None:
+        """Release the cache, the held transactions and the staging files."""
+        for frame in self.frames.values():
+            frame.unpersist()
+        while self._cleanup:
+            self._cleanup.pop()()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
