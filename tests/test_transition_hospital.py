@@ -1,7 +1,8 @@
 """Table tests of the status changes around the hospital and the end of a flow.
 
 Every change of a flow's status is a row of ``TRANSITIONS``: keeping a flow (Hospitalize),
-taking it out again (RetryFlow), and killing it from every status where it is alive. Each
+taking it out again (RetryFlow), killing it from every status where it is alive, and loading
+what the store found at start (LoadFlow: restored, kept, or an untrusted placeholder). Each
 rule is checked on values built independently here, not on the rule's own output.
 """
 
@@ -20,6 +21,7 @@ from statemachine.actions import (
 from statemachine.events import (
     Hospitalize,
     KillFlow,
+    LoadFlow,
     RestoreFlow,
     RetryFlow,
     StartFlow,
@@ -35,9 +37,10 @@ from statemachine.state import (
     JournalEntry,
     Pending,
     StartedLocally,
+    StoredFlow,
     Value,
 )
-from statemachine.transition import FLOW_KILLED_EXCEPTION, TRANSITIONS
+from statemachine.transition import FLOW_KILLED_EXCEPTION, TRANSITIONS, UNTRUSTED_CHECKPOINT
 
 ORIGIN = StartedLocally("app.SleepyFlow", b"\x92\x90\x80")
 T0 = 1000.0
@@ -128,3 +131,53 @@ def test_retry_is_only_for_kept_flows() -> None:
     assert [status for (status, event) in TRANSITIONS if event is RetryFlow] == [
         FlowStatus.HOSPITALIZED
     ]
+
+
+# --- loading what the store found -----------------------------------------------------------
+
+BAD_MAC = "its MAC does not match (changed, or another flow's)"
+
+
+def untrusted(row_status: FlowStatus, row_reason: str | None) -> StoredFlow:
+    """What the store reports for a flow whose checkpoint it could not trust."""
+    return StoredFlow("f9", "app.SleepyFlow", T0, row_status, row_reason, None, BAD_MAC)
+
+
+def test_an_untrusted_checkpoint_loads_as_a_kept_placeholder_and_its_row_says_why() -> None:
+    result = transition(None, LoadFlow(untrusted(FlowStatus.SUSPENDED, None), T0 + 1))
+    expected = Checkpoint(
+        "f9",
+        StartedLocally("app.SleepyFlow", b""),
+        FlowStatus.HOSPITALIZED,
+        T0,
+        error=FlowError(ErrorKind.INTERNAL, UNTRUSTED_CHECKPOINT, BAD_MAC),
+    )
+    assert result.state == FlowState(expected)
+    assert result.actions == (RecordStatus("f9", FlowStatus.HOSPITALIZED, BAD_MAC),)
+    assert result.continuation == ProcessEvents()  # never run
+
+
+def test_an_untrusted_checkpoint_whose_row_already_says_so_writes_nothing() -> None:
+    result = transition(None, LoadFlow(untrusted(FlowStatus.HOSPITALIZED, BAD_MAC), T0 + 1))
+    assert result.state.status is FlowStatus.HOSPITALIZED
+    assert result.actions == ()
+
+
+def test_a_trusted_checkpoint_loads_to_replay_and_writes_nothing() -> None:
+    stored = sleeping().checkpoint
+    result = transition(None, LoadFlow(StoredFlow.trusted(stored), T0 + 1))
+    assert result.state.status is FlowStatus.REPLAYING
+    assert result.state.replay_cursor == 0
+    assert result.actions == ()
+    assert result.continuation == Resume(None)
+
+
+def test_a_flow_whose_row_says_kept_loads_kept_with_the_row_s_reason() -> None:
+    stored = sleeping().checkpoint  # its blob still says SUSPENDED
+    facts = attrs.evolve(
+        StoredFlow.trusted(stored, "kept by an operator"), row_status=FlowStatus.HOSPITALIZED
+    )
+    result = transition(None, LoadFlow(facts, T0 + 1))
+    assert result.state.status is FlowStatus.HOSPITALIZED
+    assert result.state.checkpoint.error == KEPT
+    assert result.actions == () and result.continuation == ProcessEvents()
