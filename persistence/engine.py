@@ -15,7 +15,16 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, MetaData, create_engine, delete, event, insert
+from sqlalchemy import (
+    Connection,
+    Engine,
+    MetaData,
+    create_engine,
+    delete,
+    event,
+    insert,
+    inspect,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateSchema, DropSchema
 
@@ -70,8 +79,26 @@ def write_engine(engine: Engine) -> Engine:
     return engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
 
 
+def existing_tables(connection: Connection) -> set[str]:
+    """The names of the tables in the connection's schema (the node's, on PostgreSQL).
+
+    The inspector does not follow ``schema_translate_map``, so the schema it maps the
+    default to is named explicitly.
+    """
+    translate = connection.get_execution_options().get("schema_translate_map") or {}
+    return set(inspect(connection).get_table_names(schema=translate.get(None)))
+
+
 def create_tables(engine: Engine, metadata: MetaData) -> None:
-    """``metadata.create_all`` safely while other processes may be doing the same."""
+    """``metadata.create_all`` safely while other processes may be doing the same.
+
+    When every table exists already this only reads: no write lock is taken, so a process
+    can start while another holds SQLite's write lock (a busy or a frozen process).
+    """
+    with engine.connect() as connection:
+        present = existing_tables(connection)
+    if {table.name for table in metadata.sorted_tables} <= present:
+        return
     with write_engine(engine).begin() as connection:
         metadata.create_all(connection)
 

@@ -20,12 +20,18 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from sqlalchemy import Connection, Engine, func, insert, inspect, select
+from sqlalchemy import Connection, Engine, func, insert, select
 
 from persistence import schema
 from persistence.checkpoint_store import SqlCheckpointStore
 from persistence.control_plane import SqlControlPlane
-from persistence.engine import create_tables, normalize_url, open_engine, write_engine
+from persistence.engine import (
+    create_tables,
+    existing_tables,
+    normalize_url,
+    open_engine,
+    write_engine,
+)
 from persistence.fencing import FencedEngine
 from persistence.lease import NodeLease, WorkerInfo
 from persistence.outbox import SqlOutbox
@@ -133,7 +139,7 @@ def create_node_schema(engine: Engine, url: str) -> None:
 def _schema_is_current(engine: Engine) -> bool:
     """True if every table exists and the schema version is this fiberflow's (a read)."""
     with engine.connect() as connection:
-        present = set(inspect(connection).get_table_names())
+        present = existing_tables(connection)
         if not set(schema.metadata.tables) <= present:
             return False
         versions = connection.execute(select(schema.node_schema_version.c.version))

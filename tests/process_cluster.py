@@ -62,6 +62,7 @@ class ClusterNode:
     ):
         self.name = name
         self.short = Party(name).organisation.split()[0].lower()
+        self.transport_url = transport
         self.schema: str | None = None
         if database_url is None:
             self.database_url = f"sqlite:///{directory / (self.short + '.db')}"

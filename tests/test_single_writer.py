@@ -98,28 +98,36 @@ def lease_expired(node: ClusterNode) -> bool:
 
 
 def freeze_outside_a_commit(node: ClusterNode, database: str | None) -> None:
-    """SIGSTOP the node's process; on SQLite, at a moment it does not hold the write lock.
+    """SIGSTOP the node's process; on SQLite, at a moment it holds no write lock.
 
-    A SQLite holder frozen inside a commit keeps the database's write lock until it thaws:
-    nothing can take over meanwhile (nothing is lost or done twice either). The test wants
-    the takeover, so it retries the freeze until the database is writable.
+    A SQLite holder frozen inside a transaction keeps that file's write lock until it thaws:
+    nothing can take over meanwhile (nothing is lost or done twice either), and on the SQL
+    queue's file every node would wait. The test wants the takeover, so it retries the
+    freeze until the node database and (on the SQL queue) the queue file are writable.
     """
     assert node.process is not None
+    files = [] if database is not None else [node.database_url]
+    if node.transport_url.startswith("sqlite:///"):
+        files.append(node.transport_url)
     while True:
         node.process.send_signal(signal.SIGSTOP)
-        if database is not None:
+        if all(_writable(url.removeprefix("sqlite:///")) for url in files):
             return
-        path = node.database_url.removeprefix("sqlite:///")
-        probe = sqlite3.connect(path, timeout=0.5, isolation_level=None)
-        try:
-            probe.execute("BEGIN IMMEDIATE")
-            probe.execute("ROLLBACK")
-            return
-        except sqlite3.OperationalError:
-            node.process.send_signal(signal.SIGCONT)
-            time.sleep(0.05)
-        finally:
-            probe.close()
+        node.process.send_signal(signal.SIGCONT)
+        time.sleep(0.05)  # let it finish the transaction it was frozen in
+
+
+def _writable(path: str) -> bool:
+    """True if nobody holds the write lock of the SQLite file at ``path`` now."""
+    probe = sqlite3.connect(path, timeout=0.5, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
 
 
 @pytest.mark.slow
