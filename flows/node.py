@@ -41,9 +41,9 @@ from flows.party import Party
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import SessionCodec, wire_limits_problem
 from messaging.outbox_relay import OutboxRelay
-from messaging.relay import Relay
+from messaging.relay import OutboxStore, Relay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
-from messaging.signing import MessageVerifier
+from messaging.signing import MessageSigner, MessageVerifier
 from persistence.lease import DEFAULT_LEASE_SECONDS, NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
@@ -62,6 +62,9 @@ from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
+
+RelayFactory = Callable[[OutboxStore, MessageSigner], Relay]
+"""Builds a node's outbox relay from its outbox and its signer."""
 
 log = logging.getLogger("fiberflow.node")
 
@@ -179,6 +182,7 @@ class Node:
         lease: NodeLease | None = None,
         hospital: FailurePolicy | None = None,
         busy: BusyMonitor | None = None,
+        relay_factory: RelayFactory | None = None,
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
@@ -194,6 +198,9 @@ class Node:
         ``hospital`` decides about failures pinned on one flow or one message (a node process
         passes its :class:`~flows.hospital.Hospital`); without one, such errors propagate
         from :meth:`run_once` (what a test wants to see).
+
+        ``relay_factory`` builds the outbox relay from the outbox and the signer instead (the
+        peer-to-peer topology's bridges, :class:`~messaging.bridges.BridgeManager`).
         """
         self.hospital = hospital
         if identity.name != config.name:
@@ -231,11 +238,17 @@ class Node:
             )
         )
         self.messaging = messaging
-        self.relay: Relay = (
-            BackgroundOutboxRelay(messaging, self.database.outbox, signer=identity.signer)
-            if background_relay
-            else OutboxRelay(messaging, self.database.outbox, on_boundary, signer=identity.signer)
-        )
+        self.relay: Relay
+        if relay_factory is not None:
+            self.relay = relay_factory(self.database.outbox, identity.signer)
+        elif background_relay:
+            self.relay = BackgroundOutboxRelay(
+                messaging, self.database.outbox, signer=identity.signer
+            )
+        else:
+            self.relay = OutboxRelay(
+                messaging, self.database.outbox, on_boundary, signer=identity.signer
+            )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
         self.busy = busy or BusyMonitor()

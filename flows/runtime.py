@@ -32,8 +32,13 @@ from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo
-from flows.node import Node
+from flows.node import Node, RelayFactory
+from flows.peer_directory import NetworkMapDirectory
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
+from messaging.bridges import BridgeManager
+from messaging.peer_senders import public_address
+from messaging.relay import OutboxStore, Relay
+from messaging.signing import MessageSigner
 from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
@@ -272,6 +277,7 @@ class NodeProcess:
             lease=self.lease,
             hospital=self.hospital,
             busy=self.busy,
+            relay_factory=self._bridges(network_map) if config.topology == "p2p" else None,
         )
         self.node = node
         if self._stop.is_set():
@@ -283,6 +289,21 @@ class NodeProcess:
                 node.stop()
             raise
         return node
+
+    def _bridges(self, network_map: NetworkMap) -> RelayFactory:
+        """The peer-to-peer relay: a bridge per peer, to the inbound it published."""
+        directory = NetworkMapDirectory(network_map)
+
+        def build(outbox: OutboxStore, signer: MessageSigner) -> Relay:
+            return BridgeManager(
+                outbox,
+                directory,
+                self.config.name,
+                signer=signer,
+                credentials=self.config.bridge_credentials,
+            )
+
+        return build
 
     def _recover(self, error: BaseException) -> None:
         """A node-wide failure: drop the node's memory, resume from the last checkpoints.
@@ -351,7 +372,7 @@ class NodeProcess:
             NodeInfo(
                 name=self.config.name,
                 address=node.messaging.my_address,
-                transport=_safe_url(self.config.transport_url),
+                transport=public_address(self.config.transport_url),
                 public_key=node.identity.public_key_hex,
             )
         )
@@ -437,7 +458,10 @@ class NodeProcess:
             messages_sent=node.relay.handed_off,
             relay_waiting=node.relay.waiting(),
             relay_refused=node.relay.refused,
+            topology=self.config.topology,
         )
+        if isinstance(node.relay, BridgeManager):
+            stats["bridges"] = [attrs.asdict(bridge) for bridge in node.relay.status()]
         return stats
 
     def _report(self, node: Node) -> None:

@@ -18,6 +18,13 @@
     lease_seconds = 20                       # optional: the node lease's length
     database_wait_seconds = 60               # optional: wait this long for the database
     busy_warning_seconds = 5                 # optional: log flows running this long
+    topology = "shared"                      # optional: "shared" (every node sends through
+                                             # transport_url) or "p2p" (transport_url is this
+                                             # node's own inbound; bridges send to each
+                                             # peer's published inbound)
+    [bridge_credentials."O=Bob,L=New York,C=US"]   # optional, p2p: how this node logs into
+    user = "alice"                                 # a peer's transport ("*": any peer not
+    password = "secret"                            # named); the peer's operator made them
 
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
 """
@@ -25,6 +32,7 @@ A bad config fails at start with the file and the field named (:class:`ConfigErr
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,7 @@ from flows.network_map import node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.party import Party
 from messaging.codec import wire_limits_problem
+from messaging.peer_senders import Credentials
 from messaging.transports import TransportUrlError, transport_scheme
 from persistence.lease import DEFAULT_LEASE_SECONDS
 from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
@@ -55,6 +64,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "lease_seconds": (int, float),
     "database_wait_seconds": (int, float),
     "busy_warning_seconds": (int, float),
+    "topology": str,
+    "bridge_credentials": dict,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -62,6 +73,10 @@ _REQUIRED = ("name", "database_url", "transport_url")
 class ConfigError(ValueError):
     """A node config that cannot be used; the message names the file and the field."""
 
+
+TOPOLOGIES = ("shared", "p2p")
+"""How a node reaches its peers: through one shared transport, or by bridges to each
+peer's own inbound (:mod:`messaging.bridges`)."""
 
 DEFAULT_BUSY_WARNING_SECONDS = 5.0
 """A flow whose code runs this long without suspending is logged (and shown as RUNNING)."""
@@ -94,6 +109,11 @@ class RuntimeConfig:
     """How long a starting node waits for an unreachable database before giving up."""
     busy_warning_seconds: float = DEFAULT_BUSY_WARNING_SECONDS
     """A flow whose code runs this long without suspending is logged and listed."""
+    topology: str = "shared"
+    """``shared``: every node sends through ``transport_url``; ``p2p``: ``transport_url``
+    is this node's own inbound and bridges send to each peer's published inbound."""
+    bridge_credentials: dict[str, Credentials] = attrs.field(factory=dict)
+    """How this node logs into peers' transports, by peer name (``"*"``: any other)."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -203,6 +223,12 @@ def config_from_mapping(
     busy_warning = document.get("busy_warning_seconds", DEFAULT_BUSY_WARNING_SECONDS)
     if isinstance(busy_warning, bool) or not busy_warning > 0:
         raise fail("busy_warning_seconds", "must be positive seconds")
+    topology = document.get("topology", "shared")
+    if topology not in TOPOLOGIES:
+        raise fail("topology", f"must be {' or '.join(TOPOLOGIES)}, not {topology!r}")
+    credentials = _bridge_credentials(document.get("bridge_credentials", {}), fail)
+    if credentials and topology != "p2p":
+        raise fail("bridge_credentials", 'is for topology = "p2p" only')
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -219,7 +245,29 @@ def config_from_mapping(
         lease_seconds=float(lease_seconds),
         database_wait_seconds=float(database_wait),
         busy_warning_seconds=float(busy_warning),
+        topology=topology,
+        bridge_credentials=credentials,
     )
+
+
+def _bridge_credentials(
+    table: dict[str, Any], fail: Callable[[str, str], ConfigError]
+) -> dict[str, Credentials]:
+    """The ``bridge_credentials`` table checked: peer name (or "*") -> user and password."""
+    found: dict[str, Credentials] = {}
+    for peer, entry in table.items():
+        field = f"bridge_credentials.{peer}"
+        if peer != "*":
+            try:
+                Party(peer)
+            except ValueError as error:
+                raise fail(field, f"not a node name or '*': {error}") from None
+        if not isinstance(entry, dict) or set(entry) != {"user", "password"}:
+            raise fail(field, "must be a table with exactly 'user' and 'password'")
+        if not all(isinstance(value, str) and value for value in entry.values()):
+            raise fail(field, "'user' and 'password' must be non-empty strings")
+        found[peer] = Credentials(entry["user"], entry["password"])
+    return found
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:
