@@ -36,8 +36,10 @@ from flows.node import Node, RelayFactory
 from flows.peer_directory import NetworkMapDirectory
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
 from messaging.bridges import BridgeManager
+from messaging.inbound_set import InboundSet
 from messaging.peer_senders import public_address
 from messaging.relay import OutboxStore, Relay
+from messaging.service import MessagingService
 from messaging.signing import MessageSigner
 from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
@@ -265,9 +267,15 @@ class NodeProcess:
         config = self.config
         assert self._identity_cache is not None
         network_map = NetworkMap(config.network_map or Path("network-map"))
-        transport = open_transport(
+        transport: MessagingService = open_transport(
             config.transport_url, config.name, consumer_id=self.worker.worker_id
         )
+        if config.former_inbounds:
+            former = [
+                open_transport(url, config.name, consumer_id=self.worker.worker_id)
+                for url in config.former_inbounds
+            ]
+            transport = InboundSet(transport, former)
         node = Node(
             config.node_config(),
             transport,

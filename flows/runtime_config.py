@@ -22,6 +22,8 @@
                                              # transport_url) or "p2p" (transport_url is this
                                              # node's own inbound; bridges send to each
                                              # peer's published inbound)
+    former_inbounds = ["amqp://..."]         # optional, p2p: inbounds this node moved away
+                                             # from; it drains them until they are removed
     [bridge_credentials."O=Bob,L=New York,C=US"]   # optional, p2p: how this node logs into
     user = "alice"                                 # a peer's transport ("*": any peer not
     password = "secret"                            # named); the peer's operator made them
@@ -66,6 +68,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "busy_warning_seconds": (int, float),
     "topology": str,
     "bridge_credentials": dict,
+    "former_inbounds": list,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -114,6 +117,9 @@ class RuntimeConfig:
     is this node's own inbound and bridges send to each peer's published inbound."""
     bridge_credentials: dict[str, Credentials] = attrs.field(factory=dict)
     """How this node logs into peers' transports, by peer name (``"*"``: any other)."""
+    former_inbounds: tuple[str, ...] = ()
+    """Inbounds this node moved away from: it keeps consuming them (peers may have sent
+    there before they saw its new address) until the operator removes them."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -229,6 +235,21 @@ def config_from_mapping(
     credentials = _bridge_credentials(document.get("bridge_credentials", {}), fail)
     if credentials and topology != "p2p":
         raise fail("bridge_credentials", 'is for topology = "p2p" only')
+    former_inbounds = tuple(
+        _resolve_sqlite(url, base) if isinstance(url, str) else url
+        for url in document.get("former_inbounds", ())
+    )
+    if former_inbounds and topology != "p2p":
+        raise fail("former_inbounds", 'is for topology = "p2p" only')
+    for url in former_inbounds:
+        if not isinstance(url, str):
+            raise fail("former_inbounds", f"must be a list of transport URLs, not {url!r}")
+        try:
+            transport_scheme(url)
+        except TransportUrlError as error:
+            raise fail("former_inbounds", str(error)) from None
+        if url == transport_url:
+            raise fail("former_inbounds", "lists the current transport_url")
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -247,6 +268,7 @@ def config_from_mapping(
         busy_warning_seconds=float(busy_warning),
         topology=topology,
         bridge_credentials=credentials,
+        former_inbounds=former_inbounds,
     )
 
 

@@ -373,14 +373,26 @@ class _Bridge:
                 self._sent += len(ids)
 
     def _look_again(self) -> None:
-        """Idle: close the connection if the peer moved or left, or after a quiet while."""
-        if self._sender is None:
-            return
+        """Idle: follow the peer if it moved or left, close the connection when quiet.
+
+        A connection open to an address the peer no longer publishes is closed at once; one
+        unused for :data:`IDLE_CLOSE_SECONDS` too.
+        """
         address = self._manager.address_of(self.peer)
         if address != self._address:
-            log.info("bridge to %s: its address changed or it left; closing", self.peer)
-            self._close()
-        elif time.monotonic() - self._last_activity > IDLE_CLOSE_SECONDS:
+            if self._sender is not None:
+                log.info(
+                    "bridge to %s: %s; closing the connection to %s",
+                    self.peer,
+                    "it left the network map" if address is None else f"it moved to {address}",
+                    self._address,
+                )
+                self._close()
+            with self._condition:
+                self._address = address
+        elif (
+            self._sender is not None and time.monotonic() - self._last_activity > IDLE_CLOSE_SECONDS
+        ):
             self._close()
 
     def _move_to(self, address: str) -> None:

@@ -59,7 +59,10 @@ class ClusterNode:
         database_url: str | None,
         transport: str,
         extra_config: dict[str, Any] | None = None,
+        extra_toml: str = "",
     ):
+        """``extra_config`` adds or replaces top-level fields; ``extra_toml`` is appended
+        (tables such as ``[bridge_credentials."*"]``)."""
         self.name = name
         self.short = Party(name).organisation.split()[0].lower()
         self.transport_url = transport
@@ -85,7 +88,7 @@ class ClusterNode:
             fields["database_schema"] = self.schema
         fields.update(extra_config or {})
         lines = [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
-        self.config_path.write_text("\n".join(lines) + "\n")
+        self.config_path.write_text("\n".join(lines) + "\n" + extra_toml)
         self.process: subprocess.Popen[bytes] | None = None
         self.client = NodeClient(self.database_url, database_schema=self.schema)
         LEDGER_METADATA.create_all(self.client.database.engine)

@@ -14,6 +14,7 @@ and confirmed; consumption uses manual acks under a prefetch window; both reconn
 from messaging.amqp.admin import (
     delete_queues,
     inject_raw,
+    peer_account_commands,
     permission_commands,
     queue_depth,
     read_dead_letters,
@@ -43,6 +44,7 @@ __all__ = [
     "delete_queues",
     "inject_raw",
     "node_key",
+    "peer_account_commands",
     "permission_commands",
     "queue_depth",
     "queue_name",

@@ -46,6 +46,20 @@ def permission_commands(address: str, user: str, password: str) -> list[str]:
     ]
 
 
+def peer_account_commands(vhost: str, user: str, password: str) -> list[str]:
+    """The ``rabbitmqctl`` commands making ``user`` a peer's account on a node's broker.
+
+    For the peer-to-peer topology, run by the operator of the node that owns ``vhost`` (its
+    inbound) for each peer sending to it: the account may publish to the ``p2p.inbound``
+    exchange, and so reach the node's inbound queue, and nothing else: it may not configure
+    anything, read any queue, or publish to another exchange (the default exchange included).
+    """
+    return [
+        f"rabbitmqctl add_user '{user}' '{password}'",
+        f"rabbitmqctl set_permissions -p '{vhost}' '{user}' '^$' '^p2p\\.inbound$' '^$'",
+    ]
+
+
 @contextlib.contextmanager
 def _tool_channel(url: str, what: str) -> Iterator[Channel]:
     """A confirm-mode channel on a short-lived connection; pika errors become TransportError."""

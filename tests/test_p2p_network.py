@@ -1,0 +1,285 @@
+"""The peer-to-peer topology with real node processes: each node its own inbound, bridges.
+
+Alice and Bob each own a RabbitMQ vhost (standing in for a broker of their own); Carol's
+inbound is a SQL queue on PostgreSQL. No two nodes share a transport: each node consumes its
+own inbound and reaches the others only through the bridges to the addresses they published
+in the network map. Peers log into Alice's and Bob's brokers with a peer account that may
+only publish to the ``p2p.inbound`` exchange (``peer_account_commands``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from flows.network_map import NetworkMap
+from flows.party import Party
+from tests.conftest import (
+    PIKA_MISSING,
+    POSTGRES_URL,
+    postgres_problem,
+    rabbitmq_problem,
+    require_service,
+)
+
+pytest.importorskip("pika", reason=PIKA_MISSING)  # before the imports that need it
+
+import pika
+import pika.exceptions
+
+from messaging.amqp import peer_account_commands, queue_depth, queue_name
+from messaging.transports import purge_queues
+from persistence import schema
+from samples.pingpong import PingFlow
+from samples.trade import BuyerFlow, TradeOutcome
+from tests.process_cluster import NAMES, RUN, ClusterNode
+from tests.waiting import wait_until
+
+ALICE, BOB, CAROL = NAMES
+PEER_USER = f"ff-peer-{RUN}"
+PEER_PASSWORD = f"peer-secret-{RUN}"
+pytestmark = pytest.mark.slow
+
+
+def rabbitmqctl(command: str) -> None:
+    """Run one ``rabbitmqctl`` command line (it must succeed)."""
+    subprocess.run(shlex.split(command), check=True, capture_output=True, timeout=120)
+
+
+def amqp_url(vhost: str, user: str = "guest", password: str = "guest") -> str:
+    """The URL of ``vhost`` on the test broker."""
+    return f"amqp://{user}:{password}@127.0.0.1:5672/{quote(vhost, safe='')}"
+
+
+class P2PNetwork:
+    """Alice and Bob on vhosts of their own, Carol on a PostgreSQL queue; bridges between."""
+
+    def __init__(self, directory: Path) -> None:
+        self.vhosts = {ALICE: f"ff-p2p-alice-{RUN}", BOB: f"ff-p2p-bob-{RUN}"}
+        for vhost in self.vhosts.values():
+            rabbitmqctl(f"rabbitmqctl add_vhost {vhost}")
+            rabbitmqctl(f"rabbitmqctl set_permissions -p {vhost} guest '.*' '.*' '.*'")
+        rabbitmqctl(f"rabbitmqctl add_user {PEER_USER} {PEER_PASSWORD}")
+        for vhost in self.vhosts.values():
+            for command in peer_account_commands(vhost, PEER_USER, PEER_PASSWORD)[1:]:
+                rabbitmqctl(command)
+        self.inbound = {
+            ALICE: amqp_url(self.vhosts[ALICE]),
+            BOB: amqp_url(self.vhosts[BOB]),
+            CAROL: POSTGRES_URL,
+        }
+        credentials = (
+            f'[bridge_credentials."*"]\nuser = "{PEER_USER}"\npassword = "{PEER_PASSWORD}"\n'
+            f'[bridge_credentials."{CAROL}"]\nuser = "postgres"\npassword = "trust-auth"\n'
+        )
+        self.nodes = {
+            name: ClusterNode(
+                name,
+                directory,
+                None,
+                self.inbound[name],
+                {"topology": "p2p", "network_map": "network-map"},
+                credentials,
+            )
+            for name in NAMES
+        }
+        self.map = NetworkMap(directory / "network-map")
+
+    def start(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+        for node in self.nodes.values():
+            node.wait_started()
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+            node.client.close()
+        purge_queues(POSTGRES_URL, [CAROL])
+        for vhost in self.vhosts.values():
+            subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=120)
+        subprocess.run(["rabbitmqctl", "delete_user", PEER_USER], capture_output=True, timeout=120)
+
+    def status(self, name: str) -> dict[str, object]:
+        """The node's status file."""
+        result: dict[str, object] = json.loads(self.nodes[name].status_path.read_text())
+        return result
+
+    def outbox_rows(self, name: str) -> int:
+        """Rows left in the node's outbox."""
+        with self.nodes[name].client.database.engine.connect() as connection:
+            return len(connection.execute(schema.node_outbox.select()).all())
+
+
+@pytest.fixture
+def network(tmp_path: Path) -> Iterator[P2PNetwork]:
+    require_service("RabbitMQ", rabbitmq_problem())
+    require_service("PostgreSQL", postgres_problem())
+    require_service(
+        "rabbitmqctl", None if shutil.which("rabbitmqctl") else "rabbitmqctl is not on PATH"
+    )
+    network = P2PNetwork(tmp_path)
+    try:
+        network.start()
+        yield network
+    finally:
+        network.close()
+
+
+def test_three_nodes_each_on_its_own_inbound_run_ping_pong_and_the_trade(
+    network: P2PNetwork,
+) -> None:
+    published = {name: info.transport for name, info in network.map.nodes().items()}
+    assert published == {
+        ALICE: f"amqp://127.0.0.1:5672/{quote(network.vhosts[ALICE], safe='')}",
+        BOB: f"amqp://127.0.0.1:5672/{quote(network.vhosts[BOB], safe='')}",
+        CAROL: "postgresql://127.0.0.1:5432/test",
+    }
+    alice, carol = network.nodes[ALICE], network.nodes[CAROL]
+    bob_party, carol_party, alice_party = Party(BOB), Party(CAROL), Party(ALICE)
+    pings = alice.client.start_flows([PingFlow(bob_party), PingFlow(carol_party)])
+    pings += carol.client.start_flows([PingFlow(alice_party), PingFlow(bob_party)])
+    trades = alice.client.start_flows(
+        [BuyerFlow(bob_party, carol_party, "widget", 3, 1000 + n) for n in range(3)]
+    )
+    for flow_id in pings[:2] + trades:
+        alice.client.wait([flow_id], 120)
+    carol.client.wait(pings[2:], 120)
+    assert [alice.client.result(f) for f in pings[:2]] == ["Pong", "Pong"]
+    assert [carol.client.result(f) for f in pings[2:]] == ["Pong", "Pong"]
+    outcomes = [alice.client.result(f) for f in trades]
+    assert all(isinstance(outcome, TradeOutcome) for outcome in outcomes)
+    assert len({outcome.trade_id for outcome in outcomes}) == 3
+    # Exactly once on every node: each responder ran once per session.
+    bob_ran = network.nodes[BOB].counts(schema.node_flow_results)
+    assert (bob_ran["PongFlow"], bob_ran["SellerFlow"]) == (2, 3)
+    carol_ran = network.nodes[CAROL].counts(schema.node_flow_results)
+    assert (carol_ran["PongFlow"], carol_ran["ApproverFlow"], carol_ran["PingFlow"]) == (1, 3, 2)
+    alice_ran = network.nodes[ALICE].counts(schema.node_flow_results)
+    assert (alice_ran["PongFlow"], alice_ran["PingFlow"], alice_ran["BuyerFlow"]) == (1, 2, 3)
+    for name in NAMES:
+        wait_until(lambda n=name: network.outbox_rows(n) == 0, f"{name}'s outbox to empty", 30)
+    # Bob's inbound is on his broker only: Alice's has no queue of his.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+        passive_declare(amqp_url(network.vhosts[ALICE]), queue_name(BOB))
+
+    def alice_bridges() -> dict[str, object]:
+        listed = network.status(ALICE).get("bridges") or []
+        return {b["peer"]: b["address"] for b in listed}  # type: ignore[union-attr, index]
+
+    expected = {BOB: published[BOB], CAROL: published[CAROL]}
+    wait_until(lambda: alice_bridges() == expected, "Alice's status to list her bridges", 30)
+
+
+def passive_declare(url: str, queue: str) -> None:
+    """Ask the broker at ``url`` whether ``queue`` exists (raises if it does not)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        connection.channel().queue_declare(queue, passive=True)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def test_a_peer_account_may_publish_to_the_inbound_exchange_only(network: P2PNetwork) -> None:
+    peer = amqp_url(network.vhosts[BOB], PEER_USER, PEER_PASSWORD)
+    connection = pika.BlockingConnection(pika.URLParameters(peer))
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+            connection.channel().basic_get(queue_name(BOB))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+            connection.channel().queue_declare(f"peer-made-{uuid.uuid4().hex}")
+        for exchange in ("", "p2p.deadletter", "amq.topic"):  # the default exchange first
+            channel = connection.channel()
+            channel.confirm_delivery()  # a refused publish then fails here, not later
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+                channel.basic_publish(exchange, queue_name(BOB), b"not through p2p.inbound")
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(
+            "p2p.inbound", queue_name(BOB), b"through p2p.inbound", mandatory=True
+        )
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def test_a_peer_cut_off_for_a_while_loses_nothing_and_holds_back_no_other(
+    network: P2PNetwork,
+) -> None:
+    alice = network.nodes[ALICE]
+    bob_party, carol_party = Party(BOB), Party(CAROL)
+    rabbitmqctl(f"rabbitmqctl clear_permissions -p {network.vhosts[BOB]} {PEER_USER}")
+    to_bob = alice.client.start_flows([PingFlow(bob_party) for _ in range(3)])
+    to_carol = alice.client.start_flows([PingFlow(carol_party) for _ in range(3)])
+    alice.client.wait(to_carol, 120)  # Carol is served while Bob is cut off
+
+    def bob_refused() -> bool:
+        bridges = network.status(ALICE).get("bridges") or []
+        return any(
+            b["peer"] == BOB and str(b["state"]).startswith("unreachable")  # type: ignore[index]
+            for b in bridges  # type: ignore[union-attr]
+        )
+
+    wait_until(bob_refused, "Alice's bridge to Bob to be refused", 60)
+    assert alice.client.outcomes(to_bob) == {}
+    assert network.outbox_rows(ALICE) >= 3  # kept, not lost
+    for command in peer_account_commands(network.vhosts[BOB], PEER_USER, PEER_PASSWORD)[1:]:
+        rabbitmqctl(command)
+    alice.client.wait(to_bob, 120)
+    assert [alice.client.result(f) for f in to_bob] == ["Pong"] * 3
+    assert network.nodes[BOB].counts(schema.node_flow_results)["PongFlow"] == 3
+    assert network.nodes[CAROL].counts(schema.node_flow_results)["PongFlow"] == 3
+
+
+def test_the_bridge_follows_a_peer_whose_address_changed(network: P2PNetwork) -> None:
+    alice, bob = network.nodes[ALICE], network.nodes[BOB]
+    first = alice.client.start_flow(PingFlow(Party(BOB)))
+    alice.client.wait([first], 120)
+    # Bob moves to a broker account of his own on a new vhost: a new inbound address.
+    new_vhost = f"ff-p2p-bob2-{RUN}"
+    network.vhosts["bob2"] = new_vhost
+    rabbitmqctl(f"rabbitmqctl add_vhost {new_vhost}")
+    rabbitmqctl(f"rabbitmqctl set_permissions -p {new_vhost} guest '.*' '.*' '.*'")
+    for command in peer_account_commands(new_vhost, PEER_USER, PEER_PASSWORD)[1:]:
+        rabbitmqctl(command)
+    bob.stop()
+    old_inbound = network.inbound[BOB]
+    config = bob.config_path.read_text().replace(
+        json.dumps(old_inbound), json.dumps(amqp_url(new_vhost))
+    )
+    # Peers may send to the old inbound until they see the move: Bob drains it meanwhile.
+    bob.config_path.write_text(f"former_inbounds = [{json.dumps(old_inbound)}]\n" + config)
+    bob.start()
+    bob.wait_started()
+    wait_until(
+        lambda: new_vhost in network.map.nodes()[BOB].transport.replace("%2F", "/"),
+        "Bob's node-info to name his new inbound",
+        30,
+    )
+    # Alice may not have seen the move yet (she reads the map at most every second): what
+    # she sends meanwhile goes to Bob's old inbound, which he drains.
+    second = alice.client.start_flow(PingFlow(Party(BOB)))
+    alice.client.wait([second], 120)
+    assert alice.client.result(second) == "Pong"
+
+    def bridge_moved() -> bool:
+        bridges = network.status(ALICE)["bridges"]
+        address = next(b["address"] for b in bridges if b["peer"] == BOB)  # type: ignore[union-attr, index]
+        return new_vhost in str(address)
+
+    wait_until(bridge_moved, "Alice's bridge to Bob to follow him", 30)
+    third = alice.client.start_flow(PingFlow(Party(BOB)))
+    alice.client.wait([third], 120)
+    assert alice.client.result(third) == "Pong"
+    assert network.nodes[BOB].counts(schema.node_flow_results)["PongFlow"] == 3
+    assert queue_depth(amqp_url(new_vhost), BOB) == 0
+    assert queue_depth(old_inbound, BOB) == 0  # drained: nothing stranded there
