@@ -1,0 +1,206 @@
+"""The network trust root (the "doorman"): who may be a node of the network, under which key.
+
+Without a root, whoever can write the network map directory can bind any name to any key.
+With one, the binding is an X.509 certificate: the network operator keeps an Ed25519 root
+key offline and issues each node a certificate for its X.500 name and its Ed25519 identity
+key, directly (no intermediate certificates). Each node signs its node-info with its key;
+a node-info counts only if its certificate chains to the root and its signature verifies.
+
+This module is the nodes' side: :class:`NetworkRoot` checks certificates and node-infos.
+The operator's side (creating the root, certificate requests, issuing) is
+:mod:`flows.doorman`. The steps (``fiberflow network ...`` runs each, :mod:`flows.network_cli`):
+
+1. the operator creates the root once: :meth:`~flows.doorman.RootAuthority.create` writes
+   ``network-root.key.pem`` (mode 0600) and the self-signed ``network-root.cert.pem``;
+2. each node makes a certificate request from its key file
+   (:func:`~flows.doorman.certificate_request`);
+3. the operator checks and issues it: :meth:`~flows.doorman.RootAuthority.issue`;
+4. the node starts with ``network_root`` (the root certificate) and ``certificate`` in its
+   config; it publishes its node-info with the certificate, signed
+   (:meth:`~flows.network_map.NodeInfo.signed_by`), and trusts only the node-infos that
+   :meth:`NetworkRoot.verify_node_info` accepts.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from flows.network_map import NodeInfo, NodeInfoRejected
+
+__all__ = ["NetworkRoot", "NetworkTrustError", "NodeInfoRejected", "load_certificate"]
+
+
+class NetworkTrustError(ValueError):
+    """A root, request or certificate that cannot be used; the message says which and why."""
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _is_ca(certificate: x509.Certificate) -> bool:
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+    except x509.ExtensionNotFound:
+        return False
+    return constraints.value.ca
+
+
+def load_certificate(path: str | Path, what: str = "certificate") -> x509.Certificate:
+    """The PEM certificate in ``path``; :class:`NetworkTrustError` naming the file if not."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise NetworkTrustError(f"{what} {path}: cannot read it: {error.strerror}") from None
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError as error:
+        raise NetworkTrustError(f"{what} {path}: not a PEM X.509 certificate: {error}") from None
+
+
+class NetworkRoot:
+    """The network's root certificate, as every node holds it: it checks node-infos."""
+
+    def __init__(self, certificate: x509.Certificate) -> None:
+        public_key = certificate.public_key()
+        if not isinstance(public_key, Ed25519PublicKey):
+            raise NetworkTrustError(
+                f"root certificate {certificate.subject.rfc4514_string()}: its key is a "
+                f"{type(public_key).__name__}, not Ed25519"
+            )
+        if not _is_ca(certificate):
+            raise NetworkTrustError(
+                f"root certificate {certificate.subject.rfc4514_string()} is not a CA certificate"
+            )
+        try:
+            public_key.verify(certificate.signature, certificate.tbs_certificate_bytes)
+        except InvalidSignature:
+            raise NetworkTrustError(
+                f"root certificate {certificate.subject.rfc4514_string()} is not self-signed"
+            ) from None
+        self.certificate = certificate
+        """The root certificate."""
+        self.public_key: Ed25519PublicKey = public_key
+        """The root's public key: every node certificate must be signed with it."""
+
+    @classmethod
+    def load(cls, path: str | Path) -> NetworkRoot:
+        """The root whose certificate is the PEM file ``path``."""
+        try:
+            return cls(load_certificate(path, "network root certificate"))
+        except NetworkTrustError as error:
+            message = str(error)
+            if message.startswith("root certificate"):
+                message = f"network root {path}: {message}"
+            raise NetworkTrustError(message) from None
+
+    @property
+    def subject(self) -> str:
+        """The root certificate's subject (RFC 4514 text)."""
+        return self.certificate.subject.rfc4514_string()
+
+    def check_certificate(
+        self,
+        certificate: x509.Certificate | str | bytes,
+        name: str,
+        public_key: bytes | str | None,
+        now: datetime.datetime | None = None,
+    ) -> None:
+        """Check that ``certificate`` certifies ``public_key`` (raw or hex) as node ``name``.
+
+        It must be issued by this root (signed with its key), valid at ``now`` (default:
+        the present), not a CA, for exactly ``name`` and ``public_key``. Raises
+        :class:`NodeInfoRejected` saying what is wrong.
+        """
+        if not isinstance(certificate, x509.Certificate):
+            pem = certificate.encode() if isinstance(certificate, str) else certificate
+            try:
+                certificate = x509.load_pem_x509_certificate(pem)
+            except ValueError as error:
+                raise NodeInfoRejected(f"the certificate is not PEM X.509: {error}") from None
+        now = _now() if now is None else now
+        issuer = certificate.issuer.rfc4514_string()
+        if certificate.issuer != self.certificate.subject:
+            raise NodeInfoRejected(
+                f"certificate issued by another root ({issuer}, not {self.subject})"
+            )
+        try:
+            self.public_key.verify(certificate.signature, certificate.tbs_certificate_bytes)
+        except InvalidSignature:
+            raise NodeInfoRejected(
+                f"certificate issued by another root: named {issuer} but its signature does "
+                "not verify with this network's root key"
+            ) from None
+        if certificate == self.certificate:
+            raise NodeInfoRejected("the certificate is the network root itself, not a node's")
+        if _is_ca(certificate):
+            raise NodeInfoRejected("the certificate is a CA certificate, not a node's")
+        root_end = self.certificate.not_valid_after_utc
+        if now > root_end:
+            raise NodeInfoRejected(
+                f"the network root certificate expired on {root_end:%Y-%m-%d %H:%M} UTC"
+            )
+        start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+        if now < start:
+            raise NodeInfoRejected(f"certificate not valid before {start:%Y-%m-%d %H:%M} UTC")
+        if now > end:
+            raise NodeInfoRejected(f"certificate expired on {end:%Y-%m-%d %H:%M} UTC")
+        try:
+            usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+        except x509.ExtensionNotFound:
+            usage = None
+        if usage is not None and not usage.digital_signature:
+            raise NodeInfoRejected("the certificate does not allow digital signatures")
+        subject = certificate.subject.rfc4514_string()
+        try:
+            wanted = x509.Name.from_rfc4514_string(name)
+        except ValueError:
+            wanted = None
+        if certificate.subject != wanted:
+            raise NodeInfoRejected(f"certificate is for {subject}, not {name}")
+        certified = certificate.public_key()
+        if not isinstance(certified, Ed25519PublicKey):
+            raise NodeInfoRejected(
+                f"the certified key is a {type(certified).__name__}, not an Ed25519 key"
+            )
+        if public_key is None:
+            raise NodeInfoRejected("the node-info has no public key")
+        try:
+            raw = bytes.fromhex(public_key) if isinstance(public_key, str) else public_key
+        except ValueError:
+            raise NodeInfoRejected("the node-info's public key is not hex") from None
+        if raw != _raw(certified):
+            raise NodeInfoRejected("public key does not match the certificate")
+
+    def verify_node_info(self, info: NodeInfo, now: datetime.datetime | None = None) -> None:
+        """Check a node-info: certified by this root (:meth:`check_certificate`) and signed.
+
+        Raises :class:`NodeInfoRejected` saying what is wrong.
+        """
+        if info.certificate is None:
+            raise NodeInfoRejected("no certificate: the network has a root, and it issued none")
+        self.check_certificate(info.certificate, info.name, info.public_key, now)
+        assert info.public_key is not None  # the certificate check made sure
+        if info.signature is None:
+            raise NodeInfoRejected("not signed by the node")
+        try:
+            signature = bytes.fromhex(info.signature)
+        except ValueError:
+            raise NodeInfoRejected("the signature is not hex") from None
+        public_key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(info.public_key))
+        try:
+            public_key.verify(signature, info.signed_bytes())
+        except (InvalidSignature, ValueError):
+            raise NodeInfoRejected(
+                "signature does not verify: the node-info was changed after it was signed"
+            ) from None
