@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fiberflow.network_map")
 
+_logged: dict[Path, str] = {}
+"""Each refused file logged in this process, with the digest of the content logged."""
+_logged_lock = threading.Lock()
+
 PLATFORM_VERSION = 1
 """The messaging and checkpoint protocol version this fiberflow speaks."""
 NODE_INFO_SIGNATURE_CONTEXT = b"fiberflow-node-info-v1\n"
@@ -136,16 +140,14 @@ class NetworkMap:
     raises :class:`NetworkMapError`). With a ``root`` (a
     :class:`~flows.network_trust.NetworkRoot`) only node-infos with a certificate issued by
     it and a valid signature by the node itself are returned; any other file is refused
-    (:meth:`rejected`), logged once per content at WARNING, and never stops the others
-    loading.
+    (:meth:`rejected`), logged at WARNING once per process and content of the file, and
+    never stops the others loading.
     """
 
     def __init__(self, directory: str | Path, root: NetworkRoot | None = None) -> None:
         self.directory = Path(directory)
         self.root = root
         """The network's trust root, or None (every node-info is taken as it is)."""
-        self._logged: dict[Path, str] = {}
-        self._logged_lock = threading.Lock()
 
     def publish(self, info: NodeInfo, identity: NodeIdentity | None = None) -> Path:
         """Write (or replace) ``info``'s file, signed by ``identity`` if given; returns its path.
@@ -224,16 +226,16 @@ class NetworkMap:
         return info, None
 
     def _log_rejected(self, rejected: Iterable[tuple[Path, str]]) -> None:
-        """Log each refusal once per content of its file (a changed file is logged again)."""
+        """Log each refusal once per process and content of its file (logged again if changed)."""
         for path, reason in rejected:
             try:
                 content = hashlib.sha256(path.read_bytes()).hexdigest()
             except OSError:
                 content = reason
-            with self._logged_lock:
-                if self._logged.get(path) == content:
+            with _logged_lock:
+                if _logged.get(path.resolve()) == content:
                     continue
-                self._logged[path] = content
+                _logged[path.resolve()] = content
             log.warning("network map file %s refused: %s", path, reason)
 
 

@@ -26,14 +26,16 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+import attrs
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from flows.identity import NodeIdentity
 from flows.network_map import NodeInfo, NodeInfoRejected
 
-__all__ = ["NetworkRoot", "NetworkTrustError", "NodeInfoRejected", "load_certificate"]
+__all__ = ["NetworkRoot", "NetworkTrustError", "NodeInfoRejected", "NodeTrust", "load_certificate"]
 
 
 class NetworkTrustError(ValueError):
@@ -66,6 +68,32 @@ def load_certificate(path: str | Path, what: str = "certificate") -> x509.Certif
         return x509.load_pem_x509_certificate(data)
     except ValueError as error:
         raise NetworkTrustError(f"{what} {path}: not a PEM X.509 certificate: {error}") from None
+
+
+def _check_subject_and_key(
+    certificate: x509.Certificate, name: str, public_key: bytes | str | None
+) -> None:
+    """Raise :class:`NodeInfoRejected` unless ``certificate`` is for ``name`` and its key."""
+    subject = certificate.subject.rfc4514_string()
+    try:
+        wanted = x509.Name.from_rfc4514_string(name)
+    except ValueError:
+        wanted = None
+    if certificate.subject != wanted:
+        raise NodeInfoRejected(f"certificate is for {subject}, not {name}")
+    certified = certificate.public_key()
+    if not isinstance(certified, Ed25519PublicKey):
+        raise NodeInfoRejected(
+            f"the certified key is a {type(certified).__name__}, not an Ed25519 key"
+        )
+    if public_key is None:
+        raise NodeInfoRejected("the node-info has no public key")
+    try:
+        raw = bytes.fromhex(public_key) if isinstance(public_key, str) else public_key
+    except ValueError:
+        raise NodeInfoRejected("the node-info's public key is not hex") from None
+    if raw != _raw(certified):
+        raise NodeInfoRejected("public key does not match the certificate")
 
 
 class NetworkRoot:
@@ -161,26 +189,7 @@ class NetworkRoot:
             usage = None
         if usage is not None and not usage.digital_signature:
             raise NodeInfoRejected("the certificate does not allow digital signatures")
-        subject = certificate.subject.rfc4514_string()
-        try:
-            wanted = x509.Name.from_rfc4514_string(name)
-        except ValueError:
-            wanted = None
-        if certificate.subject != wanted:
-            raise NodeInfoRejected(f"certificate is for {subject}, not {name}")
-        certified = certificate.public_key()
-        if not isinstance(certified, Ed25519PublicKey):
-            raise NodeInfoRejected(
-                f"the certified key is a {type(certified).__name__}, not an Ed25519 key"
-            )
-        if public_key is None:
-            raise NodeInfoRejected("the node-info has no public key")
-        try:
-            raw = bytes.fromhex(public_key) if isinstance(public_key, str) else public_key
-        except ValueError:
-            raise NodeInfoRejected("the node-info's public key is not hex") from None
-        if raw != _raw(certified):
-            raise NodeInfoRejected("public key does not match the certificate")
+        _check_subject_and_key(certificate, name, public_key)
 
     def verify_node_info(self, info: NodeInfo, now: datetime.datetime | None = None) -> None:
         """Check a node-info: certified by this root (:meth:`check_certificate`) and signed.
@@ -204,3 +213,42 @@ class NetworkRoot:
             raise NodeInfoRejected(
                 "signature does not verify: the node-info was changed after it was signed"
             ) from None
+
+
+@attrs.frozen
+class NodeTrust:
+    """What a node process starts with: the root it trusts (if any) and its own certificate."""
+
+    root: NetworkRoot | None = None
+    """The network root; None: every node-info is taken as it is."""
+    certificate: str | None = None
+    """The PEM text of the node's certificate, published in its node-info (None: none)."""
+
+    @classmethod
+    def load(
+        cls, network_root: Path | None, certificate: Path | None, identity: NodeIdentity
+    ) -> NodeTrust:
+        """Load the configured files and check the node's certificate against them.
+
+        The certificate must be for ``identity``'s name and key and, with a root, chain to it
+        and be valid now. Raises :class:`NetworkTrustError` with one line naming the file and
+        the problem.
+        """
+        if network_root is not None and certificate is None:
+            raise NetworkTrustError("a node with a network root needs its certificate")
+        root = None if network_root is None else NetworkRoot.load(network_root)
+        if certificate is None:
+            return cls(root, None)
+        loaded = load_certificate(certificate, "node certificate")
+        try:
+            if root is None:
+                _check_subject_and_key(loaded, identity.name, identity.public_key)
+            else:
+                root.check_certificate(loaded, identity.name, identity.public_key)
+        except NodeInfoRejected as error:
+            where = "" if network_root is None else f" for the network root {network_root}"
+            raise NetworkTrustError(
+                f"node certificate {certificate} is not valid{where}: {error.reason}"
+            ) from None
+        pem = loaded.public_bytes(serialization.Encoding.PEM).decode()
+        return cls(root, pem)

@@ -18,6 +18,14 @@
     lease_seconds = 20                       # optional: the node lease's length
     database_wait_seconds = 60               # optional: wait this long for the database
     busy_warning_seconds = 5                 # optional: log flows running this long
+    network_root = "root.cert.pem"           # optional: the network's root certificate
+    certificate = "alice.cert.pem"           # the node's certificate (required with a root)
+
+With ``network_root`` the node trusts only node-infos certified by that root and signed by
+their node (:mod:`flows.network_trust`), and ``certificate`` (issued to it by the root) is
+required; at start the node checks that its certificate is for its name and key and chains
+to the root, and refuses to start otherwise. ``certificate`` alone publishes the node-info
+certified and signed without checking others' (a network moving to a root).
 
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
 """
@@ -55,6 +63,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "lease_seconds": (int, float),
     "database_wait_seconds": (int, float),
     "busy_warning_seconds": (int, float),
+    "network_root": str,
+    "certificate": str,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -94,6 +104,10 @@ class RuntimeConfig:
     """How long a starting node waits for an unreachable database before giving up."""
     busy_warning_seconds: float = DEFAULT_BUSY_WARNING_SECONDS
     """A flow whose code runs this long without suspending is logged and listed."""
+    network_root: Path | None = None
+    """The network root's certificate (PEM): only node-infos it certifies are trusted."""
+    certificate: Path | None = None
+    """The node's certificate (PEM), issued by the network root; published in its node-info."""
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""
@@ -203,6 +217,10 @@ def config_from_mapping(
     busy_warning = document.get("busy_warning_seconds", DEFAULT_BUSY_WARNING_SECONDS)
     if isinstance(busy_warning, bool) or not busy_warning > 0:
         raise fail("busy_warning_seconds", "must be positive seconds")
+    if "network_root" in document and "certificate" not in document:
+        raise fail("certificate", "missing: required when 'network_root' is set")
+    network_root = document.get("network_root")
+    certificate = document.get("certificate")
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -219,6 +237,8 @@ def config_from_mapping(
         lease_seconds=float(lease_seconds),
         database_wait_seconds=float(database_wait),
         busy_warning_seconds=float(busy_warning),
+        network_root=None if network_root is None else base / network_root,
+        certificate=None if certificate is None else base / certificate,
     )
 
 
