@@ -17,11 +17,15 @@ import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.x509.oid import NameOID
 
 from flows.identity import NodeIdentity
-from flows.network_trust import NetworkRoot, NetworkTrustError, load_certificate
-from flows.party import Party
+from flows.network_trust import (
+    NetworkRoot,
+    NetworkTrustError,
+    load_certificate,
+    party_name,
+    x509_name,
+)
 
 __all__ = [
     "DEFAULT_NODE_DAYS",
@@ -178,9 +182,8 @@ class RootAuthority:
             raise NetworkTrustError(f"not a PEM certificate request: {error}") from None
         if not request.is_signature_valid:
             raise NetworkTrustError("the certificate request's signature does not verify")
-        subject = request.subject.rfc4514_string()
         try:
-            Party(subject)
+            subject = party_name(request.subject)
         except ValueError as error:
             raise NetworkTrustError(f"the request's subject is not a node name: {error}") from None
         public_key = request.public_key()
@@ -230,9 +233,10 @@ def _key_usage(*, cert_sign: bool = False, digital_signature: bool = False) -> x
 
 def certificate_request(identity: NodeIdentity) -> bytes:
     """A PEM certificate request for ``identity``'s name and key, signed with its key."""
-    name = _name(identity.name, "node name")
-    if not name.get_attributes_for_oid(NameOID.ORGANIZATION_NAME):
-        raise NetworkTrustError(f"node name {identity.name!r} has no O= part")
+    try:
+        name = x509_name(identity.name)
+    except ValueError as error:
+        raise NetworkTrustError(str(error)) from None
     request = (
         x509.CertificateSigningRequestBuilder().subject_name(name).sign(identity.private_key, None)
     )

@@ -28,14 +28,24 @@ from pathlib import Path
 
 import attrs
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.x509.oid import NameOID
 
 from flows.identity import NodeIdentity
 from flows.network_map import NodeInfo, NodeInfoRejected
+from flows.party import Party
 
-__all__ = ["NetworkRoot", "NetworkTrustError", "NodeInfoRejected", "NodeTrust", "load_certificate"]
+__all__ = [
+    "NetworkRoot",
+    "NetworkTrustError",
+    "NodeInfoRejected",
+    "NodeTrust",
+    "load_certificate",
+    "party_name",
+    "x509_name",
+]
 
 
 class NetworkTrustError(ValueError):
@@ -58,6 +68,47 @@ def _is_ca(certificate: x509.Certificate) -> bool:
     return constraints.value.ca
 
 
+_ATTRIBUTES = {
+    "CN": NameOID.COMMON_NAME,
+    "OU": NameOID.ORGANIZATIONAL_UNIT_NAME,
+    "O": NameOID.ORGANIZATION_NAME,
+    "L": NameOID.LOCALITY_NAME,
+    "ST": NameOID.STATE_OR_PROVINCE_NAME,
+    "C": NameOID.COUNTRY_NAME,
+}
+
+
+def x509_name(party_name: str) -> x509.Name:
+    """The X.509 name certifying party ``party_name`` (ValueError if it is not a party name).
+
+    The same as ``x509.Name.from_rfc4514_string`` of the name, but built from the party's
+    parts, so spaces after commas and characters RFC 4514 escapes are taken as the party
+    name means them.
+    """
+    Party(party_name)
+    parts = [item.strip().partition("=") for item in party_name.split(",")]
+    try:
+        return x509.Name(
+            [x509.NameAttribute(_ATTRIBUTES[key], value.strip()) for key, _, value in parts[::-1]]
+        )
+    except ValueError as error:
+        raise ValueError(f"party name {party_name!r} cannot be an X.509 name: {error}") from None
+
+
+def party_name(name: x509.Name) -> str:
+    """The party name an X.509 name certifies (ValueError if it certifies no party name)."""
+    keys = {oid: key for key, oid in _ATTRIBUTES.items()}
+    parts = []
+    for rdn in reversed(name.rdns):
+        attributes = list(rdn)
+        if len(attributes) != 1 or attributes[0].oid not in keys:
+            raise ValueError(f"{name.rfc4514_string()} is not a party name")
+        parts.append(f"{keys[attributes[0].oid]}={attributes[0].value!s}")
+    text = ",".join(parts)
+    Party(text)
+    return text
+
+
 def load_certificate(path: str | Path, what: str = "certificate") -> x509.Certificate:
     """The PEM certificate in ``path``; :class:`NetworkTrustError` naming the file if not."""
     try:
@@ -74,12 +125,15 @@ def _check_subject_and_key(
     certificate: x509.Certificate, name: str, public_key: bytes | str | None
 ) -> None:
     """Raise :class:`NodeInfoRejected` unless ``certificate`` is for ``name`` and its key."""
-    subject = certificate.subject.rfc4514_string()
     try:
-        wanted = x509.Name.from_rfc4514_string(name)
+        wanted: x509.Name | None = x509_name(name)
     except ValueError:
         wanted = None
     if certificate.subject != wanted:
+        try:
+            subject = party_name(certificate.subject)
+        except ValueError:
+            subject = certificate.subject.rfc4514_string()
         raise NodeInfoRejected(f"certificate is for {subject}, not {name}")
     certified = certificate.public_key()
     if not isinstance(certified, Ed25519PublicKey):
@@ -156,7 +210,20 @@ class NetworkRoot:
                 certificate = x509.load_pem_x509_certificate(pem)
             except ValueError as error:
                 raise NodeInfoRejected(f"the certificate is not PEM X.509: {error}") from None
-        now = _now() if now is None else now
+        try:
+            self._check(certificate, name, public_key, _now() if now is None else now)
+        except NodeInfoRejected:
+            raise
+        except (ValueError, UnsupportedAlgorithm) as error:  # malformed names, extensions, keys
+            raise NodeInfoRejected(f"the certificate cannot be read: {error}") from None
+
+    def _check(
+        self,
+        certificate: x509.Certificate,
+        name: str,
+        public_key: bytes | str | None,
+        now: datetime.datetime,
+    ) -> None:
         issuer = certificate.issuer.rfc4514_string()
         if certificate.issuer != self.certificate.subject:
             raise NodeInfoRejected(

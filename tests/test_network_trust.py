@@ -24,7 +24,14 @@ from flows.doorman import (
 )
 from flows.identity import NetworkMapPeerKeys, NodeIdentity
 from flows.network_map import NetworkMap, NodeInfo
-from flows.network_trust import NetworkRoot, NetworkTrustError, NodeInfoRejected, NodeTrust
+from flows.network_trust import (
+    NetworkRoot,
+    NetworkTrustError,
+    NodeInfoRejected,
+    NodeTrust,
+    party_name,
+    x509_name,
+)
 from flows.runtime_config import ConfigError, config_from_mapping
 from messaging.service import Message
 from messaging.signing import MessageVerifier
@@ -196,6 +203,17 @@ def ca_as_node(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> Node
     return signed_info(alice, ca_certificate_from(ours, alice))
 
 
+def garbled_certificate(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    genuine = issue(ours, alice)
+    lines = genuine.splitlines()
+    lines[3] = lines[3][:10] + "AAAA" + lines[3][14:]  # inside the DER, not the base64 frame
+    return signed_info(alice, "\n".join(lines) + "\n")
+
+
+def not_pem(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    return signed_info(alice, "hello")
+
+
 def root_as_node(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
     # The root's own certificate and key, posing as a node named like the root.
     root_identity = NodeIdentity(ALICE, ours.key)
@@ -217,6 +235,12 @@ def root_as_node(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> No
         (without_certificate, r"^no certificate"),
         (ca_as_node, r"^the certificate is a CA certificate, not a node's$"),
         (root_as_node, r"^the certificate is the network root itself, not a node's$"),
+        (not_pem, r"^the certificate is not PEM X.509"),
+        (
+            garbled_certificate,
+            r"^(the certificate is not PEM X.509|the certificate cannot be read|"
+            r"certificate issued by another root)",
+        ),
     ],
 )
 def test_a_root_refuses_a_node_info_naming_the_problem(
@@ -411,3 +435,18 @@ def test_the_config_takes_a_root_and_a_certificate_relative_to_its_file(tmp_path
         config_from_mapping({**fields, "network_root": "root.cert.pem"}, tmp_path)
     with pytest.raises(ConfigError, match="field 'network_root': must be a str"):
         config_from_mapping({**fields, "network_root": 3, "certificate": "c"}, tmp_path)
+
+
+def test_party_names_map_to_x509_names_both_ways(
+    authority: RootAuthority, root: NetworkRoot
+) -> None:
+    assert x509_name(ALICE) == x509.Name.from_rfc4514_string(ALICE)
+    assert party_name(x509_name(BOB)) == BOB
+    # Spaces after commas and characters RFC 4514 escapes are taken as the party name means.
+    for name in ("O=Alice, L=London, C=GB", "O=Alice+Bob \\ Co,L=London,C=GB"):
+        identity = NodeIdentity.generate(name)
+        root.verify_node_info(signed_info(identity, issue(authority, identity)))
+    with pytest.raises(ValueError, match="not a party name"):
+        party_name(x509.Name.from_rfc4514_string("CN=Root,DC=example"))
+    with pytest.raises(NetworkTrustError, match="cannot be an X.509 name"):
+        certificate_request(NodeIdentity.generate("O=Alice,L=London,C=GBR"))
