@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flows.demo import run_in_process_demo, run_process_demo
+from flows.network_cli import add_network_arguments, run_network_command
 from flows.runtime import run_node
 from persistence.analytics.command import add_analyze_arguments, run_analyze
 
@@ -59,11 +60,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     amqp.add_argument(
         "--node", action="append", required=True, metavar="NAME=USER", help="a node and its user"
     )
+    network = commands.add_parser(
+        "network",
+        help="the network trust root: create it, request and issue node certificates, verify",
+        description="The network trust root: create-root (operator, once), request (each "
+        "node), issue (operator), then start each node with network_root and certificate in "
+        "its config; verify checks a network map against the root.",
+    )
+    add_network_arguments(network)
     analyze = commands.add_parser("analyze", help="Spark analytics of node databases (report)")
     add_analyze_arguments(analyze)
     args = parser.parse_args(argv)
     if args.command == "analyze":
         return run_analyze(args)
+    if args.command == "network":
+        return run_network_command(args)
     if args.command == "amqp-setup":
         return run_amqp_setup(args.admin_url, args.node)
     if args.command == "node" and args.node_command == "run":

@@ -57,6 +57,11 @@ class NodeIdentity:
         return cls(name, Ed25519PrivateKey.generate())
 
     @property
+    def private_key(self) -> Ed25519PrivateKey:
+        """The private key (it signs the node's certificate request and its node-info)."""
+        return self._key
+
+    @property
     def public_key_hex(self) -> str:
         """The public key as hex (what the network map stores)."""
         return self.public_key.hex()
@@ -123,7 +128,11 @@ class StaticPeerKeys:
 
 
 class NetworkMapPeerKeys:
-    """Public keys from the network map directory, re-read (at most every second) on a miss."""
+    """Public keys from the network map directory, re-read (at most every second) on a miss.
+
+    With a map that has a trust root, keys come only from node-infos that verify: a node whose
+    node-info is refused has no key, so its messages fail authentication.
+    """
 
     RELOAD_SECONDS = 1.0
 

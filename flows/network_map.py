@@ -14,6 +14,13 @@ A node-info file::
 ``node_key`` is the first 32 hex digits of the SHA-256 of the name (the AMQP transport names
 queues after it); ``public_key`` is the hex of the node's Ed25519 public key, against which
 every message claiming to come from the node is verified.
+
+On a network with a trust root (:mod:`flows.network_trust`) a node-info also carries
+``certificate`` (the PEM of the node's certificate, issued by the root) and ``signature``
+(hex: the node's Ed25519 signature of :meth:`NodeInfo.signed_bytes`, every other field). A
+:class:`NetworkMap` given the root returns only the node-infos that verify, and lists the
+others with their reasons (:meth:`NetworkMap.rejected`). Files without these fields (older
+nodes, networks without a root) still read.
 """
 
 from __future__ import annotations
@@ -21,20 +28,44 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import os
+import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from flows.party import Party
 
+if TYPE_CHECKING:
+    from flows.identity import NodeIdentity
+    from flows.network_trust import NetworkRoot
+
+log = logging.getLogger("fiberflow.network_map")
+
+_logged: dict[Path, str] = {}
+"""Each refused file logged in this process, with the digest of the content logged."""
+_logged_lock = threading.Lock()
+
 PLATFORM_VERSION = 1
 """The messaging and checkpoint protocol version this fiberflow speaks."""
+NODE_INFO_SIGNATURE_CONTEXT = b"fiberflow-node-info-v1\n"
+"""Domain separation: what a node-info signature covers starts with this line."""
 
 
 class NetworkMapError(ValueError):
     """A node-info file that cannot be read; the message names the file and the problem."""
+
+
+class NodeInfoRejected(ValueError):
+    """A node-info the network's trust root refuses; the message is one line saying why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        """Why the node-info is refused (one line)."""
 
 
 def node_key(name: str) -> str:
@@ -52,6 +83,10 @@ class NodeInfo:
     public_key: str | None = None
     platform_version: int = PLATFORM_VERSION
     updated_at: str = ""
+    certificate: str | None = None
+    """The PEM of the node's certificate, issued by the network root (None: no root)."""
+    signature: str | None = None
+    """Hex of the node's Ed25519 signature of :meth:`signed_bytes` (None: unsigned)."""
 
     @property
     def node_key(self) -> str:
@@ -59,22 +94,71 @@ class NodeInfo:
         return node_key(self.name)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object stored in the node-info file."""
+        """The JSON object stored in the file (an unset certificate or signature left out)."""
         document = attrs.asdict(self)
+        for field in ("certificate", "signature"):
+            if document[field] is None:
+                del document[field]
         document["node_key"] = self.node_key
         return document
 
+    def signed_bytes(self) -> bytes:
+        """What the node's signature covers: the canonical JSON of every field but the signature.
+
+        Sorted keys, no spaces, after :data:`NODE_INFO_SIGNATURE_CONTEXT`.
+        """
+        document = self.to_json()
+        document.pop("signature", None)
+        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
+        return NODE_INFO_SIGNATURE_CONTEXT + canonical.encode()
+
+    def signed_by(self, identity: NodeIdentity) -> NodeInfo:
+        """The node-info signed with ``identity``'s key (which must be its own)."""
+        if identity.name != self.name:
+            raise ValueError(f"node-info of {self.name} cannot be signed by {identity.name}")
+        if self.public_key not in (None, identity.public_key_hex):
+            raise ValueError(f"node-info of {self.name} names another public key than its signer's")
+        unsigned = attrs.evolve(self, public_key=identity.public_key_hex, signature=None)
+        signature = identity.private_key.sign(unsigned.signed_bytes())
+        return attrs.evolve(unsigned, signature=signature.hex())
+
+
+@attrs.frozen
+class NetworkMapScan:
+    """One reading of the network map directory: the files accepted and the files refused."""
+
+    accepted: tuple[tuple[Path, NodeInfo], ...]
+    """Each accepted file with its node-info, in file name order."""
+    rejected: tuple[tuple[Path, str], ...]
+    """Each refused file with the reason (one line), in file name order."""
+
 
 class NetworkMap:
-    """The node-info files of one directory."""
+    """The node-info files of one directory.
 
-    def __init__(self, directory: str | Path) -> None:
+    Without a ``root`` every readable node-info is taken as it is (and an unreadable file
+    raises :class:`NetworkMapError`). With a ``root`` (a
+    :class:`~flows.network_trust.NetworkRoot`) only node-infos with a certificate issued by
+    it and a valid signature by the node itself are returned; any other file is refused
+    (:meth:`rejected`), logged at WARNING once per process and content of the file, and
+    never stops the others loading.
+    """
+
+    def __init__(self, directory: str | Path, root: NetworkRoot | None = None) -> None:
         self.directory = Path(directory)
+        self.root = root
+        """The network's trust root, or None (every node-info is taken as it is)."""
 
-    def publish(self, info: NodeInfo) -> Path:
-        """Write (or replace) ``info``'s file; returns its path."""
+    def publish(self, info: NodeInfo, identity: NodeIdentity | None = None) -> Path:
+        """Write (or replace) ``info``'s file, signed by ``identity`` if given; returns its path.
+
+        The file is stamped with the time (``updated_at``) before it is signed, so the stamp
+        is covered by the signature.
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
-        stamped = attrs.evolve(info, updated_at=_now())
+        stamped = attrs.evolve(info, updated_at=_now(), signature=None)
+        if identity is not None:
+            stamped = stamped.signed_by(identity)
         path = self.directory / f"{info.node_key}.json"
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(stamped.to_json(), indent=2) + "\n")
@@ -82,19 +166,77 @@ class NetworkMap:
         return path
 
     def nodes(self) -> dict[str, NodeInfo]:
-        """Every node in the map, by name."""
-        found: dict[str, NodeInfo] = {}
-        if not self.directory.is_dir():
+        """Every node in the map, by name (with a root: every node whose node-info verifies)."""
+        if self.root is None:
+            found: dict[str, NodeInfo] = {}
+            for path in self._files():
+                info = _read(path)
+                found[info.name] = info
             return found
-        for path in sorted(self.directory.glob("*.json")):
-            info = _read(path)
-            found[info.name] = info
-        return found
+        scan = self.scan()
+        self._log_rejected(scan.rejected)
+        return {info.name: info for _, info in scan.accepted}
 
     def lookup(self, name: str) -> NodeInfo | None:
-        """The entry of ``name``, or None."""
+        """The entry of ``name``, or None (with a root: also None if it does not verify)."""
         path = self.directory / f"{node_key(name)}.json"
-        return _read(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        if self.root is None:
+            return _read(path)
+        info, reason = self._check(path)
+        if reason is not None:
+            self._log_rejected([(path, reason)])
+        return info
+
+    def rejected(self) -> list[tuple[Path, str]]:
+        """The files refused now, with their reasons (without a root: the unreadable ones)."""
+        return list(self.scan().rejected)
+
+    def scan(self) -> NetworkMapScan:
+        """Read (and, with a root, verify) every node-info file, without logging."""
+        accepted: list[tuple[Path, NodeInfo]] = []
+        rejected: list[tuple[Path, str]] = []
+        for path in self._files():
+            info, reason = self._check(path)
+            if info is not None:
+                accepted.append((path, info))
+            else:
+                assert reason is not None
+                rejected.append((path, reason))
+        return NetworkMapScan(tuple(accepted), tuple(rejected))
+
+    def _files(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(self.directory.glob("*.json"))
+
+    def _check(self, path: Path) -> tuple[NodeInfo | None, str | None]:
+        """``path``'s node-info if it is accepted, else the reason it is refused."""
+        try:
+            info = _read(path)
+        except NetworkMapError as error:
+            return None, str(error).removeprefix(f"network map file {path}: ")
+        if self.root is None:
+            return info, None
+        try:
+            self.root.verify_node_info(info)
+        except NodeInfoRejected as error:
+            return None, f"{info.name}: {error.reason}"
+        return info, None
+
+    def _log_rejected(self, rejected: Iterable[tuple[Path, str]]) -> None:
+        """Log each refusal once per process and content of its file (logged again if changed)."""
+        for path, reason in rejected:
+            try:
+                content = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError:
+                content = reason
+            with _logged_lock:
+                if _logged.get(path.resolve()) == content:
+                    continue
+                _logged[path.resolve()] = content
+            log.warning("network map file %s refused: %s", path, reason)
 
 
 def _read(path: Path) -> NodeInfo:
@@ -113,12 +255,21 @@ def _read(path: Path) -> NodeInfo:
             public_key=document.get("public_key"),
             platform_version=int(document.get("platform_version", PLATFORM_VERSION)),
             updated_at=str(document.get("updated_at", "")),
+            certificate=_optional_text(document, "certificate"),
+            signature=_optional_text(document, "signature"),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise NetworkMapError(f"network map file {path}: bad or missing field {error}") from error
     if path.stem != info.node_key:
         raise NetworkMapError(f"network map file {path}: named for another node than {info.name}")
     return info
+
+
+def _optional_text(document: dict[str, Any], field: str) -> str | None:
+    value = document.get(field)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{field!r} must be a string, not {type(value).__name__}")
+    return value
 
 
 def _now() -> str:

@@ -32,6 +32,7 @@ from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError, NodeInfo
+from flows.network_trust import NetworkTrustError, NodeTrust
 from flows.node import Node, RelayFactory
 from flows.peer_directory import NetworkMapDirectory
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
@@ -96,6 +97,8 @@ class NodeProcess:
         self._last_failure = 0.0
         self._next_poll = 0.0
         self._identity_cache: NodeIdentity | None = None
+        self.trust = NodeTrust()
+        """The network root the node trusts and its certificate (loaded at start)."""
         self._started_at = time.time()
         self.worker = WorkerInfo.of_this_process()
         """This process as a worker of the node (its id names its lease and consumer)."""
@@ -132,6 +135,13 @@ class NodeProcess:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         self._identity_cache = self._identity()
+        try:
+            self.trust = NodeTrust.load(
+                config.network_root, config.certificate, self._identity_cache
+            )
+        except NetworkTrustError as error:
+            log.error("%s: %s; refusing to start", config.name, error)
+            return EXIT_REFUSED
         lease_database = self._open_database()
         if lease_database is None:
             return EXIT_REFUSED
@@ -266,7 +276,7 @@ class NodeProcess:
         """A node from the config, started: flows restored, flows kept in the hospital kept."""
         config = self.config
         assert self._identity_cache is not None
-        network_map = NetworkMap(config.network_map or Path("network-map"))
+        network_map = NetworkMap(config.network_map or Path("network-map"), self.trust.root)
         transport: MessagingService = open_transport(
             config.transport_url, config.name, consumer_id=self.worker.worker_id
         )
@@ -375,14 +385,16 @@ class NodeProcess:
     def _publish(self, node: Node) -> None:
         if self.config.network_map is None:
             return
-        network_map = NetworkMap(self.config.network_map)
+        network_map = NetworkMap(self.config.network_map, self.trust.root)
         network_map.publish(
             NodeInfo(
                 name=self.config.name,
                 address=node.messaging.my_address,
                 transport=public_address(self.config.transport_url),
                 public_key=node.identity.public_key_hex,
-            )
+                certificate=self.trust.certificate,
+            ),
+            identity=node.identity,
         )
         try:
             peers = sorted(set(network_map.nodes()) - {self.config.name})

@@ -18,6 +18,8 @@
     lease_seconds = 20                       # optional: the node lease's length
     database_wait_seconds = 60               # optional: wait this long for the database
     busy_warning_seconds = 5                 # optional: log flows running this long
+    network_root = "root.cert.pem"           # optional: the network's root certificate
+    certificate = "alice.cert.pem"           # the node's certificate (required with a root)
     topology = "shared"                      # optional: "shared" (every node sends through
                                              # transport_url) or "p2p" (transport_url is this
                                              # node's own inbound; bridges send to each
@@ -27,6 +29,12 @@
     [bridge_credentials."O=Bob,L=New York,C=US"]   # optional, p2p: how this node logs into
     user = "alice"                                 # a peer's transport ("*": any peer not
     password = "secret"                            # named); the peer's operator made them
+
+With ``network_root`` the node trusts only node-infos certified by that root and signed by
+their node (:mod:`flows.network_trust`), and ``certificate`` (issued to it by the root) is
+required; at start the node checks that its certificate is for its name and key and chains
+to the root, and refuses to start otherwise. ``certificate`` alone publishes the node-info
+certified and signed without checking others' (a network moving to a root).
 
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
 """
@@ -66,6 +74,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "lease_seconds": (int, float),
     "database_wait_seconds": (int, float),
     "busy_warning_seconds": (int, float),
+    "network_root": str,
+    "certificate": str,
     "topology": str,
     "bridge_credentials": dict,
     "former_inbounds": list,
@@ -112,6 +122,10 @@ class RuntimeConfig:
     """How long a starting node waits for an unreachable database before giving up."""
     busy_warning_seconds: float = DEFAULT_BUSY_WARNING_SECONDS
     """A flow whose code runs this long without suspending is logged and listed."""
+    network_root: Path | None = None
+    """The network root's certificate (PEM): only node-infos it certifies are trusted."""
+    certificate: Path | None = None
+    """The node's certificate (PEM), issued by the network root; published in its node-info."""
     topology: str = "shared"
     """``shared``: every node sends through ``transport_url``; ``p2p``: ``transport_url``
     is this node's own inbound and bridges send to each peer's published inbound."""
@@ -229,6 +243,10 @@ def config_from_mapping(
     busy_warning = document.get("busy_warning_seconds", DEFAULT_BUSY_WARNING_SECONDS)
     if isinstance(busy_warning, bool) or not busy_warning > 0:
         raise fail("busy_warning_seconds", "must be positive seconds")
+    if "network_root" in document and "certificate" not in document:
+        raise fail("certificate", "missing: required when 'network_root' is set")
+    network_root = document.get("network_root")
+    certificate = document.get("certificate")
     topology = document.get("topology", "shared")
     if topology not in TOPOLOGIES:
         raise fail("topology", f"must be {' or '.join(TOPOLOGIES)}, not {topology!r}")
@@ -266,6 +284,8 @@ def config_from_mapping(
         lease_seconds=float(lease_seconds),
         database_wait_seconds=float(database_wait),
         busy_warning_seconds=float(busy_warning),
+        network_root=None if network_root is None else base / network_root,
+        certificate=None if certificate is None else base / certificate,
         topology=topology,
         bridge_credentials=credentials,
         former_inbounds=former_inbounds,

@@ -15,13 +15,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import attrs
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from flows.client import NodeClient, decode_outcome
+from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
 from flows.errors import FlowFailedError
+from flows.identity import load_or_create_identity
 from flows.network_map import NetworkMap
+from flows.network_trust import NetworkRoot
 from flows.party import Party
-from flows.runtime import ConfigError, NodeProcess, RuntimeConfig, load_config
+from flows.runtime import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
 from messaging.sqlqueue import SqlQueueBroker
 from persistence.engine import drop_schema
 from persistence.node_store import FlowRequest
@@ -243,6 +248,58 @@ def test_a_flow_request_is_started_once_and_an_unknown_class_fails_with_the_reas
         assert status["flows_started"] == 1
     finally:
         client.close()
+
+
+# --- nodes under a network trust root ------------------------------------------------------
+
+
+def certify(configs: list[RuntimeConfig], tmp_path: Path) -> list[RuntimeConfig]:
+    """The configs with the network root and a certificate each (from their key files)."""
+    authority = RootAuthority.create(tmp_path / "root")
+    certified = []
+    for config in configs:
+        assert config.key_file is not None
+        identity = load_or_create_identity(config.key_file, config.name)
+        certificate = authority.issue(certificate_request(identity))
+        path = config.key_file.with_suffix(".cert")
+        path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        certified.append(
+            attrs.evolve(
+                config, network_root=tmp_path / "root" / ROOT_CERTIFICATE_FILE, certificate=path
+            )
+        )
+    return certified
+
+
+def test_nodes_under_a_root_publish_certified_node_infos_and_ping_pong(tmp_path: Path) -> None:
+    alice, bob = certify(list(two_nodes(tmp_path, "sqlite")[:2]), tmp_path)
+    client = NodeClient(alice.database_url)
+    try:
+        with running([alice, bob]):
+            outcome = client.wait([client.start_flow(PingFlow(Party(bob.name)))], timeout=60)
+            assert [decode_outcome(o) for o in outcome.values()] == ["Pong"]
+    finally:
+        client.close()
+    root = NetworkRoot.load(tmp_path / "root" / ROOT_CERTIFICATE_FILE)
+    rooted = NetworkMap(tmp_path / "network-map", root)
+    assert set(rooted.nodes()) == {alice.name, bob.name} and rooted.rejected() == []
+
+
+def test_a_node_whose_certificate_does_not_match_refuses_to_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    alice, bob = certify(list(two_nodes(tmp_path, "sqlite")[:2]), tmp_path)
+    wrong = attrs.evolve(alice, certificate=bob.certificate)  # Bob's certificate
+    assert NodeProcess(wrong).run(install_signal_handlers=False) == EXIT_REFUSED
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith(f"{alice.name}: node certificate {bob.certificate} is not valid")
+    assert f"certificate is for {bob.name}, not {alice.name}" in line
+    assert line.endswith("refusing to start")
+    assert not (tmp_path / "alice.db").exists()  # refused before opening anything
+    caplog.clear()
+    missing = attrs.evolve(alice, certificate=tmp_path / "missing.pem")
+    assert NodeProcess(missing).run(install_signal_handlers=False) == EXIT_REFUSED
+    assert "missing.pem: cannot read it" in caplog.records[-1].getMessage()
 
 
 # --- real processes -----------------------------------------------------------------------

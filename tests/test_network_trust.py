@@ -1,0 +1,452 @@
+"""The network trust root: certificates from the doorman, signed node-infos, a rooted map."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from flows.doorman import (
+    ROOT_CERTIFICATE_FILE,
+    ROOT_KEY_FILE,
+    RootAuthority,
+    certificate_request,
+)
+from flows.identity import NetworkMapPeerKeys, NodeIdentity
+from flows.network_map import NetworkMap, NodeInfo
+from flows.network_trust import (
+    NetworkRoot,
+    NetworkTrustError,
+    NodeInfoRejected,
+    NodeTrust,
+    party_name,
+    x509_name,
+)
+from flows.runtime_config import ConfigError, config_from_mapping
+from messaging.service import Message
+from messaging.signing import MessageVerifier
+
+ALICE, BOB, CAROL = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH"
+
+
+@pytest.fixture
+def authority(tmp_path: Path) -> RootAuthority:
+    return RootAuthority.create(tmp_path / "root")
+
+
+@pytest.fixture
+def root(authority: RootAuthority) -> NetworkRoot:
+    return authority.network_root()
+
+
+def pem(certificate: x509.Certificate) -> str:
+    return certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def issue(authority: RootAuthority, identity: NodeIdentity, **keywords: object) -> str:
+    return pem(authority.issue(certificate_request(identity), **keywords))  # type: ignore[arg-type]
+
+
+def signed_info(identity: NodeIdentity, certificate: str | None) -> NodeInfo:
+    info = NodeInfo(identity.name, identity.name, "sqlite:///queue.db", certificate=certificate)
+    return info.signed_by(identity)
+
+
+# --- the root and the doorman ---------------------------------------------------------------
+
+
+def test_a_root_is_a_0600_key_and_a_self_signed_ca_certificate_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "root"
+    authority = RootAuthority.create(directory, "CN=Test Root,O=Example Network", days=30)
+    key_path, cert_path = directory / ROOT_KEY_FILE, directory / ROOT_CERTIFICATE_FILE
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+    certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    assert certificate.subject == certificate.issuer
+    assert certificate.subject.rfc4514_string() == "CN=Test Root,O=Example Network"
+    constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert constraints.ca and constraints.path_length == 0
+    usage = certificate.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert usage.key_cert_sign and usage.crl_sign and not usage.digital_signature
+    loaded = RootAuthority.load(directory)
+    assert loaded.certificate == authority.certificate
+    key_before = key_path.read_bytes()
+    with pytest.raises(NetworkTrustError, match="exists: refusing to overwrite"):
+        RootAuthority.create(directory)
+    assert key_path.read_bytes() == key_before
+    cert_path.unlink()  # either file present is enough to refuse
+    with pytest.raises(NetworkTrustError, match="refusing to overwrite"):
+        RootAuthority.create(directory)
+
+
+def test_a_node_certificate_is_issued_from_its_request_and_its_node_info_verifies(
+    authority: RootAuthority, root: NetworkRoot, tmp_path: Path
+) -> None:
+    alice = NodeIdentity.generate(ALICE)
+    certificate = authority.issue(certificate_request(alice))
+    assert certificate.subject.rfc4514_string() == ALICE
+    assert certificate.issuer == authority.certificate.subject
+    constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert not constraints.ca
+    assert certificate.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature
+    lifetime = certificate.not_valid_after_utc - certificate.not_valid_before_utc
+    assert lifetime == datetime.timedelta(days=365)
+    again = authority.issue(certificate_request(alice))
+    assert again.serial_number != certificate.serial_number
+    root.verify_node_info(signed_info(alice, pem(certificate)))
+    loaded = NetworkRoot.load(tmp_path / "root" / ROOT_CERTIFICATE_FILE)
+    loaded.verify_node_info(signed_info(alice, pem(certificate)))
+
+
+def test_the_doorman_refuses_requests_it_cannot_certify(authority: RootAuthority) -> None:
+    with pytest.raises(NetworkTrustError, match="not a PEM certificate request"):
+        authority.issue(b"-----BEGIN CERTIFICATE REQUEST-----\nnonsense\n")
+    key = Ed25519PrivateKey.generate()
+    not_a_party = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name.from_rfc4514_string("CN=Mallory"))
+        .sign(key, None)
+    )
+    with pytest.raises(NetworkTrustError, match="subject is not a node name"):
+        authority.issue(not_a_party.public_bytes(serialization.Encoding.PEM))
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    ec_request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name.from_rfc4514_string(ALICE))
+        .sign(ec_key, hashes.SHA256())
+    )
+    with pytest.raises(NetworkTrustError, match="not an Ed25519 key"):
+        authority.issue(ec_request.public_bytes(serialization.Encoding.PEM))
+    with pytest.raises(NetworkTrustError, match="would outlive the root"):
+        authority.issue(certificate_request(NodeIdentity.generate(ALICE)), days=100_000)
+
+
+# --- what a root refuses, and why --------------------------------------------------------------
+
+
+def ca_certificate_from(authority: RootAuthority, identity: NodeIdentity) -> str:
+    """A CA certificate for a node's name and key, signed by the root (never issued by it)."""
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name.from_rfc4514_string(identity.name))
+        .issuer_name(authority.certificate.subject)
+        .public_key(identity.private_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(authority.key, None)
+    )
+    return pem(certificate)
+
+
+def from_another_root(tmp_path: Path, alice: NodeIdentity, _: RootAuthority) -> NodeInfo:
+    other = RootAuthority.create(tmp_path / "other", "CN=Other Root,O=Elsewhere")
+    return signed_info(alice, issue(other, alice))
+
+
+def from_a_namesake_root(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    impostor = RootAuthority.create(tmp_path / "namesake", ours.network_root().subject)
+    return signed_info(alice, issue(impostor, alice))
+
+
+def expired(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    long_ago = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    return signed_info(alice, issue(ours, alice, days=30, not_before=long_ago))
+
+
+def not_yet_valid(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=2)
+    return signed_info(alice, issue(ours, alice, days=30, not_before=soon))
+
+
+def for_another_name(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    # Bob's certificate, for Bob's key, in a node-info claiming Alice's name.
+    bob = NodeIdentity.generate(BOB)
+    info = NodeInfo(ALICE, ALICE, "sqlite:///queue.db", public_key=bob.public_key_hex)
+    return attrs.evolve(info, certificate=issue(ours, bob))
+
+
+def with_another_key(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    # Mallory signs a node-info under Alice's name with her own key and Alice's certificate.
+    mallory = NodeIdentity(ALICE, Ed25519PrivateKey.generate())
+    return signed_info(mallory, issue(ours, alice))
+
+
+def tampered(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    genuine = signed_info(alice, issue(ours, alice))
+    return attrs.evolve(genuine, address="O=Mallory,L=London,C=GB")
+
+
+def unsigned(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    info = NodeInfo(ALICE, ALICE, "sqlite:///queue.db", public_key=alice.public_key_hex)
+    return attrs.evolve(info, certificate=issue(ours, alice))
+
+
+def without_certificate(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    return signed_info(alice, None)
+
+
+def ca_as_node(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    return signed_info(alice, ca_certificate_from(ours, alice))
+
+
+def garbled_certificate(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    genuine = issue(ours, alice)
+    lines = genuine.splitlines()
+    lines[3] = lines[3][:10] + "AAAA" + lines[3][14:]  # inside the DER, not the base64 frame
+    return signed_info(alice, "\n".join(lines) + "\n")
+
+
+def not_pem(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    return signed_info(alice, "hello")
+
+
+def root_as_node(tmp_path: Path, alice: NodeIdentity, ours: RootAuthority) -> NodeInfo:
+    # The root's own certificate and key, posing as a node named like the root.
+    root_identity = NodeIdentity(ALICE, ours.key)
+    info = signed_info(root_identity, pem(ours.certificate))
+    return info
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (from_another_root, r"^certificate issued by another root \(CN=Other Root"),
+        (from_a_namesake_root, r"^certificate issued by another root: .* does not verify"),
+        (expired, r"^certificate expired on 2020-01-31 "),
+        (not_yet_valid, r"^certificate not valid before "),
+        (for_another_name, rf"^certificate is for {BOB}, not {ALICE}$"),
+        (with_another_key, r"^public key does not match the certificate$"),
+        (tampered, r"^signature does not verify: the node-info was changed after it was signed$"),
+        (unsigned, r"^not signed by the node$"),
+        (without_certificate, r"^no certificate"),
+        (ca_as_node, r"^the certificate is a CA certificate, not a node's$"),
+        (root_as_node, r"^the certificate is the network root itself, not a node's$"),
+        (not_pem, r"^the certificate is not PEM X.509"),
+        (
+            garbled_certificate,
+            r"^(the certificate is not PEM X.509|the certificate cannot be read|"
+            r"certificate issued by another root)",
+        ),
+    ],
+)
+def test_a_root_refuses_a_node_info_naming_the_problem(
+    tmp_path: Path,
+    authority: RootAuthority,
+    root: NetworkRoot,
+    make: Callable[[Path, NodeIdentity, RootAuthority], NodeInfo],
+    reason: str,
+) -> None:
+    info = make(tmp_path, NodeIdentity.generate(ALICE), authority)
+    with pytest.raises(NodeInfoRejected, match=reason) as refused:
+        root.verify_node_info(info)
+    assert isinstance(refused.value, ValueError)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_certificate_is_checked_at_a_given_time(authority: RootAuthority) -> None:
+    alice = NodeIdentity.generate(ALICE)
+    info = signed_info(alice, issue(authority, alice, days=10))
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=11)
+    authority.network_root().verify_node_info(info)
+    with pytest.raises(NodeInfoRejected, match="certificate expired on"):
+        authority.network_root().verify_node_info(info, now=later)
+
+
+def test_a_node_info_is_signed_over_every_field_but_its_signature() -> None:
+    alice = NodeIdentity.generate(ALICE)
+    info = signed_info(alice, "PEM")
+    document = json.loads(info.signed_bytes().split(b"\n", 1)[1])
+    assert "signature" not in document
+    assert set(document) == {*attrs.asdict(info)} - {"signature"} | {"node_key"}
+    assert b" " not in info.signed_bytes().split(b"\n", 1)[1].replace(b"New York", b"")
+    with pytest.raises(ValueError, match="cannot be signed by"):
+        info.signed_by(NodeIdentity.generate(BOB))
+    with pytest.raises(ValueError, match="another public key"):
+        info.signed_by(NodeIdentity.generate(ALICE))
+
+
+# --- the network map under a root ----------------------------------------------------------
+
+
+def test_a_rooted_map_returns_only_verified_nodes_and_lists_the_refused(
+    tmp_path: Path, authority: RootAuthority, root: NetworkRoot, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "network-map"
+    writer = NetworkMap(directory)
+    alice, bob, carol = (NodeIdentity.generate(n) for n in (ALICE, BOB, CAROL))
+    writer.publish(NodeInfo(ALICE, ALICE, "q", certificate=issue(authority, alice)), alice)
+    bob_path = writer.publish(NodeInfo(BOB, BOB, "q", certificate=issue(authority, bob)), bob)
+    document = json.loads(bob_path.read_text())
+    document["address"] = "O=Mallory,L=London,C=GB"  # changed after Bob signed it
+    bob_path.write_text(json.dumps(document))
+    carol_path = writer.publish(NodeInfo(CAROL, CAROL, "q", public_key=carol.public_key_hex))
+    garbage = directory / "0123.json"
+    garbage.write_text("{not json")
+
+    rooted = NetworkMap(directory, root)
+    caplog.set_level(logging.WARNING, logger="fiberflow.network_map")
+    assert set(rooted.nodes()) == {ALICE}
+    assert rooted.lookup(ALICE) is not None and rooted.lookup(BOB) is None
+    assert rooted.lookup(CAROL) is None and rooted.lookup("O=Dan,L=Paris,C=FR") is None
+    reasons = dict(rooted.rejected())
+    assert set(reasons) == {bob_path, carol_path, garbage}
+    assert reasons[bob_path] == (
+        f"{BOB}: signature does not verify: the node-info was changed after it was signed"
+    )
+    assert reasons[carol_path].startswith(f"{CAROL}: no certificate")
+    assert "0123.json" not in reasons[garbage] and "Expecting" in reasons[garbage]
+    # Each refused file was logged once, however often it was read.
+    rooted.nodes()
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 3
+    assert any(str(bob_path) in line and "changed after it was signed" in line for line in logged)
+    # A changed file is logged again; an unchanged one is not.
+    caplog.clear()
+    document["address"] = BOB
+    bob_path.write_text(json.dumps(document, indent=1))  # the genuine content: accepted again
+    carol_path.write_text(carol_path.read_text() + " ")
+    assert set(rooted.nodes()) == {ALICE, BOB}
+    assert [str(carol_path) in r.getMessage() for r in caplog.records] == [True]
+    # Without a root the same directory is read as before (the garbage file raises).
+    garbage.unlink()
+    assert set(NetworkMap(directory).nodes()) == {ALICE, BOB, CAROL}
+
+
+def test_old_unsigned_node_info_files_still_read(tmp_path: Path) -> None:
+    directory = tmp_path / "network-map"
+    directory.mkdir()
+    old = {
+        "name": BOB,
+        "node_key": NodeInfo(BOB, BOB, "q").node_key,
+        "address": BOB,
+        "transport": "sqlite:///queue.db",
+        "public_key": "9c" * 32,
+        "platform_version": 1,
+        "updated_at": "2026-11-22T19:30:00+00:00",
+    }
+    (directory / f"{old['node_key']}.json").write_text(json.dumps(old))
+    info = NetworkMap(directory).lookup(BOB)
+    assert info is not None and info.certificate is None and info.signature is None
+    assert info.to_json() == old
+    path = NetworkMap(directory).publish(info)  # an unsigned publish keeps the old shape
+    assert set(json.loads(path.read_text())) == set(old)
+
+
+def test_publish_signs_after_stamping_the_time(
+    tmp_path: Path, authority: RootAuthority, root: NetworkRoot
+) -> None:
+    alice = NodeIdentity.generate(ALICE)
+    authority_map = NetworkMap(tmp_path / "network-map", root)
+    certificate = issue(authority, alice)
+    path = authority_map.publish(NodeInfo(ALICE, ALICE, "q", certificate=certificate), alice)
+    published = authority_map.lookup(ALICE)
+    assert published is not None and published.updated_at and published.signature
+    document = json.loads(path.read_text())
+    document["updated_at"] = "2020-01-01T00:00:00+00:00"
+    path.write_text(json.dumps(document))
+    assert authority_map.lookup(ALICE) is None
+    assert "changed after it was signed" in authority_map.rejected()[0][1]
+
+
+def test_peer_keys_over_a_rooted_map_know_no_node_whose_info_is_refused(
+    tmp_path: Path, authority: RootAuthority, root: NetworkRoot
+) -> None:
+    directory = tmp_path / "network-map"
+    alice, bob = NodeIdentity.generate(ALICE), NodeIdentity.generate(BOB)
+    other = RootAuthority.create(tmp_path / "other", "CN=Other Root,O=Elsewhere")
+    NetworkMap(directory).publish(
+        NodeInfo(ALICE, ALICE, "q", certificate=issue(authority, alice)), alice
+    )
+    NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q", certificate=issue(other, bob)), bob)
+    rooted_keys = NetworkMapPeerKeys(NetworkMap(directory, root))
+    assert rooted_keys.public_key(ALICE) == alice.public_key
+    assert rooted_keys.public_key(BOB) is None
+    assert NetworkMapPeerKeys(NetworkMap(directory)).public_key(BOB) == bob.public_key
+    # So a message signed by Bob fails authentication at a node trusting the root.
+    verifier = MessageVerifier(CAROL, rooted_keys)
+    message = bob.sign(Message("N-s-0", "session", BOB, b"hello"), CAROL)
+    assert verifier.problem(message) == f"unknown sender {BOB!r}: not in the network map"
+    genuine = alice.sign(Message("N-s-0", "session", ALICE, b"hello"), CAROL)
+    assert verifier.problem(genuine) is None
+
+
+# --- a node's own files at start --------------------------------------------------------------
+
+
+def test_a_node_loads_its_root_and_certificate_and_checks_them(
+    tmp_path: Path, authority: RootAuthority
+) -> None:
+    alice = NodeIdentity.generate(ALICE)
+    root_path = tmp_path / "root" / ROOT_CERTIFICATE_FILE
+    cert_path = tmp_path / "alice.cert.pem"
+    cert_path.write_text(issue(authority, alice))
+    trust = NodeTrust.load(root_path, cert_path, alice)
+    assert trust.root is not None and trust.certificate == cert_path.read_text()
+    assert NodeTrust.load(None, cert_path, alice).root is None
+    assert NodeTrust.load(None, None, alice) == NodeTrust()
+    with pytest.raises(
+        NetworkTrustError,
+        match=rf"is not valid for the network root .*: certificate is for {ALICE}, not {BOB}",
+    ):
+        NodeTrust.load(root_path, cert_path, NodeIdentity.generate(BOB))
+    with pytest.raises(NetworkTrustError, match="public key does not match"):
+        NodeTrust.load(None, cert_path, NodeIdentity.generate(ALICE))
+    with pytest.raises(NetworkTrustError, match="node certificate .*missing.pem: cannot read it"):
+        NodeTrust.load(root_path, tmp_path / "missing.pem", alice)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk")
+    with pytest.raises(NetworkTrustError, match="network root certificate .*: not a PEM X.509"):
+        NodeTrust.load(junk, cert_path, alice)
+    with pytest.raises(NetworkTrustError, match="is not a CA certificate"):
+        NodeTrust.load(cert_path, cert_path, alice)
+    with pytest.raises(NetworkTrustError, match="needs its certificate"):
+        NodeTrust.load(root_path, None, alice)
+
+
+def test_the_config_takes_a_root_and_a_certificate_relative_to_its_file(tmp_path: Path) -> None:
+    fields = {
+        "name": ALICE,
+        "database_url": "sqlite:///alice.db",
+        "transport_url": "sqlite:///queue.db",
+    }
+    config = config_from_mapping(
+        {**fields, "network_root": "root.cert.pem", "certificate": "alice.cert.pem"}, tmp_path
+    )
+    assert config.network_root == tmp_path / "root.cert.pem"
+    assert config.certificate == tmp_path / "alice.cert.pem"
+    assert config_from_mapping(fields, tmp_path).network_root is None
+    with pytest.raises(
+        ConfigError, match="field 'certificate': missing: required when 'network_root'"
+    ):
+        config_from_mapping({**fields, "network_root": "root.cert.pem"}, tmp_path)
+    with pytest.raises(ConfigError, match="field 'network_root': must be a str"):
+        config_from_mapping({**fields, "network_root": 3, "certificate": "c"}, tmp_path)
+
+
+def test_party_names_map_to_x509_names_both_ways(
+    authority: RootAuthority, root: NetworkRoot
+) -> None:
+    assert x509_name(ALICE) == x509.Name.from_rfc4514_string(ALICE)
+    assert party_name(x509_name(BOB)) == BOB
+    # Spaces after commas and characters RFC 4514 escapes are taken as the party name means.
+    for name in ("O=Alice, L=London, C=GB", "O=Alice+Bob \\ Co,L=London,C=GB"):
+        identity = NodeIdentity.generate(name)
+        root.verify_node_info(signed_info(identity, issue(authority, identity)))
+    with pytest.raises(ValueError, match="not a party name"):
+        party_name(x509.Name.from_rfc4514_string("CN=Root,DC=example"))
+    with pytest.raises(NetworkTrustError, match="cannot be an X.509 name"):
+        certificate_request(NodeIdentity.generate("O=Alice,L=London,C=GBR"))
