@@ -4,11 +4,15 @@ Alice and Bob each own a RabbitMQ vhost (standing in for a broker of their own);
 inbound is a SQL queue on PostgreSQL. No two nodes share a transport: each node consumes its
 own inbound and reaches the others only through the bridges to the addresses they published
 in the network map. Peers log into Alice's and Bob's brokers with a peer account that may
-only publish to the ``p2p.inbound`` exchange (``peer_account_commands``).
+only publish to the ``p2p.inbound`` exchange (``peer_account_commands``). The network has a
+trust root: each node's certificate was issued by it from the node's request, and a node
+believes a node-info (a peer's key and address) only if it chains to that root and carries
+the node's own signature.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import shutil
@@ -16,11 +20,15 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding
 
-from flows.network_map import NetworkMap
+from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
+from flows.identity import NodeIdentity, load_or_create_identity
+from flows.network_map import NetworkMap, NodeInfo, node_key
 from flows.party import Party
 from tests.conftest import (
     PIKA_MISSING,
@@ -80,18 +88,24 @@ class P2PNetwork:
             f'[bridge_credentials."*"]\nuser = "{PEER_USER}"\npassword = "{PEER_PASSWORD}"\n'
             f'[bridge_credentials."{CAROL}"]\nuser = "postgres"\npassword = "trust-auth"\n'
         )
-        self.nodes = {
-            name: ClusterNode(
-                name,
-                directory,
-                None,
-                self.inbound[name],
-                {"topology": "p2p", "network_map": "network-map"},
-                credentials,
+        self.root = RootAuthority.create(directory / "root", "CN=Test Network Root,O=Fiberflow")
+        self.nodes = {}
+        for name in NAMES:
+            identity = load_or_create_identity(directory / f"{node_key(name)}.key.pem", name)
+            certificate = self.root.issue(certificate_request(identity))
+            certificate_file = directory / f"{node_key(name)}.cert.pem"
+            certificate_file.write_bytes(certificate.public_bytes(Encoding.PEM))
+            fields = {
+                "topology": "p2p",
+                "network_map": "network-map",
+                "network_root": f"root/{ROOT_CERTIFICATE_FILE}",
+                "certificate": certificate_file.name,
+            }
+            self.nodes[name] = ClusterNode(
+                name, directory, None, self.inbound[name], fields, credentials
             )
-            for name in NAMES
-        }
-        self.map = NetworkMap(directory / "network-map")
+        self.map = NetworkMap(directory / "network-map", self.root.network_root())
+        self.directory = directory
 
     def start(self) -> None:
         for node in self.nodes.values():
@@ -108,10 +122,14 @@ class P2PNetwork:
             subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=120)
         subprocess.run(["rabbitmqctl", "delete_user", PEER_USER], capture_output=True, timeout=120)
 
-    def status(self, name: str) -> dict[str, object]:
+    def status(self, name: str) -> dict[str, Any]:
         """The node's status file."""
-        result: dict[str, object] = json.loads(self.nodes[name].status_path.read_text())
+        result: dict[str, Any] = json.loads(self.nodes[name].status_path.read_text())
         return result
+
+    def bridges(self, name: str) -> dict[str, dict[str, Any]]:
+        """The node's bridges as its status file lists them, by peer."""
+        return {bridge["peer"]: bridge for bridge in self.status(name).get("bridges") or []}
 
     def outbox_rows(self, name: str) -> int:
         """Rows left in the node's outbox."""
@@ -166,14 +184,17 @@ def test_three_nodes_each_on_its_own_inbound_run_ping_pong_and_the_trade(
     alice_ran = network.nodes[ALICE].counts(schema.node_flow_results)
     assert (alice_ran["PongFlow"], alice_ran["PingFlow"], alice_ran["BuyerFlow"]) == (1, 2, 3)
     for name in NAMES:
-        wait_until(lambda n=name: network.outbox_rows(n) == 0, f"{name}'s outbox to empty", 30)
+        wait_until(
+            functools.partial(lambda n: network.outbox_rows(n) == 0, name),
+            f"{name}'s outbox to empty",
+            30,
+        )
     # Bob's inbound is on his broker only: Alice's has no queue of his.
     with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
         passive_declare(amqp_url(network.vhosts[ALICE]), queue_name(BOB))
 
     def alice_bridges() -> dict[str, object]:
-        listed = network.status(ALICE).get("bridges") or []
-        return {b["peer"]: b["address"] for b in listed}  # type: ignore[union-attr, index]
+        return {peer: b["address"] for peer, b in network.bridges(ALICE).items()}
 
     expected = {BOB: published[BOB], CAROL: published[CAROL]}
     wait_until(lambda: alice_bridges() == expected, "Alice's status to list her bridges", 30)
@@ -223,11 +244,7 @@ def test_a_peer_cut_off_for_a_while_loses_nothing_and_holds_back_no_other(
     alice.client.wait(to_carol, 120)  # Carol is served while Bob is cut off
 
     def bob_refused() -> bool:
-        bridges = network.status(ALICE).get("bridges") or []
-        return any(
-            b["peer"] == BOB and str(b["state"]).startswith("unreachable")  # type: ignore[index]
-            for b in bridges  # type: ignore[union-attr]
-        )
+        return str(network.bridges(ALICE).get(BOB, {}).get("state")).startswith("unreachable")
 
     wait_until(bob_refused, "Alice's bridge to Bob to be refused", 60)
     assert alice.client.outcomes(to_bob) == {}
@@ -272,9 +289,7 @@ def test_the_bridge_follows_a_peer_whose_address_changed(network: P2PNetwork) ->
     assert alice.client.result(second) == "Pong"
 
     def bridge_moved() -> bool:
-        bridges = network.status(ALICE)["bridges"]
-        address = next(b["address"] for b in bridges if b["peer"] == BOB)  # type: ignore[union-attr, index]
-        return new_vhost in str(address)
+        return new_vhost in str(network.bridges(ALICE)[BOB]["address"])
 
     wait_until(bridge_moved, "Alice's bridge to Bob to follow him", 30)
     third = alice.client.start_flow(PingFlow(Party(BOB)))
@@ -283,3 +298,53 @@ def test_the_bridge_follows_a_peer_whose_address_changed(network: P2PNetwork) ->
     assert network.nodes[BOB].counts(schema.node_flow_results)["PongFlow"] == 3
     assert queue_depth(amqp_url(new_vhost), BOB) == 0
     assert queue_depth(old_inbound, BOB) == 0  # drained: nothing stranded there
+
+
+def test_node_infos_from_another_root_or_tampered_are_refused_and_nothing_goes_there(
+    network: P2PNetwork,
+) -> None:
+    alice = network.nodes[ALICE]
+    # Dave is certified by another root; his node-info names a queue of his own.
+    elsewhere = RootAuthority.create(network.directory / "other-root", "CN=Another Root")
+    dave_name = f"O=Dave {RUN},L=Oslo,C=NO"
+    dave = NodeIdentity.generate(dave_name)
+    dave_queue = f"sqlite:///{network.directory / 'dave-queue.db'}"
+    dave_certificate = elsewhere.issue(certificate_request(dave)).public_bytes(Encoding.PEM)
+    network.map.publish(
+        NodeInfo(
+            dave_name,
+            dave_name,
+            dave_queue,
+            dave.public_key_hex,
+            certificate=dave_certificate.decode(),
+        ),
+        identity=dave,
+    )
+    # Carol's node-info altered after she signed it: her address now names Dave's queue.
+    carol_file = network.map.directory / f"{node_key(CAROL)}.json"
+    genuine = carol_file.read_text()
+    document = json.loads(genuine)
+    document["transport"] = dave_queue
+    carol_file.write_text(json.dumps(document))
+    reasons = {path.stem: reason for path, reason in network.map.rejected()}
+    assert (
+        "another root" in reasons[node_key(dave_name)]
+        or "issued by" in reasons[node_key(dave_name)]
+    )
+    assert "signature" in reasons[node_key(CAROL)]
+
+    to_dave = alice.client.start_flow(PingFlow(Party(dave_name)))
+    to_carol = alice.client.start_flow(PingFlow(Party(CAROL)))
+
+    def held(peer: str) -> bool:
+        bridge = network.bridges(ALICE).get(peer, {})
+        return bridge.get("state") == "not in the network map" and bridge["waiting"] >= 1
+
+    wait_until(lambda: held(dave_name) and held(CAROL), "Alice to hold both messages", 60)
+    log = alice.log_path.read_text()
+    assert node_key(dave_name) in log and node_key(CAROL) in log  # each refusal logged
+    assert not (network.directory / "dave-queue.db").exists()  # nothing ever went there
+    carol_file.write_text(genuine)  # the genuine node-info back: the held ping goes
+    alice.client.wait([to_carol], 120)
+    assert alice.client.result(to_carol) == "Pong"
+    assert alice.client.outcomes([to_dave]) == {}
