@@ -41,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = node_commands.add_parser(action, help=f"tell a running node to {text}")
         sub.add_argument("--config", type=Path, required=True, help="the node's TOML config")
         sub.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
+    outbox = node_commands.add_parser(
+        "outbox", help="messages waiting for each peer, and what the network map says of it"
+    )
+    outbox.add_argument("--config", type=Path, required=True, help="the node's TOML config")
     flow = commands.add_parser("flow", help="list flows, or kill/pause/resume/retry one")
     flow_commands = flow.add_subparsers(dest="flow_command", required=True)
     flow_list = flow_commands.add_parser("list", help="the node's flows with a checkpoint")
@@ -60,6 +64,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     amqp.add_argument(
         "--node", action="append", required=True, metavar="NAME=USER", help="a node and its user"
     )
+    peer = commands.add_parser(
+        "peer-account",
+        help="p2p: give a peer an account on this node's own inbound (publish/insert only)",
+    )
+    peer.add_argument("--inbound", required=True, help="this node's inbound URL (an owner's)")
+    peer.add_argument("--node", required=True, help="this node's name (its queue)")
+    peer.add_argument("--user", required=True, help="the peer's account (user or role) name")
+    peer.add_argument("--password", help="its password (default: a random one, printed)")
+    peer.add_argument(
+        "--apply", action="store_true", help="PostgreSQL: run the statements instead of printing"
+    )
     network = commands.add_parser(
         "network",
         help="the network trust root: create it, request and issue node certificates, verify",
@@ -75,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_analyze(args)
     if args.command == "network":
         return run_network_command(args)
+    if args.command == "peer-account":
+        from flows.peer_setup import run_peer_account
+
+        return run_peer_account(args.inbound, args.node, args.user, args.password, args.apply)
     if args.command == "amqp-setup":
         return run_amqp_setup(args.admin_url, args.node)
     if args.command == "node" and args.node_command == "run":

@@ -207,6 +207,14 @@ def run_operator_command(args: Any) -> int:
         if args.command == "checkpoints":
             print(json.dumps(dump_checkpoint(config, args.flow_id), indent=2, default=str))
             return 0
+        if args.command == "node" and args.node_command == "outbox":
+            from flows.peer_setup import print_outbox
+
+            database = _database(config)
+            try:
+                return print_outbox(config, database)
+            finally:
+                database.close()
         if args.command == "node":
             return request_operation(config, args.node_command, None, args.timeout)
         if args.flow_command == "list":

@@ -12,11 +12,13 @@ the node's own signature.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shlex
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,8 @@ from urllib.parse import quote
 
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
+from sqlalchemy import Connection, create_engine, text
+from sqlalchemy.engine import make_url
 
 from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
 from flows.identity import NodeIdentity, load_or_create_identity
@@ -44,7 +48,7 @@ import pika
 import pika.exceptions
 
 from messaging.amqp import peer_account_commands, queue_depth, queue_name
-from messaging.transports import purge_queues
+from messaging.sqlqueue.peer_roles import apply_statements, peer_role_statements
 from persistence import schema
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
@@ -67,6 +71,17 @@ def amqp_url(vhost: str, user: str = "guest", password: str = "guest") -> str:
     return f"amqp://{user}:{password}@127.0.0.1:5672/{quote(vhost, safe='')}"
 
 
+@contextlib.contextmanager
+def _autocommit() -> Iterator[Connection]:
+    """A connection to the test PostgreSQL server outside transactions (CREATE DATABASE)."""
+    engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
 class P2PNetwork:
     """Alice and Bob on vhosts of their own, Carol on a PostgreSQL queue; bridges between."""
 
@@ -79,15 +94,28 @@ class P2PNetwork:
         for vhost in self.vhosts.values():
             for command in peer_account_commands(vhost, PEER_USER, PEER_PASSWORD)[1:]:
                 rabbitmqctl(command)
+        # Carol's inbound: a PostgreSQL database of her own; Alice and Bob each get a role
+        # there that may insert into her queue only.
+        self.carol_database = f"ff_p2p_carol_{RUN}"
+        self.carol_roles = {ALICE: f"ff_p2p_alice_{RUN}", BOB: f"ff_p2p_bob_{RUN}"}
+        with _autocommit() as connection:
+            connection.execute(text(f'CREATE DATABASE "{self.carol_database}"'))
+        carol_inbound = make_url(POSTGRES_URL).set(database=self.carol_database)
         self.inbound = {
             ALICE: amqp_url(self.vhosts[ALICE]),
             BOB: amqp_url(self.vhosts[BOB]),
-            CAROL: POSTGRES_URL,
+            CAROL: carol_inbound.render_as_string(hide_password=False),
         }
-        credentials = (
-            f'[bridge_credentials."*"]\nuser = "{PEER_USER}"\npassword = "{PEER_PASSWORD}"\n'
-            f'[bridge_credentials."{CAROL}"]\nuser = "postgres"\npassword = "trust-auth"\n'
-        )
+        for role in self.carol_roles.values():
+            apply_statements(self.inbound[CAROL], peer_role_statements(role, "pw-" + RUN, CAROL))
+
+        def credentials(name: str) -> str:
+            text = f'[bridge_credentials."*"]\nuser = "{PEER_USER}"\npassword = "{PEER_PASSWORD}"\n'
+            if name in self.carol_roles:
+                role = self.carol_roles[name]
+                text += f'[bridge_credentials."{CAROL}"]\nuser = "{role}"\npassword = "pw-{RUN}"\n'
+            return text
+
         self.root = RootAuthority.create(directory / "root", "CN=Test Network Root,O=Fiberflow")
         self.nodes = {}
         for name in NAMES:
@@ -102,7 +130,7 @@ class P2PNetwork:
                 "certificate": certificate_file.name,
             }
             self.nodes[name] = ClusterNode(
-                name, directory, None, self.inbound[name], fields, credentials
+                name, directory, None, self.inbound[name], fields, credentials(name)
             )
         self.map = NetworkMap(directory / "network-map", self.root.network_root())
         self.directory = directory
@@ -117,7 +145,17 @@ class P2PNetwork:
         for node in self.nodes.values():
             node.stop()
             node.client.close()
-        purge_queues(POSTGRES_URL, [CAROL])
+        with _autocommit() as connection:
+            connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": self.carol_database},
+            )
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{self.carol_database}"'))
+            for role in self.carol_roles.values():
+                connection.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
         for vhost in self.vhosts.values():
             subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=120)
         subprocess.run(["rabbitmqctl", "delete_user", PEER_USER], capture_output=True, timeout=120)
@@ -159,7 +197,7 @@ def test_three_nodes_each_on_its_own_inbound_run_ping_pong_and_the_trade(
     assert published == {
         ALICE: f"amqp://127.0.0.1:5672/{quote(network.vhosts[ALICE], safe='')}",
         BOB: f"amqp://127.0.0.1:5672/{quote(network.vhosts[BOB], safe='')}",
-        CAROL: "postgresql://127.0.0.1:5432/test",
+        CAROL: f"postgresql://127.0.0.1:5432/{network.carol_database}",
     }
     alice, carol = network.nodes[ALICE], network.nodes[CAROL]
     bob_party, carol_party, alice_party = Party(BOB), Party(CAROL), Party(ALICE)
@@ -344,6 +382,18 @@ def test_node_infos_from_another_root_or_tampered_are_refused_and_nothing_goes_t
     log = alice.log_path.read_text()
     assert node_key(dave_name) in log and node_key(CAROL) in log  # each refusal logged
     assert not (network.directory / "dave-queue.db").exists()  # nothing ever went there
+    listed = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "node", "outbox", "--config", str(alice.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+    assert len(listed) == 2, listed
+    by_peer = {line.split(": ", 1)[0]: line for line in listed}
+    assert "1 message(s)" in by_peer[dave_name] and "node-info refused" in by_peer[dave_name]
+    assert "another root" in by_peer[dave_name] or "issued by" in by_peer[dave_name]
+    assert "node-info refused" in by_peer[CAROL] and "signature" in by_peer[CAROL]
     carol_file.write_text(genuine)  # the genuine node-info back: the held ping goes
     alice.client.wait([to_carol], 120)
     assert alice.client.result(to_carol) == "Pong"

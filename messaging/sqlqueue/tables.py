@@ -49,6 +49,9 @@ queue_messages = Table(
     Column("lease_until", BigInteger, nullable=True),
     Column("deliveries", Integer, nullable=False, default=0),
     Index("ff_queue_messages_claim", "queue", "id"),
+    # A send never reads the new row back: a peer's role may insert without reading
+    # (messaging.sqlqueue.peer_roles), which a RETURNING clause would need.
+    implicit_returning=False,
 )
 
 queue_dead_letters = Table(
