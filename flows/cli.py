@@ -33,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--in-process", action="store_true", help="both nodes in this process, in memory network"
     )
     demo.add_argument("--verbose", action="store_true", help="(in-process) print checkpoints")
+    demo.add_argument(
+        "--topology",
+        choices=("shared", "p2p"),
+        default="shared",
+        help="shared: one transport for both nodes (default); p2p: each node its own inbound, "
+        "bridges between them, a network trust root (docs/network.md)",
+    )
     node = commands.add_parser("node", help="run a node")
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_run = node_commands.add_parser("run", help="run a node process until SIGTERM")
@@ -107,11 +114,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.flows < 1:
             parser.error("--flows must be at least 1")
         if args.in_process:
-            if args.transport or args.database:
+            if args.transport or args.database or args.topology != "shared":
                 parser.error("--in-process uses the in-memory network and SQLite files")
             return run_in_process_demo(args.flows, args.directory, args.verbose)
+        if args.topology == "p2p" and args.transport:
+            parser.error(
+                "--topology p2p gives each node an inbound of its own (a SQL queue file); "
+                "see docs/network.md to put inbounds on RabbitMQ or PostgreSQL"
+            )
         return run_process_demo(
-            args.flows, args.directory, args.transport, args.database, args.timeout
+            args.flows, args.directory, args.transport, args.database, args.timeout, args.topology
         )
     parser.error(f"unknown command {args.command}")
     return 2

@@ -8,6 +8,11 @@ with SIGTERM and prints a summary. ``--transport`` and ``--database`` run the sa
 RabbitMQ and PostgreSQL; ``--in-process`` runs both nodes in this process on the in-memory
 test network and prints every checkpoint written.
 
+``--topology p2p`` runs the peer-to-peer network instead (docs/network.md): each node owns its
+inbound (a SQL queue file of its own), publishes it in the network map and reaches the other
+through a bridge; the demo makes a network trust root and issues each node its certificate,
+so each node trusts only the other's certified, signed node-info.
+
 The demo's CorDapp is data, as in a node config's ``cordapps``: a module name
 (:data:`DEMO_CORDAPP`) and the qualified name of its initiating flow (:data:`DEMO_FLOW`), loaded
 by name at run time. No framework module imports a sample.
@@ -115,8 +120,16 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
 
 
 class _DemoNode:
-    def __init__(self, name: str, directory: Path, database_url: str | None, transport: str):
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        database_url: str | None,
+        transport: str,
+        extra_lines: tuple[str, ...] = (),
+    ):
         self.name = name
+        self.transport = transport
         self.short = Party(name).organisation.lower()
         self.schema: str | None = None
         if database_url is None:
@@ -137,6 +150,7 @@ class _DemoNode:
         ]
         if self.schema is not None:
             lines.append(f"database_schema = {json.dumps(self.schema)}")
+        lines.extend(extra_lines)
         self.config_path.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -219,17 +233,32 @@ def run_pingpong_processes(
     timeout: float | None = None,
     show_progress: bool = True,
     announce: bool = False,
+    topology: str = "shared",
 ) -> PingPongRun:
-    """Start Alice and Bob as processes, run ``flows`` ping/pongs, stop them; measure."""
-    alice = _DemoNode(ALICE, workdir, database_url, transport)
-    bob = _DemoNode(BOB, workdir, database_url, transport)
+    """Start Alice and Bob as processes, run ``flows`` ping/pongs, stop them; measure.
+
+    With ``topology="p2p"`` ``transport`` is ignored: each node gets an inbound of its own
+    (a SQL queue file in ``workdir``) and a certificate from a network root made there.
+    """
+    if topology == "p2p":
+        alice, bob = _p2p_nodes(workdir, database_url)
+    else:
+        alice = _DemoNode(ALICE, workdir, database_url, transport)
+        bob = _DemoNode(BOB, workdir, database_url, transport)
     if announce:
         print(f"  directory:  {workdir} (configs, logs, status files)")
         print(
             f"  databases:  {alice.database_url if database_url is None else database_url}"
             + ("" if database_url is None else f" (schemas {alice.schema}, {bob.schema})")
         )
-        print(f"  transport:  {transport}")
+        if topology == "p2p":
+            print(f"  topology:   peer to peer; Alice's inbound {alice.transport}")
+            print(f"              Bob's inbound {bob.transport}; bridges between them")
+            print(
+                f"  trust root: {workdir / 'network-root'} (each node's certificate issued by it)"
+            )
+        else:
+            print(f"  transport:  {transport}")
     client: NodeClient | None = None
     try:
         for node in (alice, bob):
@@ -275,7 +304,39 @@ def run_pingpong_processes(
             for node in (alice, bob):
                 assert node.schema is not None
                 drop_schema(database_url, node.schema)
-        purge_queues(transport, [ALICE, BOB])
+        for node in (alice, bob):
+            purge_queues(node.transport, [node.name])
+
+
+def _p2p_nodes(workdir: Path, database_url: str | None) -> tuple[_DemoNode, _DemoNode]:
+    """Alice and Bob of the peer-to-peer demo: own inbounds, certified by a network root."""
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
+    from flows.identity import load_or_create_identity
+    from flows.network_map import node_key
+
+    root_directory = workdir / "network-root"
+    if (root_directory / ROOT_CERTIFICATE_FILE).exists():
+        root = RootAuthority.load(root_directory)
+    else:
+        root = RootAuthority.create(root_directory, "CN=Fiberflow Demo Network Root,O=Demo")
+    nodes = []
+    for name in (ALICE, BOB):
+        short = Party(name).organisation.lower()
+        identity = load_or_create_identity(workdir / f"{node_key(name)}.key.pem", name)
+        certificate = workdir / f"{short}.cert.pem"
+        certificate.write_bytes(
+            root.issue(certificate_request(identity)).public_bytes(Encoding.PEM)
+        )
+        extra = (
+            'topology = "p2p"',
+            f"network_root = {json.dumps(str(root_directory / ROOT_CERTIFICATE_FILE))}",
+            f"certificate = {json.dumps(certificate.name)}",
+        )
+        inbound = f"sqlite:///{workdir / (short + '-inbound.db')}"
+        nodes.append(_DemoNode(name, workdir, database_url, inbound, extra))
+    return nodes[0], nodes[1]
 
 
 def run_process_demo(
@@ -284,6 +345,7 @@ def run_process_demo(
     transport_url: str | None,
     database_url: str | None,
     timeout: float | None,
+    topology: str = "shared",
 ) -> int:
     """Two node processes; N ping/pong flows; progress; summary. Returns the exit code."""
     owns_directory = directory is None
@@ -292,7 +354,9 @@ def run_process_demo(
     transport = transport_url or f"sqlite:///{workdir / 'queue.db'}"
     print(f"fiberflow demo: {flows} ping/pong flow(s), {ALICE} -> {BOB}, two node processes")
     try:
-        run = run_pingpong_processes(flows, workdir, transport, database_url, timeout, True, True)
+        run = run_pingpong_processes(
+            flows, workdir, transport, database_url, timeout, True, True, topology
+        )
     except DemoNodeDiedError as error:
         print(f"  FAILED: {error}", file=sys.stderr)
         return 1

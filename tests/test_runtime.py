@@ -342,6 +342,38 @@ def test_the_demo_runs_two_node_processes(tmp_path: Path) -> None:
     assert "nodes exited with [0, 0]" in done.stdout
 
 
+@pytest.mark.slow
+def test_the_p2p_demo_gives_each_node_its_own_inbound_and_a_certificate(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*FIBERFLOW, "demo", "--topology", "p2p", "--flows", "20", "--directory", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all flows returned 'Pong'" in done.stdout
+    assert not (tmp_path / "queue.db").exists()  # no shared queue file
+    root = NetworkRoot.load(tmp_path / "network-root" / ROOT_CERTIFICATE_FILE)
+    infos = NetworkMap(tmp_path / "network-map", root).scan()
+    assert infos.rejected == ()
+    inbounds = {info.name: info.transport for _, info in infos.accepted}
+    assert inbounds == {
+        "O=Alice,L=London,C=GB": f"sqlite:///{tmp_path / 'alice-inbound.db'}",
+        "O=Bob,L=New York,C=US": f"sqlite:///{tmp_path / 'bob-inbound.db'}",
+    }
+
+
+def test_the_p2p_demo_refuses_a_shared_transport() -> None:
+    done = subprocess.run(
+        [*FIBERFLOW, "demo", "--topology", "p2p", "--transport", "sqlite:///q.db"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "each node an inbound of its own" in done.stderr
+
+
 def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
     paths = []
