@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flows.errors import FiberflowError
-from flows.network_map import NetworkMap, NetworkMapError
+from flows.network_map import NetworkMap, NetworkMapError, node_key
 from messaging.service import Message
 from messaging.signing import MessageSigner, PeerKeys
 
@@ -126,35 +126,53 @@ class StaticPeerKeys:
         """See :class:`PeerKeys`."""
         return self._keys.get(name)
 
+    def refusal(self, name: str) -> str | None:
+        """Nothing is refused here: a name is known or not."""
+        return None
+
 
 class NetworkMapPeerKeys:
-    """Public keys from the network map directory, re-read (at most every second) on a miss.
+    """Public keys from the network map directory.
+
+    The map is read again at most every :attr:`RELOAD_SECONDS` when a sender is unknown, and
+    at least every :attr:`REFRESH_SECONDS` anyway, so that a key whose node-info no longer
+    verifies (expired, replaced, removed) stops being trusted within seconds.
 
     With a map that has a trust root, keys come only from node-infos that verify: a node whose
-    node-info is refused has no key, so its messages fail authentication.
+    node-info is refused has no key, so its messages fail authentication, with the reason.
     """
 
     RELOAD_SECONDS = 1.0
+    REFRESH_SECONDS = 5.0
 
     def __init__(self, network_map: NetworkMap) -> None:
         self._map = network_map
         self._keys: dict[str, bytes] = {}
+        self._refusals: dict[str, str] = {}
         self._loaded_at = -1e9
 
     def public_key(self, name: str) -> bytes | None:
         """See :class:`PeerKeys`."""
+        age = time.monotonic() - self._loaded_at
         key = self._keys.get(name)
-        if key is None and time.monotonic() - self._loaded_at > self.RELOAD_SECONDS:
+        if age > self.REFRESH_SECONDS or (key is None and age > self.RELOAD_SECONDS):
             self._reload()
             key = self._keys.get(name)
         return key
 
+    def refusal(self, name: str) -> str | None:
+        """Why ``name``'s node-info was refused at the last reading, or None."""
+        return self._refusals.get(node_key(name))
+
     def _reload(self) -> None:
         self._loaded_at = time.monotonic()
         try:
-            nodes = self._map.nodes()
+            scan = self._map.scan()
         except NetworkMapError:
             return
         self._keys = {
-            info.name: bytes.fromhex(info.public_key) for info in nodes.values() if info.public_key
+            info.name: bytes.fromhex(info.public_key)
+            for _, info in scan.accepted
+            if info.public_key
         }
+        self._refusals = {path.stem: reason for path, reason in scan.rejected}

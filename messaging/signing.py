@@ -65,6 +65,9 @@ class PeerKeys(Protocol):
     def public_key(self, name: str) -> bytes | None:
         """The raw public key of node ``name``, or None if it is not known."""
 
+    def refusal(self, name: str) -> str | None:
+        """Why node ``name``'s entry was refused (its node-info did not verify), or None."""
+
 
 class MessageVerifier:
     """Checks that each message ``receiver`` gets was signed, for it, by its claimed sender."""
@@ -78,6 +81,9 @@ class MessageVerifier:
         """Why ``message`` must be refused, or None if it is genuine."""
         public_key = self.peers.public_key(message.sender)
         if public_key is None:
+            refusal = self.peers.refusal(message.sender)
+            if refusal is not None:
+                return f"unknown sender {message.sender!r}: its node-info is refused: {refusal}"
             return f"unknown sender {message.sender!r}: not in the network map"
         if not message.signature:
             return f"message from {message.sender} is not signed"

@@ -379,9 +379,36 @@ def test_peer_keys_over_a_rooted_map_know_no_node_whose_info_is_refused(
     # So a message signed by Bob fails authentication at a node trusting the root.
     verifier = MessageVerifier(CAROL, rooted_keys)
     message = bob.sign(Message("N-s-0", "session", BOB, b"hello"), CAROL)
-    assert verifier.problem(message) == f"unknown sender {BOB!r}: not in the network map"
+    refusal = rooted_keys.refusal(BOB)
+    assert refusal is not None and "issued by another root" in refusal
+    assert verifier.problem(message) == (
+        f"unknown sender {BOB!r}: its node-info is refused: {refusal}"
+    )
     genuine = alice.sign(Message("N-s-0", "session", ALICE, b"hello"), CAROL)
     assert verifier.problem(genuine) is None
+    unknown = NodeIdentity.generate(CAROL).sign(Message("N-t-0", "session", CAROL, b"x"), ALICE)
+    assert MessageVerifier(ALICE, rooted_keys).problem(unknown) == (
+        f"unknown sender {CAROL!r}: not in the network map"
+    )
+
+
+def test_peer_keys_stop_trusting_a_key_whose_node_info_no_longer_verifies(
+    tmp_path: Path, authority: RootAuthority, root: NetworkRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "network-map"
+    alice = NodeIdentity.generate(ALICE)
+    path = NetworkMap(directory).publish(
+        NodeInfo(ALICE, ALICE, "q", certificate=issue(authority, alice)), alice
+    )
+    keys = NetworkMapPeerKeys(NetworkMap(directory, root))
+    assert keys.public_key(ALICE) == alice.public_key  # known: no reading needed for a while
+    document = json.loads(path.read_text())
+    document["address"] = "somewhere else"  # changed after it was signed
+    path.write_text(json.dumps(document))
+    assert keys.public_key(ALICE) == alice.public_key  # within REFRESH_SECONDS: still cached
+    monkeypatch.setattr(NetworkMapPeerKeys, "REFRESH_SECONDS", 0.0)
+    assert keys.public_key(ALICE) is None
+    assert "changed after it was signed" in (keys.refusal(ALICE) or "")
 
 
 # --- a node's own files at start --------------------------------------------------------------
