@@ -161,7 +161,12 @@ class ClusterNode:
 
 
 class Cluster:
-    """Alice, Bob and Carol as node processes on one transport (see the module docstring)."""
+    """Alice, Bob and Carol as node processes on one transport (see the module docstring).
+
+    With ``p2p`` the nodes form a peer-to-peer network instead: each one's inbound is a SQL
+    queue file of its own in ``directory`` (``transport`` is not used) and bridges carry the
+    messages.
+    """
 
     def __init__(
         self,
@@ -169,13 +174,20 @@ class Cluster:
         transport: str,
         database_url: str | None,
         extra_config: dict[str, Any] | None = None,
+        p2p: bool = False,
     ) -> None:
         self.directory = directory
         self.transport = transport
         self.database_url = database_url
-        self.nodes = [
-            ClusterNode(name, directory, database_url, transport, extra_config) for name in NAMES
-        ]
+        self.nodes = []
+        for name in NAMES:
+            config = dict(extra_config or {})
+            inbound = transport
+            if p2p:
+                short = Party(name).organisation.split()[0].lower()
+                inbound = f"sqlite:///{directory / (short + '-inbound.db')}"
+                config["topology"] = "p2p"
+            self.nodes.append(ClusterNode(name, directory, database_url, inbound, config))
 
     def start(self) -> None:
         """Start every node and wait until each has started."""
@@ -193,7 +205,8 @@ class Cluster:
             for node in self.nodes:
                 assert node.schema is not None
                 drop_schema(self.database_url, node.schema)
-        purge_queues(self.transport, list(NAMES))
+        for node in self.nodes:
+            purge_queues(node.transport_url, [node.name])
 
 
 @attrs.frozen
@@ -228,10 +241,14 @@ def run_kill_campaign(
     kills: int,
     seed: int,
     say: Callable[[str], None] = lambda _: None,
+    p2p: bool = False,
 ) -> KillReport:
-    """Stream ``flows`` flows into Alice while killing nodes ``kills`` times; check all."""
+    """Stream ``flows`` flows into Alice while killing nodes ``kills`` times; check all.
+
+    ``p2p``: the nodes form a peer-to-peer network (see :class:`Cluster`).
+    """
     rng = random.Random(seed)
-    cluster = Cluster(directory, transport, database_url)
+    cluster = Cluster(directory, transport, database_url, p2p=p2p)
     try:
         cluster.start()
         alice = cluster.nodes[0]
