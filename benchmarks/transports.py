@@ -12,6 +12,10 @@ A ping/pong flow moves 4 session messages (initial+ping, confirm, pong, end), so
 printed is the framework's messages per second over the raw transport's: how much of the
 transport's speed survives checkpoints, dedup, outbox and the session protocol.
 
+The ``p2p`` row runs the peer-to-peer topology (each node its own SQL queue file as its
+inbound, a bridge per peer, certificates from a network root) beside the shared SQL queue
+file: what the bridges cost.
+
 Run: ``python benchmarks/transports.py [--flows 1000] [--messages 2000]``. Configurations
 whose service is unreachable are listed as skipped with the reason.
 """
@@ -153,6 +157,7 @@ def main() -> None:
 
     configs: list[tuple[str, str, Callable[[Path], str], str | None]] = [
         ("sql queue / SQLite", "SQLite", sqlite_queue, None),
+        ("p2p: SQLite inbound each", "SQLite", sqlite_queue, None),
         ("sql queue / PostgreSQL", "PostgreSQL", postgres_queue, POSTGRES_URL),
         ("amqp", "SQLite", rabbitmq, None),
         ("amqp", "PostgreSQL", rabbitmq, POSTGRES_URL),
@@ -182,12 +187,15 @@ def main() -> None:
             transport_url(workdir),
             database_url,
             show_progress=False,
+            topology="p2p" if transport_name.startswith("p2p") else "shared",
         )
         if not run.ok:
             raise SystemExit(f"{transport_name}/{database_name}: flows or nodes failed: {run}")
         flows_per_second = args.flows / run.seconds
         messages_per_second = run.messages_sent / run.seconds
-        base = raw_rates.get(transport_name)
+        base = raw_rates.get(
+            transport_name.replace("p2p: SQLite inbound each", "sql queue / SQLite")
+        )
         ratio = f"{messages_per_second / base:7.2f}" if base else "      -"
         print(
             f"  {transport_name:<24} {database_name:<11} {flows_per_second:9,.0f} "
