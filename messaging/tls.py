@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["TlsContextFactory", "TlsSettings", "TlsSetupError", "tls_failure"]
+__all__ = ["TlsContextFactory", "TlsSettings", "TlsSetupError", "certificate_refusal"]
 
 TlsContextFactory = Callable[[], ssl.SSLContext]
 """Makes the client context of one new TLS connection."""
@@ -84,13 +84,14 @@ def _reason(error: BaseException) -> str:
     return str(error)
 
 
-def tls_failure(error: BaseException) -> str | None:
-    """The TLS problem inside a connection error (a certificate refused either way), or None.
+def certificate_refusal(error: BaseException) -> str | None:
+    """What a connection error says about a refused certificate (either side's), or None.
 
     pika wraps the :class:`ssl.SSLError` of a failed handshake in its own exceptions (in
     their ``args`` and causes, or only as text when the broker refused this side's
-    certificate after the handshake); this digs it out so that the caller can say what was
-    refused instead of "cannot connect".
+    certificate after the handshake); this digs it out so that the caller can name what was
+    refused instead of "cannot connect", and give up at once: trying again would not help.
+    Other TLS errors (a connection cut during the handshake) are not refusals: None.
     """
     seen: set[int] = set()
     pending: list[object] = [error]
@@ -105,21 +106,16 @@ def tls_failure(error: BaseException) -> str | None:
         if isinstance(current, ssl.SSLCertVerificationError):
             return f"the broker's certificate failed verification: {current.verify_message}"
         if isinstance(current, ssl.SSLError):
-            return _alert(current.reason or "", str(current))
+            reason = getattr(current, "reason", None)  # set by the ssl module's own errors
+            texts.append(f"[SSL: {reason}] {current}" if reason else str(current))
         pending.extend([*current.args, current.__cause__, current.__context__])
     for text in texts:
-        found = _SSL_TEXT.search(text)
-        if found is not None:
-            return _alert(found.group(1), found.group(2).strip())
+        for code, words in _SSL_TEXT.findall(text):
+            if any(code.endswith(refusal) for refusal in _CLIENT_REFUSED):
+                return f"the broker refused this node's TLS client certificate: {words.strip()}"
     return None
 
 
-_SSL_TEXT = re.compile(r"\[SSL: ([A-Z0-9_]+)\] ([^(]*)")
+_SSL_TEXT = re.compile(r"\[SSL: ([A-Z0-9_]+)\] ([^(\]]*)")
 _CLIENT_REFUSED = ("CERTIFICATE_REQUIRED", "UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_EXPIRED")
-
-
-def _alert(code: str, text: str) -> str:
-    """Words for an SSL error code: a refused client certificate is named as such."""
-    if any(code.endswith(refusal) for refusal in _CLIENT_REFUSED):
-        return f"the broker refused this node's TLS client certificate: {text}"
-    return f"TLS failed: {text}"
+"""The TLS alerts a broker sends when it does not accept this side's client certificate."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import ssl
 import stat
 import threading
 import time
@@ -34,7 +35,7 @@ from flows.doorman import (
 from flows.identity import load_or_create_identity
 from flows.network_map import node_key
 from flows.network_trust import NetworkTrustError
-from messaging.tls import TlsSettings
+from messaging.tls import TlsSettings, certificate_refusal
 from tests.conftest import PIKA_MISSING, require_service
 from tests.tls_broker import TlsBroker, rabbitmq_server_problem
 
@@ -181,6 +182,21 @@ def test_issue_tls_writes_a_new_key_and_its_certificate(
     assert main(issue) == 2  # never overwrites a key
     assert "b.key.pem exists: refusing to overwrite a key" in capsys.readouterr().err
     assert (tmp_path / "b.key.pem").read_bytes() == key_before
+
+
+def test_only_refused_certificates_count_as_refusals() -> None:
+    import pika.exceptions
+
+    lost = pika.exceptions.IncompatibleProtocolError(
+        "StreamLostError: (\"Stream connection lost: SSLError(1, '[SSL: "
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required (_ssl.c:2580)')\",)"
+    )
+    assert certificate_refusal(lost) == (
+        "the broker refused this node's TLS client certificate: tlsv13 alert certificate required"
+    )
+    cut = ssl.SSLError(1, "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred (_ssl.c:1006)")
+    assert certificate_refusal(pika.exceptions.AMQPConnectionError(cut)) is None  # retried
+    assert certificate_refusal(ConnectionRefusedError(111, "Connection refused")) is None
 
 
 # --- the bridge over amqps:// ---------------------------------------------------------------

@@ -22,7 +22,7 @@ from messaging.amqp.topology import (
     split_options,
 )
 from messaging.service import TransportError
-from messaging.tls import TlsContextFactory, tls_failure
+from messaging.tls import TlsContextFactory, certificate_refusal
 
 
 def setup_topology(admin_url: str, addresses: Sequence[str]) -> None:
@@ -69,7 +69,7 @@ def _tool_channel(url: str, what: str, tls: TlsContextFactory | None = None) -> 
     try:
         connection, channel = open_channel(url, f"fiberflow tool: {what}", tls)
     except AMQP_ERRORS as error:
-        problem = tls_failure(error) or repr(error)
+        problem = certificate_refusal(error) or repr(error)
         raise TransportError(f"cannot reach the broker at {safe_url(url)}: {problem}") from error
     try:
         yield channel

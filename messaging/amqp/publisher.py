@@ -3,8 +3,8 @@
 ``send`` returns once the broker has confirmed, that is, has written the message to disk; a
 pika connection is not thread-safe, so the channel is used under a lock. When the broker goes
 away a send reconnects and re-publishes what was not confirmed for up to ``reconnect_timeout``
-seconds, then raises :class:`~messaging.service.TransportError`; at once if TLS refused the
-connection (a certificate either side does not accept: trying again would not help).
+seconds, then raises :class:`~messaging.service.TransportError`; at once if TLS refused a
+certificate (the broker's, or this side's): trying again would not help.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from messaging.amqp.connection import (
 )
 from messaging.amqp.topology import declare_queues, publish, queue_name
 from messaging.service import TransportError
-from messaging.tls import TlsContextFactory, tls_failure
+from messaging.tls import TlsContextFactory, certificate_refusal
 
 log = logging.getLogger("fiberflow.amqp")
 
@@ -153,7 +153,7 @@ class Publisher:
                 self._connection, self._channel = open_channel(self._url, self._name, self._tls)
                 return self._channel
             except AMQP_ERRORS as error:
-                refused = tls_failure(error)
+                refused = certificate_refusal(error)
                 if refused is not None:
                     raise TransportError(
                         f"cannot reach the broker at {safe_url(self._url)} {what}: {refused}"
