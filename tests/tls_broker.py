@@ -30,8 +30,26 @@ import attrs
 
 from tests.waiting import wait_until
 
-RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
-"""Where the Debian package keeps the scripts that run as the calling user."""
+
+def _rabbitmq_bin() -> Path:
+    """Where the RabbitMQ scripts that run as the calling user are.
+
+    ``FIBERFLOW_TEST_RABBITMQ_BIN`` if set; else the Debian package's library directory (its
+    ``/usr/sbin`` wrappers switch to the ``rabbitmq`` user); else wherever
+    ``rabbitmq-server`` is on PATH (a generic install).
+    """
+    configured = os.environ.get("FIBERFLOW_TEST_RABBITMQ_BIN")
+    if configured:
+        return Path(configured)
+    debian = Path("/usr/lib/rabbitmq/bin")
+    on_path = shutil.which("rabbitmq-server")
+    if debian.is_dir() or on_path is None:
+        return debian
+    return Path(on_path).parent
+
+
+RABBITMQ_BIN = _rabbitmq_bin()
+"""Where ``rabbitmq-server`` and ``rabbitmqctl`` are run from."""
 START_TIMEOUT = 60.0
 
 
@@ -39,7 +57,10 @@ def rabbitmq_server_problem() -> str | None:
     """Why a RabbitMQ node of its own cannot be started here, or None if it can."""
     for tool in ("rabbitmq-server", "rabbitmqctl"):
         if not (RABBITMQ_BIN / tool).exists():
-            return f"{RABBITMQ_BIN / tool} is missing (install the rabbitmq-server package)"
+            return (
+                f"{RABBITMQ_BIN / tool} is missing (install the rabbitmq-server package, or "
+                "set FIBERFLOW_TEST_RABBITMQ_BIN to the directory holding it)"
+            )
     if shutil.which("erl") is None:
         return "erl (Erlang) is not on PATH"
     return None
