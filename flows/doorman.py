@@ -5,18 +5,26 @@ offline. Each node sends a certificate request made from its identity key
 (:func:`certificate_request`); the operator checks it and issues the node a certificate
 directly from the root, with no intermediate (:meth:`RootAuthority.issue`). Nodes check
 certificates with :class:`~flows.network_trust.NetworkRoot`.
+
+The operator also certifies the brokers that hold nodes' inbounds
+(:meth:`RootAuthority.issue_tls_server`, :func:`new_tls_server_key`): a bridge connecting to a
+peer's ``amqps://`` inbound verifies the broker's certificate against the same root.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from flows.identity import NodeIdentity
 from flows.network_trust import (
@@ -31,10 +39,14 @@ __all__ = [
     "DEFAULT_NODE_DAYS",
     "DEFAULT_ROOT_DAYS",
     "DEFAULT_ROOT_SUBJECT",
+    "DEFAULT_TLS_DAYS",
     "ROOT_CERTIFICATE_FILE",
     "ROOT_KEY_FILE",
     "RootAuthority",
     "certificate_request",
+    "new_tls_server_key",
+    "tls_host_names",
+    "write_new_file",
 ]
 
 ROOT_KEY_FILE = "network-root.key.pem"
@@ -47,6 +59,8 @@ DEFAULT_ROOT_DAYS = 3650
 """How long a root certificate is valid unless told otherwise."""
 DEFAULT_NODE_DAYS = 365
 """How long a node certificate is valid unless told otherwise."""
+DEFAULT_TLS_DAYS = 365
+"""How long a broker's TLS server certificate is valid unless told otherwise."""
 
 
 def _now() -> datetime.datetime:
@@ -64,12 +78,12 @@ def _raw(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Write a file that must not exist yet."""
+def write_new_file(path: Path, data: bytes, mode: int, what: str = "a key") -> None:
+    """Write a file that must not exist yet, created with ``mode`` (keys: 0o600)."""
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     except FileExistsError:
-        raise NetworkTrustError(f"{path} exists: refusing to overwrite a network root") from None
+        raise NetworkTrustError(f"{path} exists: refusing to overwrite {what}") from None
     with os.fdopen(descriptor, "wb") as output:
         output.write(data)
 
@@ -120,7 +134,7 @@ class RootAuthority:
             .sign(key, None)
         )
         directory.mkdir(parents=True, exist_ok=True)
-        _write_new(
+        write_new_file(
             directory / ROOT_KEY_FILE,
             key.private_bytes(
                 serialization.Encoding.PEM,
@@ -128,11 +142,13 @@ class RootAuthority:
                 serialization.NoEncryption(),
             ),
             0o600,
+            "a network root",
         )
-        _write_new(
+        write_new_file(
             directory / ROOT_CERTIFICATE_FILE,
             certificate.public_bytes(serialization.Encoding.PEM),
             0o644,
+            "a network root",
         )
         return cls(key, certificate)
 
@@ -191,15 +207,7 @@ class RootAuthority:
             raise NetworkTrustError(
                 f"the request for {subject} holds a {type(public_key).__name__}, not an Ed25519 key"
             )
-        if days < 1:
-            raise NetworkTrustError(f"a certificate must be valid for at least 1 day, not {days}")
-        start = _now() - datetime.timedelta(minutes=5) if not_before is None else not_before
-        end = start + datetime.timedelta(days=days)
-        if end > self.certificate.not_valid_after_utc:
-            raise NetworkTrustError(
-                f"a certificate valid until {end:%Y-%m-%d} would outlive the root (valid until "
-                f"{self.certificate.not_valid_after_utc:%Y-%m-%d}); issue it for fewer days"
-            )
+        start, end = self._validity(days, not_before)
         return (
             x509.CertificateBuilder()
             .subject_name(request.subject)
@@ -215,6 +223,98 @@ class RootAuthority:
             )
             .sign(self.key, None)
         )
+
+    def issue_tls_server(
+        self,
+        public_key: Ed25519PublicKey | EllipticCurvePublicKey,
+        hosts: Sequence[str],
+        days: int = DEFAULT_TLS_DAYS,
+        *,
+        not_before: datetime.datetime | None = None,
+    ) -> x509.Certificate:
+        """A TLS server certificate for a broker reachable as ``hosts`` (names or IP addresses).
+
+        The subject is ``CN=<first host>``; every host is a subjectAltName (an IP address as
+        such, anything else as a DNS name), which is what clients check the host they
+        connected to against. The certificate is for server authentication only, is not a
+        CA, and is signed by the root directly. ``public_key`` is the broker's (Ed25519, as
+        :func:`new_tls_server_key` makes, or ECDSA).
+        """
+        names = tls_host_names(hosts)
+        if not isinstance(public_key, Ed25519PublicKey | EllipticCurvePublicKey):
+            raise NetworkTrustError(
+                f"a TLS server key must be Ed25519 or ECDSA, not {type(public_key).__name__}"
+            )
+        start, end = self._validity(days, not_before)
+        return (
+            x509.CertificateBuilder()
+            .subject_name(_host_subject(hosts[0]))
+            .issuer_name(self.certificate.subject)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(digital_signature=True), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), False
+            )
+            .sign(self.key, None)
+        )
+
+    def _validity(
+        self, days: int, not_before: datetime.datetime | None
+    ) -> tuple[datetime.datetime, datetime.datetime]:
+        """The start and end of a certificate valid ``days``, refused if it outlives the root."""
+        if days < 1:
+            raise NetworkTrustError(f"a certificate must be valid for at least 1 day, not {days}")
+        start = _now() - datetime.timedelta(minutes=5) if not_before is None else not_before
+        end = start + datetime.timedelta(days=days)
+        if end > self.certificate.not_valid_after_utc:
+            raise NetworkTrustError(
+                f"a certificate valid until {end:%Y-%m-%d} would outlive the root (valid until "
+                f"{self.certificate.not_valid_after_utc:%Y-%m-%d}); issue it for fewer days"
+            )
+        return start, end
+
+
+def tls_host_names(hosts: Sequence[str]) -> list[x509.GeneralName]:
+    """The subjectAltNames for ``hosts``: IP addresses as such, others as DNS names.
+
+    Refuses (:class:`NetworkTrustError`) no host at all, and a host that is neither an IP
+    address nor a DNS name (letters, digits, hyphens and dots; a leading ``*.`` wildcard).
+    """
+    if not hosts:
+        raise NetworkTrustError("a TLS server certificate needs at least one host")
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            continue
+        except ValueError:
+            pass
+        labels = host.removeprefix("*.").split(".")
+        if len(host) > 253 or not all(
+            0 < len(label) < 64 and label.replace("-", "").isalnum() and label.isascii()
+            for label in labels
+        ):
+            raise NetworkTrustError(f"{host!r} is neither an IP address nor a DNS name")
+        names.append(x509.DNSName(host.lower()))
+    return names
+
+
+def _host_subject(host: str) -> x509.Name:
+    """``CN=<host>`` (an empty subject for a host longer than a common name may be)."""
+    if len(host) > 64:
+        return x509.Name([])
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+
+
+def new_tls_server_key() -> Ed25519PrivateKey:
+    """A new key for a broker's TLS listener (Ed25519: needs TLS 1.3, see docs/security.md)."""
+    return Ed25519PrivateKey.generate()
 
 
 def _key_usage(*, cert_sign: bool = False, digital_signature: bool = False) -> x509.KeyUsage:

@@ -3,6 +3,8 @@
 - ``create-root --out DIR``: a new root key (0600) and self-signed root certificate;
 - ``request --config node.toml --out FILE``: a node's certificate request, from its key file;
 - ``issue --root-dir DIR --csr FILE --out FILE``: the operator issues the node's certificate;
+- ``issue-tls --root-dir DIR --host H [--host H ...] --out-cert FILE --out-key FILE``: a new
+  key (0600) and a TLS server certificate from the root for a broker reachable as those hosts;
 - ``verify --root CERT [--network-map DIR]``: each node-info file, accepted or refused.
 
 Errors are one line on stderr and exit status 2; ``verify`` exits 1 if any file is refused.
@@ -21,10 +23,13 @@ from flows.doorman import (
     DEFAULT_NODE_DAYS,
     DEFAULT_ROOT_DAYS,
     DEFAULT_ROOT_SUBJECT,
+    DEFAULT_TLS_DAYS,
     ROOT_CERTIFICATE_FILE,
     ROOT_KEY_FILE,
     RootAuthority,
     certificate_request,
+    new_tls_server_key,
+    write_new_file,
 )
 from flows.identity import KeyFileError, load_or_create_identity
 from flows.network_map import NetworkMap
@@ -70,6 +75,23 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> None:
     issue.add_argument(
         "--days", type=int, default=DEFAULT_NODE_DAYS, help=f"validity ({DEFAULT_NODE_DAYS})"
     )
+    tls = commands.add_parser(
+        "issue-tls",
+        help="a key and TLS server certificate for a broker's listener (operator)",
+        description="Generate a key (Ed25519; written with mode 0600, never overwritten) and "
+        "issue a TLS server certificate for it from the root, for every --host (DNS name or "
+        "IP address) the broker is reached as; give both to the broker's TLS listener.",
+    )
+    tls.add_argument("--root-dir", type=Path, required=True, metavar="DIR", help="the root")
+    tls.add_argument(
+        "--host", action="append", required=True, metavar="HOST",
+        help="a DNS name or IP address of the broker (repeat for each)",
+    )  # fmt: skip
+    tls.add_argument("--out-cert", type=Path, required=True, metavar="FILE", help="certificate")
+    tls.add_argument("--out-key", type=Path, required=True, metavar="FILE", help="new key file")
+    tls.add_argument(
+        "--days", type=int, default=DEFAULT_TLS_DAYS, help=f"validity ({DEFAULT_TLS_DAYS})"
+    )
     verify = commands.add_parser(
         "verify",
         help="check every node-info of a network map against the root",
@@ -93,6 +115,8 @@ def run_network_command(args: Any) -> int:
             return _request(args.config, args.out)
         if command == "issue":
             return _issue(args.root_dir, args.csr, args.out, args.days)
+        if command == "issue-tls":
+            return _issue_tls(args.root_dir, args.host, args.out_cert, args.out_key, args.days)
         return _verify(args.root, args.network_map)
     except (NetworkTrustError, ConfigError, KeyFileError) as error:
         print(f"fiberflow network {command}: {error}", file=sys.stderr)
@@ -125,6 +149,30 @@ def _issue(root_dir: Path, csr: Path, out: Path, days: int) -> int:
     out.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     print(
         f"issued {out}: {certificate.subject.rfc4514_string()}, valid until "
+        f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, serial "
+        f"{certificate.serial_number:x}"
+    )
+    return 0
+
+
+def _issue_tls(root_dir: Path, hosts: list[str], out_cert: Path, out_key: Path, days: int) -> int:
+    authority = RootAuthority.load(root_dir)
+    if out_key.exists():
+        raise NetworkTrustError(f"{out_key} exists: refusing to overwrite a key")
+    key = new_tls_server_key()
+    certificate = authority.issue_tls_server(key.public_key(), hosts, days)
+    write_new_file(
+        out_key,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        0o600,
+    )
+    out_cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    print(
+        f"issued {out_cert} (key {out_key}, mode 0600) for {', '.join(hosts)}, valid until "
         f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, serial "
         f"{certificate.serial_number:x}"
     )

@@ -42,6 +42,7 @@ from messaging.peer_senders import public_address
 from messaging.relay import OutboxStore, Relay
 from messaging.service import MessagingService
 from messaging.signing import MessageSigner
+from messaging.tls import TlsSetupError
 from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
@@ -140,6 +141,11 @@ class NodeProcess:
                 config.network_root, config.certificate, self._identity_cache
             )
         except NetworkTrustError as error:
+            log.error("%s: %s; refusing to start", config.name, error)
+            return EXIT_REFUSED
+        try:
+            config.tls_settings().context()  # the TLS files load, before anything connects
+        except TlsSetupError as error:
             log.error("%s: %s; refusing to start", config.name, error)
             return EXIT_REFUSED
         lease_database = self._open_database()
@@ -261,6 +267,7 @@ class NodeProcess:
             _safe_url(config.transport_url),
             ", ".join(config.cordapps) or "none",
         )
+        log.info("%s: amqps:// connections: %s", config.name, config.tls_settings().describe())
         try:
             self._serve()
         finally:
@@ -277,12 +284,13 @@ class NodeProcess:
         config = self.config
         assert self._identity_cache is not None
         network_map = NetworkMap(config.network_map or Path("network-map"), self.trust.root)
+        tls = config.tls_settings().context
         transport: MessagingService = open_transport(
-            config.transport_url, config.name, consumer_id=self.worker.worker_id
+            config.transport_url, config.name, consumer_id=self.worker.worker_id, tls=tls
         )
         if config.former_inbounds:
             former = [
-                open_transport(url, config.name, consumer_id=self.worker.worker_id)
+                open_transport(url, config.name, consumer_id=self.worker.worker_id, tls=tls)
                 for url in config.former_inbounds
             ]
             transport = InboundSet(transport, former)
@@ -319,6 +327,7 @@ class NodeProcess:
                 self.config.name,
                 signer=signer,
                 credentials=self.config.bridge_credentials,
+                tls=self.config.tls_settings().context,
             )
 
         return build

@@ -36,6 +36,11 @@ required; at start the node checks that its certificate is for its name and key 
 to the root, and refuses to start otherwise. ``certificate`` alone publishes the node-info
 certified and signed without checking others' (a network moving to a root).
 
+Connections to ``amqps://`` addresses (bridges to peers, and the node's own inbound) verify
+the broker's certificate against ``network_root`` only (without one: the system's trust
+store) and its host name, and present ``certificate`` with the key of ``key_file`` as the
+client certificate (:meth:`RuntimeConfig.tls_settings`).
+
 A bad config fails at start with the file and the field named (:class:`ConfigError`).
 """
 
@@ -54,6 +59,7 @@ from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.party import Party
 from messaging.codec import wire_limits_problem
 from messaging.peer_senders import Credentials
+from messaging.tls import TlsSettings
 from messaging.transports import TransportUrlError, transport_scheme
 from persistence.lease import DEFAULT_LEASE_SECONDS
 from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
@@ -134,6 +140,19 @@ class RuntimeConfig:
     former_inbounds: tuple[str, ...] = ()
     """Inbounds this node moved away from: it keeps consuming them (peers may have sent
     there before they saw its new address) until the operator removes them."""
+
+    def tls_settings(self) -> TlsSettings:
+        """What the node's ``amqps://`` connections trust and present (:mod:`messaging.tls`).
+
+        The network root (if any) is the only trust anchor, else the system's trust store;
+        the node's certificate and identity key (if it has a certificate) are its client
+        certificate.
+        """
+        return TlsSettings(
+            trust=self.network_root,
+            certificate=self.certificate,
+            key_file=self.key_file if self.certificate is not None else None,
+        )
 
     def node_config(self) -> NodeConfig:
         """The :class:`NodeConfig` of the node."""

@@ -37,6 +37,7 @@ from messaging.peer_senders import Credentials, PeerSender, open_peer_sender, wi
 from messaging.relay import OutboxStore
 from messaging.service import SESSION_TOPIC, Message, TransportError
 from messaging.signing import MessageSigner
+from messaging.tls import TlsContextFactory
 from statemachine.ports import OutboxRow
 
 __all__ = [
@@ -57,8 +58,8 @@ IDLE_CLOSE_SECONDS = 30.0
 LOOK_AGAIN_SECONDS = 1.0
 """How often an idle bridge looks whether its peer moved or left (and closes if so)."""
 
-SenderFactory = Callable[[str, str], PeerSender]
-"""Opens a sender: (URL with credentials, label) -> :class:`PeerSender`."""
+SenderFactory = Callable[[str, str, TlsContextFactory | None], PeerSender]
+"""Opens a sender: (URL with credentials, label, TLS context factory) -> :class:`PeerSender`."""
 
 
 class PeerDirectory(Protocol):
@@ -96,11 +97,15 @@ class BridgeManager:
         credentials: Mapping[str, Credentials] | None = None,
         open_sender: SenderFactory = open_peer_sender,
         seed: int | None = None,
+        tls: TlsContextFactory | None = None,
     ) -> None:
         """Bridges for the node at ``my_address``, forwarding ``store``'s outbox.
 
         ``credentials`` by peer name (``"*"``: for any peer not named) log into peers'
-        transports; ``open_sender`` opens the connections (tests give a fake).
+        transports; ``tls`` makes the TLS context of connections to ``amqps://`` peers (what
+        their brokers' certificates must chain to, and this node's client certificate;
+        None: the system's trust store); ``open_sender`` opens the connections (tests give
+        a fake).
         """
         self._store = store
         self._directory = directory
@@ -108,6 +113,7 @@ class BridgeManager:
         self._signer = signer
         self._credentials = dict(credentials or {})
         self._open_sender = open_sender
+        self._tls = tls
         self._random = random.Random(seed)
         self._bridges: dict[str, _Bridge] = {}
         self._lock = threading.Lock()
@@ -202,7 +208,7 @@ class BridgeManager:
     def open(self, address: str, peer: str) -> PeerSender:
         """A sender to ``peer``'s inbound at ``address``, logged in for this node."""
         url = with_credentials(address, self.credentials_for(peer))
-        return self._open_sender(url, f"{self.my_address} -> {peer}")
+        return self._open_sender(url, f"{self.my_address} -> {peer}", self._tls)
 
     def prepare(self, row: OutboxRow) -> tuple[Message, str]:
         """The signed transport message of an outbox row."""

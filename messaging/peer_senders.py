@@ -7,7 +7,9 @@ address with the credentials this node was given for the peer's transport, and h
 signed messages for the peer; it never consumes there.
 
 * ``amqp://`` / ``amqps://``: a confirm-mode publisher on the peer's broker; the peer's
-  account needs write on the ``p2p.inbound`` exchange only;
+  account needs write on the ``p2p.inbound`` exchange only. Over ``amqps://`` the broker's
+  certificate is verified with the context the ``tls`` factory makes (the network root, and
+  this node's certificate as client certificate: :mod:`messaging.tls`);
 * ``sqlite:///`` / ``postgresql://``: inserts into the peer's queue table.
 """
 
@@ -20,6 +22,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import attrs
 
 from messaging.service import Message, TransportError
+from messaging.tls import TlsContextFactory
 from messaging.transports import AMQP_SCHEMES, TransportUrlError, transport_scheme
 
 __all__ = [
@@ -77,22 +80,24 @@ def with_credentials(url: str, credentials: Credentials | None) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
 
-def open_peer_sender(url: str, name: str) -> PeerSender:
+def open_peer_sender(url: str, name: str, tls: TlsContextFactory | None = None) -> PeerSender:
     """A sender to the inbound at ``url`` (credentials included); ``name`` labels it.
 
+    ``tls`` makes the context of an ``amqps://`` connection (None: the system's trust store).
     Raises :class:`~messaging.service.TransportError` if the peer's transport cannot be
-    reached now, :class:`~messaging.transports.TransportUrlError` if ``url`` is unusable.
+    reached now (or TLS refused it), :class:`~messaging.transports.TransportUrlError` if
+    ``url`` is unusable.
     """
     scheme = transport_scheme(url)
     if scheme in AMQP_SCHEMES:
-        return _AmqpPeerSender(url, name)
+        return _AmqpPeerSender(url, name, tls)
     return _SqlPeerSender(url)
 
 
 class _AmqpPeerSender:
     """Publishes to the peer broker's ``p2p.inbound`` exchange, confirmed."""
 
-    def __init__(self, url: str, name: str) -> None:
+    def __init__(self, url: str, name: str, tls: TlsContextFactory | None) -> None:
         try:
             from messaging.amqp.publisher import Publisher
             from messaging.amqp.topology import split_options
@@ -101,7 +106,7 @@ class _AmqpPeerSender:
                 f"an AMQP peer needs pika (pip install 'fiberflow[amqp]'): {error}"
             ) from error
         plain, _ = split_options(url)
-        self._publisher = Publisher(plain, f"fiberflow bridge {name}", PEER_RECONNECT_SECONDS)
+        self._publisher = Publisher(plain, f"fiberflow bridge {name}", PEER_RECONNECT_SECONDS, tls)
 
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
         """See :class:`PeerSender`."""

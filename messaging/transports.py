@@ -3,7 +3,8 @@
 * ``sqlite:///path/queue.db``: the SQL queue in a SQLite file shared by the nodes of a host
   (the embedded default);
 * ``postgresql://user@host/db``: the SQL queue on PostgreSQL, for nodes on many hosts;
-* ``amqp://user:password@host:5672/vhost``: RabbitMQ (needs the ``amqp`` extra).
+* ``amqp://user:password@host:5672/vhost``: RabbitMQ (needs the ``amqp`` extra);
+  ``amqps://...:5671/vhost`` for RabbitMQ over TLS.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from messaging.service import MessagingService
+from messaging.tls import TlsContextFactory
 
 SQL_QUEUE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
 AMQP_SCHEMES = ("amqp", "amqps")
@@ -36,12 +38,18 @@ def transport_scheme(url: str) -> str:
 
 
 def open_transport(
-    url: str, address: str, *, synchronous: str = "FULL", consumer_id: str | None = None
+    url: str,
+    address: str,
+    *,
+    synchronous: str = "FULL",
+    consumer_id: str | None = None,
+    tls: TlsContextFactory | None = None,
 ) -> MessagingService:
     """The messaging service at ``url`` for the node whose address is ``address``.
 
     ``consumer_id`` names the consumer to the transport (a node process passes its worker id,
-    so that a process taking over from it can release what it held).
+    so that a process taking over from it can release what it held). ``tls`` makes the TLS
+    context of an ``amqps://`` URL (see :mod:`messaging.tls`).
     """
     scheme = transport_scheme(url)
     if scheme in AMQP_SCHEMES:
@@ -51,7 +59,7 @@ def open_transport(
             raise TransportUrlError(
                 f"{url}: the AMQP transport needs pika (pip install 'fiberflow[amqp]'): {error}"
             ) from error
-        return AmqpMessaging(url, address, consumer_id=consumer_id)
+        return AmqpMessaging(url, address, consumer_id=consumer_id, tls=tls)
     from messaging.sqlqueue import SqlQueueMessaging
 
     return SqlQueueMessaging(url, address, synchronous=synchronous, consumer_id=consumer_id)

@@ -16,6 +16,7 @@ import pytest
 from messaging.bridges import BridgeManager, BridgeStatus
 from messaging.peer_senders import Credentials, public_address, with_credentials
 from messaging.service import Message, TransportError
+from messaging.tls import TlsContextFactory
 from statemachine.ports import OutboxRow
 from tests.waiting import wait_until
 
@@ -63,7 +64,7 @@ class FakePeers:
         self.closed: list[str] = []
         self.lock = threading.Lock()
 
-    def open(self, url: str, label: str) -> FakeSender:
+    def open(self, url: str, label: str, tls: TlsContextFactory | None = None) -> FakeSender:
         with self.lock:
             self.opened.append((url, label))
         return FakeSender(self, url)

@@ -1,7 +1,8 @@
 """Tools for administrators and tests: topology set-up, permissions, dead letters, queues.
 
 Each opens a short-lived connection of its own; pika's errors become
-:class:`~messaging.service.TransportError`.
+:class:`~messaging.service.TransportError`. Those that take ``tls`` use it for the context of
+an ``amqps://`` URL (see :func:`~messaging.amqp.connection.connect`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from messaging.amqp.topology import (
     split_options,
 )
 from messaging.service import TransportError
+from messaging.tls import TlsContextFactory, certificate_refusal
 
 
 def setup_topology(admin_url: str, addresses: Sequence[str]) -> None:
@@ -61,13 +63,14 @@ def peer_account_commands(vhost: str, user: str, password: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _tool_channel(url: str, what: str) -> Iterator[Channel]:
+def _tool_channel(url: str, what: str, tls: TlsContextFactory | None = None) -> Iterator[Channel]:
     """A confirm-mode channel on a short-lived connection; pika errors become TransportError."""
     url, _ = split_options(url)
     try:
-        connection, channel = open_channel(url, f"fiberflow tool: {what}")
+        connection, channel = open_channel(url, f"fiberflow tool: {what}", tls)
     except AMQP_ERRORS as error:
-        raise TransportError(f"cannot reach the broker at {safe_url(url)}: {error!r}") from error
+        problem = certificate_refusal(error) or repr(error)
+        raise TransportError(f"cannot reach the broker at {safe_url(url)}: {problem}") from error
     try:
         yield channel
     except AMQP_ERRORS as error:
@@ -76,14 +79,16 @@ def _tool_channel(url: str, what: str) -> Iterator[Channel]:
         close_quietly(connection)
 
 
-def read_dead_letters(url: str, address: str) -> list[tuple[bytes, str]]:
+def read_dead_letters(
+    url: str, address: str, tls: TlsContextFactory | None = None
+) -> list[tuple[bytes, str]]:
     """(frame, reason) of each dead letter of ``address``, oldest first, leaving them in place.
 
     Every dead letter is fetched without an ack and then rejected back to the queue (it keeps
     its place), so reading is not destructive and may be repeated.
     """
     found: list[tuple[bytes, str]] = []
-    with _tool_channel(url, f"reading the dead letters of {address}") as channel:
+    with _tool_channel(url, f"reading the dead letters of {address}", tls) as channel:
         last_tag = None
         while True:
             method, properties, body = channel.basic_get(dead_letter_queue_name(address))
@@ -101,21 +106,21 @@ def _reason(properties: Any) -> str:
     return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
 
 
-def inject_raw(url: str, address: str, raw: bytes) -> None:
+def inject_raw(url: str, address: str, raw: bytes, tls: TlsContextFactory | None = None) -> None:
     """Publish raw bytes to ``address``'s queue as if a broken sender had sent them (tests)."""
-    with _tool_channel(url, f"injecting into {address}") as channel:
+    with _tool_channel(url, f"injecting into {address}", tls) as channel:
         publish(channel, queue_name(address), raw)
 
 
-def queue_depth(url: str, address: str) -> int:
+def queue_depth(url: str, address: str, tls: TlsContextFactory | None = None) -> int:
     """Messages ready in ``address``'s queue (deliveries a live consumer holds not counted)."""
-    with _tool_channel(url, f"measuring the queue of {address}") as channel:
+    with _tool_channel(url, f"measuring the queue of {address}", tls) as channel:
         declared = channel.queue_declare(queue_name(address), passive=True)
         return int(declared.method.message_count)
 
 
-def delete_queues(url: str, address: str) -> None:
+def delete_queues(url: str, address: str, tls: TlsContextFactory | None = None) -> None:
     """Delete the inbound and dead-letter queues of ``address`` and their messages (tests)."""
-    with _tool_channel(url, f"deleting the queues of {address}") as channel:
+    with _tool_channel(url, f"deleting the queues of {address}", tls) as channel:
         for name in (queue_name(address), dead_letter_queue_name(address)):
             channel.queue_delete(name)

@@ -2,15 +2,21 @@
 
 Everything that talks to the broker (:mod:`messaging.amqp.publisher`,
 :mod:`messaging.amqp.consumer`, :mod:`messaging.amqp.admin`) opens its connections here.
+An ``amqps://`` URL connects with TLS: with the context a :data:`~messaging.tls.TlsContextFactory`
+makes (the node's trust and client certificate), else with the system's trust store; the
+host name of the URL is verified either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import pika
+
+from messaging.tls import TlsContextFactory, TlsSetupError
 
 Connection: TypeAlias = Any
 """A ``pika.BlockingConnection`` (pika ships no type information)."""
@@ -45,9 +51,19 @@ def backoff_seconds(attempt: int) -> float:
     return min(MIN_BACKOFF_SECONDS * 2.0 ** min(max(attempt - 1, 0), 16), MAX_BACKOFF_SECONDS)
 
 
-def connect(url: str, name: str) -> Connection:
-    """One attempt to connect to the broker at ``url``; ``name`` shows in its connection list."""
+def connect(url: str, name: str, tls: TlsContextFactory | None = None) -> Connection:
+    """One attempt to connect to the broker at ``url``; ``name`` shows in its connection list.
+
+    An ``amqps://`` URL uses ``tls`` for its context (None: the system's trust store); the
+    broker's certificate must be valid for the URL's host. ``tls`` is ignored for ``amqp://``.
+    """
     parameters = pika.URLParameters(url)
+    if parameters.ssl_options is not None:
+        try:
+            context = tls() if tls is not None else ssl.create_default_context()
+        except TlsSetupError as error:  # a file gone since start: a failed connection
+            raise pika.exceptions.AMQPConnectionError(str(error)) from error
+        parameters.ssl_options = pika.SSLOptions(context, parameters.host)
     if parameters.blocked_connection_timeout is None:
         parameters.blocked_connection_timeout = BLOCKED_CONNECTION_SECONDS
     parameters.client_properties = {
@@ -57,9 +73,11 @@ def connect(url: str, name: str) -> Connection:
     return pika.BlockingConnection(parameters)
 
 
-def open_channel(url: str, name: str) -> tuple[Connection, Channel]:
-    """A new connection to ``url`` and a channel on it in publisher-confirm mode."""
-    connection = connect(url, name)
+def open_channel(
+    url: str, name: str, tls: TlsContextFactory | None = None
+) -> tuple[Connection, Channel]:
+    """A new connection to ``url`` (see :func:`connect`) and a confirm-mode channel on it."""
+    connection = connect(url, name, tls)
     try:
         channel = connection.channel()
         channel.confirm_delivery()

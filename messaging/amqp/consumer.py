@@ -61,6 +61,7 @@ from messaging.frame import (
     oversized_problem,
 )
 from messaging.service import Message, MessageHandler
+from messaging.tls import TlsContextFactory
 from persistence.bounded import bounded_reason
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
 
@@ -89,7 +90,8 @@ class AmqpMessaging:
     (see :func:`split_options`). ``prefetch`` bounds the deliveries the node
     holds unacknowledged (0: no bound); once it holds that many, the broker sends no more until
     some are acknowledged. ``max_frame_bytes`` is the largest body the node takes (larger ones
-    are dead-lettered).
+    are dead-lettered). ``tls`` makes the context of an ``amqps://`` URL's connections (None:
+    the system's trust store; see :mod:`messaging.tls`).
     """
 
     def __init__(
@@ -101,8 +103,10 @@ class AmqpMessaging:
         reconnect_timeout: float = DEFAULT_RECONNECT_SECONDS,
         consumer_id: str | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        tls: TlsContextFactory | None = None,
     ) -> None:
         url, self._declare = split_options(url)
+        self._tls = tls
         self._consumer_id = consumer_id or uuid.uuid4().hex
         self._max_frame_bytes = max_frame_bytes
         self._url = url
@@ -124,7 +128,7 @@ class AmqpMessaging:
         """Frames this consumer moved to the dead-letter queue."""
         self.reconnects = 0
         """Consumer connections opened after one was lost."""
-        self._publisher = Publisher(url, f"fiberflow publisher {address}", reconnect_timeout)
+        self._publisher = Publisher(url, f"fiberflow publisher {address}", reconnect_timeout, tls)
         if self._declare:
             self._publisher.declare(address)
 
@@ -274,7 +278,9 @@ class AmqpMessaging:
                 self._retire(connection)
 
     def _open_consumer(self) -> tuple[Connection, Channel]:
-        connection, channel = open_channel(self._url, f"fiberflow consumer {self._address}")
+        connection, channel = open_channel(
+            self._url, f"fiberflow consumer {self._address}", self._tls
+        )
         try:
             if self._declare:
                 declare_queues(channel, self._address)
@@ -366,4 +372,4 @@ class AmqpMessaging:
 
     def dead_letters(self) -> list[tuple[bytes, str]]:
         """(frame, reason) of each of this node's dead letters: see :func:`read_dead_letters`."""
-        return read_dead_letters(self._url, self._address)
+        return read_dead_letters(self._url, self._address, self._tls)

@@ -3,7 +3,8 @@
 ``send`` returns once the broker has confirmed, that is, has written the message to disk; a
 pika connection is not thread-safe, so the channel is used under a lock. When the broker goes
 away a send reconnects and re-publishes what was not confirmed for up to ``reconnect_timeout``
-seconds, then raises :class:`~messaging.service.TransportError`.
+seconds, then raises :class:`~messaging.service.TransportError`; at once if TLS refused a
+certificate (the broker's, or this side's): trying again would not help.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from messaging.amqp.connection import (
 )
 from messaging.amqp.topology import declare_queues, publish, queue_name
 from messaging.service import TransportError
+from messaging.tls import TlsContextFactory, certificate_refusal
 
 log = logging.getLogger("fiberflow.amqp")
 
@@ -61,8 +63,16 @@ class Outgoing:
 class Publisher:
     """A confirm-mode channel on its own connection, shared by every sending thread."""
 
-    def __init__(self, url: str, name: str, reconnect_timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        reconnect_timeout: float,
+        tls: TlsContextFactory | None = None,
+    ) -> None:
+        """A publisher to ``url`` (``tls``: the context of ``amqps://`` connections)."""
         self._url = url
+        self._tls = tls
         self._name = name
         self._reconnect_timeout = reconnect_timeout
         self._lock = threading.Lock()
@@ -140,9 +150,14 @@ class Publisher:
         while True:
             attempt += 1
             try:
-                self._connection, self._channel = open_channel(self._url, self._name)
+                self._connection, self._channel = open_channel(self._url, self._name, self._tls)
                 return self._channel
             except AMQP_ERRORS as error:
+                refused = certificate_refusal(error)
+                if refused is not None:
+                    raise TransportError(
+                        f"cannot reach the broker at {safe_url(self._url)} {what}: {refused}"
+                    ) from error
                 delay = backoff_seconds(attempt)
                 if time.monotonic() + delay > deadline:
                     raise TransportError(
