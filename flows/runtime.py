@@ -284,13 +284,19 @@ class NodeProcess:
         config = self.config
         assert self._identity_cache is not None
         network_map = NetworkMap(config.network_map or Path("network-map"), self.trust.root)
-        tls = config.tls_settings().context
+        settings = config.tls_settings()
+        tls = settings.context
         transport: MessagingService = open_transport(
-            config.transport_url, config.name, consumer_id=self.worker.worker_id, tls=tls
+            settings.libpq_url(config.transport_url),
+            config.name,
+            consumer_id=self.worker.worker_id,
+            tls=tls,
         )
         if config.former_inbounds:
             former = [
-                open_transport(url, config.name, consumer_id=self.worker.worker_id, tls=tls)
+                open_transport(
+                    settings.libpq_url(url), config.name, consumer_id=self.worker.worker_id, tls=tls
+                )
                 for url in config.former_inbounds
             ]
             transport = InboundSet(transport, former)
@@ -328,6 +334,7 @@ class NodeProcess:
                 signer=signer,
                 credentials=self.config.bridge_credentials,
                 tls=self.config.tls_settings().context,
+                libpq_tls=self.config.tls_settings().libpq_url,
             )
 
         return build

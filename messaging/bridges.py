@@ -98,14 +98,16 @@ class BridgeManager:
         open_sender: SenderFactory = open_peer_sender,
         seed: int | None = None,
         tls: TlsContextFactory | None = None,
+        libpq_tls: Callable[[str], str] | None = None,
     ) -> None:
         """Bridges for the node at ``my_address``, forwarding ``store``'s outbox.
 
         ``credentials`` by peer name (``"*"``: for any peer not named) log into peers'
         transports; ``tls`` makes the TLS context of connections to ``amqps://`` peers (what
         their brokers' certificates must chain to, and this node's client certificate;
-        None: the system's trust store); ``open_sender`` opens the connections (tests give
-        a fake).
+        None: the system's trust store); ``libpq_tls`` puts this node's TLS files into a
+        PostgreSQL peer's URL (:meth:`~messaging.tls.TlsSettings.libpq_url`);
+        ``open_sender`` opens the connections (tests give a fake).
         """
         self._store = store
         self._directory = directory
@@ -114,6 +116,7 @@ class BridgeManager:
         self._credentials = dict(credentials or {})
         self._open_sender = open_sender
         self._tls = tls
+        self._libpq_tls = libpq_tls
         self._random = random.Random(seed)
         self._bridges: dict[str, _Bridge] = {}
         self._lock = threading.Lock()
@@ -208,6 +211,8 @@ class BridgeManager:
     def open(self, address: str, peer: str) -> PeerSender:
         """A sender to ``peer``'s inbound at ``address``, logged in for this node."""
         url = with_credentials(address, self.credentials_for(peer))
+        if self._libpq_tls is not None:
+            url = self._libpq_tls(url)
         return self._open_sender(url, f"{self.my_address} -> {peer}", self._tls)
 
     def prepare(self, row: OutboxRow) -> tuple[Message, str]:

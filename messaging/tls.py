@@ -21,6 +21,7 @@ import re
 import ssl
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 
@@ -67,6 +68,28 @@ class TlsSettings:
                     f"cannot use them: {_reason(error)}"
                 ) from None
         return context
+
+    def libpq_url(self, url: str) -> str:
+        """``url`` with this node's TLS files, when it is a PostgreSQL URL that verifies.
+
+        A PostgreSQL inbound published with ``sslmode=verify-full`` (or ``verify-ca``) is
+        reached over TLS by libpq, which reads its trust and client certificate from files:
+        this adds ``sslrootcert`` (the network root: the server's certificate must chain to
+        it) and ``sslcert``/``sslkey`` (presented if the server asks) unless the URL names
+        its own. Any other URL is returned unchanged.
+        """
+        parts = urlsplit(url)
+        if not parts.scheme.startswith("postgres"):
+            return url
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        if query.get("sslmode") not in ("verify-ca", "verify-full"):
+            return url
+        if self.trust is not None:
+            query.setdefault("sslrootcert", str(self.trust))
+        if self.certificate is not None and self.key_file is not None:
+            query.setdefault("sslcert", str(self.certificate))
+            query.setdefault("sslkey", str(self.key_file))
+        return urlunsplit(parts._replace(query=urlencode(query)))
 
     def describe(self) -> str:
         """One line for logs: what is trusted and whether a client certificate is presented."""
