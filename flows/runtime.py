@@ -335,6 +335,7 @@ class NodeProcess:
                 credentials=self.config.bridge_credentials,
                 tls=self.config.tls_settings().context,
                 libpq_tls=self.config.tls_settings().libpq_url,
+                require_tls=self.config.require_tls,
             )
 
         return build

@@ -26,6 +26,8 @@
                                              # peer's published inbound)
     former_inbounds = ["amqp://..."]         # optional, p2p: inbounds this node moved away
                                              # from; it drains them until they are removed
+    require_tls = false                      # optional, p2p: send only to peers whose inbound
+                                             # is TLS-verified (amqps://, sslmode=verify-full)
     [bridge_credentials."O=Bob,L=New York,C=US"]   # optional, p2p: how this node logs into
     user = "alice"                                 # a peer's transport ("*": any peer not
     password = "secret"                            # named); the peer's operator made them
@@ -85,6 +87,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "topology": str,
     "bridge_credentials": dict,
     "former_inbounds": list,
+    "require_tls": bool,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -137,6 +140,8 @@ class RuntimeConfig:
     is this node's own inbound and bridges send to each peer's published inbound."""
     bridge_credentials: dict[str, Credentials] = attrs.field(factory=dict)
     """How this node logs into peers' transports, by peer name (``"*"``: any other)."""
+    require_tls: bool = False
+    """Send only to peers whose published inbound is reached over verified TLS."""
     former_inbounds: tuple[str, ...] = ()
     """Inbounds this node moved away from: it keeps consuming them (peers may have sent
     there before they saw its new address) until the operator removes them."""
@@ -276,6 +281,9 @@ def config_from_mapping(
         _resolve_sqlite(url, base) if isinstance(url, str) else url
         for url in document.get("former_inbounds", ())
     )
+    require_tls = document.get("require_tls", False)
+    if require_tls and topology != "p2p":
+        raise fail("require_tls", 'is for topology = "p2p" only')
     if former_inbounds and topology != "p2p":
         raise fail("former_inbounds", 'is for topology = "p2p" only')
     for url in former_inbounds:
@@ -308,6 +316,7 @@ def config_from_mapping(
         topology=topology,
         bridge_credentials=credentials,
         former_inbounds=former_inbounds,
+        require_tls=require_tls,
     )
 
 

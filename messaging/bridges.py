@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
+from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 
@@ -46,6 +47,7 @@ __all__ = [
     "BridgeStatus",
     "PeerDirectory",
     "SenderFactory",
+    "tls_problem",
 ]
 
 log = logging.getLogger("fiberflow.bridges")
@@ -60,6 +62,26 @@ LOOK_AGAIN_SECONDS = 1.0
 
 SenderFactory = Callable[[str, str, TlsContextFactory | None], PeerSender]
 """Opens a sender: (URL with credentials, label, TLS context factory) -> :class:`PeerSender`."""
+
+
+def tls_problem(address: str) -> str | None:
+    """Why ``address`` is not reached over verified TLS, or None if it is.
+
+    ``amqps://`` is (the broker's certificate is verified); ``postgresql://`` is with
+    ``sslmode=verify-full`` or ``verify-ca``; ``sqlite:///`` is a file of this host (no
+    network: nothing to encrypt). Anything else is plain text between organisations.
+    """
+    parts = urlsplit(address)
+    scheme = parts.scheme.lower()
+    if scheme in ("amqps", "sqlite"):
+        return None
+    if scheme.startswith("postgres"):
+        if dict(parse_qsl(parts.query)).get("sslmode") in ("verify-full", "verify-ca"):
+            return None
+        return (
+            "require_tls: the peer's PostgreSQL inbound is not published with sslmode=verify-full"
+        )
+    return f"require_tls: the peer's inbound is {scheme}://, not TLS (amqps://)"
 
 
 class PeerDirectory(Protocol):
@@ -99,6 +121,7 @@ class BridgeManager:
         seed: int | None = None,
         tls: TlsContextFactory | None = None,
         libpq_tls: Callable[[str], str] | None = None,
+        require_tls: bool = False,
     ) -> None:
         """Bridges for the node at ``my_address``, forwarding ``store``'s outbox.
 
@@ -107,7 +130,9 @@ class BridgeManager:
         their brokers' certificates must chain to, and this node's client certificate;
         None: the system's trust store); ``libpq_tls`` puts this node's TLS files into a
         PostgreSQL peer's URL (:meth:`~messaging.tls.TlsSettings.libpq_url`);
-        ``open_sender`` opens the connections (tests give a fake).
+        ``open_sender`` opens the connections (tests give a fake). With ``require_tls``
+        nothing is sent to a peer whose published address is not TLS-verified
+        (:func:`tls_problem`): its rows wait, and its bridge says why.
         """
         self._store = store
         self._directory = directory
@@ -117,6 +142,7 @@ class BridgeManager:
         self._open_sender = open_sender
         self._tls = tls
         self._libpq_tls = libpq_tls
+        self.require_tls = require_tls
         self._random = random.Random(seed)
         self._bridges: dict[str, _Bridge] = {}
         self._lock = threading.Lock()
@@ -195,6 +221,10 @@ class BridgeManager:
                 if self._running:
                     bridge.start()
             return bridge
+
+    def refusal(self, address: str) -> str | None:
+        """Why nothing may be sent to ``address`` under this node's rules, or None."""
+        return tls_problem(address) if self.require_tls else None
 
     def credentials_for(self, peer: str) -> Credentials | None:
         """The credentials this node logs into ``peer``'s transport with."""
@@ -325,6 +355,10 @@ class _Bridge:
         self._said_missing = False
         if address != self._address:
             self._move_to(address)
+        refusal = self._manager.refusal(address)
+        if refusal is not None:
+            self._refused(TransportError(refusal), len(batch))
+            return
         try:
             if self._sender is None:
                 self._sender = self._manager.open(address, self.peer)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from messaging.bridges import BridgeManager, BridgeStatus
+from messaging.bridges import BridgeManager, BridgeStatus, tls_problem
 from messaging.peer_senders import Credentials, public_address, with_credentials
 from messaging.service import Message, TransportError
 from messaging.tls import TlsContextFactory
@@ -293,3 +293,42 @@ def test_credentials_replace_whatever_the_address_carried() -> None:
     assert with_credentials("amqp://old@host/v", Credentials("u", "p")) == "amqp://u:p@host/v"
     assert with_credentials("sqlite:///q.db", Credentials("u", "p")) == "sqlite:///q.db"
     assert with_credentials("amqp://host/v", None) == "amqp://host/v"
+
+
+def test_with_require_tls_a_plain_peer_gets_nothing_and_a_tls_peer_everything(
+    outbox: FakeOutbox, directory: FakeDirectory, peers: FakePeers
+) -> None:
+    directory.addresses[BOB] = "amqps://bob-broker/bob"
+    directory.addresses[CAROL] = "amqp://carol-broker/carol"
+    manager = BridgeManager(outbox, directory, ALICE, open_sender=peers.open, require_tls=True)
+    manager.start()
+    try:
+        commit(outbox, manager, [row("b1", BOB), row("c1", CAROL)])
+        wait_until(lambda: "b1" in outbox.deleted, "Bob (amqps) served", 30)
+        wait_until(
+            lambda: "require_tls" in status_of(manager, CAROL).state,
+            "Carol's bridge to refuse her plain inbound",
+            30,
+        )
+        assert set(outbox.rows) == {"c1"}
+        assert [url for url, _ in peers.opened] == ["amqps://bob-broker/bob"]  # never Carol's
+        directory.addresses[CAROL] = "amqps://carol-broker/carol"  # she moves to TLS
+        wait_until(manager.idle, "Carol served once her inbound is TLS", 30)
+    finally:
+        manager.stop()
+
+
+@pytest.mark.parametrize(
+    ("address", "verified"),
+    [
+        ("amqps://broker/v", True),
+        ("amqp://broker/v", False),
+        ("postgresql://db/q?sslmode=verify-full", True),
+        ("postgresql://db/q?sslmode=verify-ca", True),
+        ("postgresql://db/q?sslmode=require", False),
+        ("postgresql://db/q", False),
+        ("sqlite:////srv/q.db", True),
+    ],
+)
+def test_which_addresses_are_tls_verified(address: str, verified: bool) -> None:
+    assert (tls_problem(address) is None) == verified

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from flows.network_map import NetworkMap
 from flows.network_trust import NetworkRoot
 from flows.party import Party
 from flows.runtime import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
+from messaging.peer_senders import Credentials
 from messaging.sqlqueue import SqlQueueBroker
 from persistence.engine import drop_schema
 from persistence.node_store import FlowRequest
@@ -44,8 +46,13 @@ def unique_name(organisation: str) -> str:
 
 def toml_value(value: object) -> str:
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
     return json.dumps(value)
+
+
+def toml_key(key: str) -> str:
+    """A bare key if TOML allows one, else a quoted key."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def write_config(path: Path, **fields: object) -> Path:
@@ -100,6 +107,34 @@ def test_limits_and_receive_timeout_come_from_the_config(tmp_path: Path) -> None
         ({"limits": {"max_depth": 0}}, "limits", "max_depth must be a positive int"),
         ({"limits": {"max_bytes": 1000}}, "limits", "max_bytes is 1000: session messages need"),
         ({"receive_timeout": -1}, "receive_timeout", "positive seconds"),
+        ({"topology": "mesh"}, "topology", "must be shared or p2p"),
+        ({"require_tls": True}, "require_tls", 'for topology = "p2p" only'),
+        ({"former_inbounds": ["sqlite:///old.db"]}, "former_inbounds", "p2p"),
+        (
+            {"topology": "p2p", "former_inbounds": ["http://old/"]},
+            "former_inbounds",
+            "unsupported transport",
+        ),
+        (
+            {"topology": "p2p", "former_inbounds": ["sqlite:///queue.db"]},
+            "former_inbounds",
+            "lists the current transport_url",
+        ),
+        (
+            {"bridge_credentials": {"*": {"user": "a", "password": "b"}}},
+            "bridge_credentials",
+            'for topology = "p2p" only',
+        ),
+        (
+            {"topology": "p2p", "bridge_credentials": {"Bob": {"user": "a", "password": "b"}}},
+            "bridge_credentials.Bob",
+            "not a node name",
+        ),
+        (
+            {"topology": "p2p", "bridge_credentials": {"*": {"user": "a"}}},
+            "bridge_credentials.*",
+            "exactly 'user' and 'password'",
+        ),
     ],
 )
 def test_a_bad_config_fails_naming_the_field(
@@ -113,6 +148,24 @@ def test_a_bad_config_fails_naming_the_field(
     assert f"field {field!r}" in str(raised.value)
     assert problem in str(raised.value)
     assert str(path) in str(raised.value)
+
+
+def test_a_p2p_config_reads_its_credentials_and_former_inbounds(tmp_path: Path) -> None:
+    path = tmp_path / "alice.toml"
+    write_config(path, **good_fields(tmp_path), topology="p2p", require_tls=True)
+    with path.open("a") as config_file:
+        config_file.write(
+            'former_inbounds = ["sqlite:///old-inbound.db"]\n'
+            '[bridge_credentials."O=Bob,L=New York,C=US"]\nuser = "alice"\npassword = "pw"\n'
+            '[bridge_credentials."*"]\nuser = "anyone"\npassword = "pw2"\n'
+        )
+    config = load_config(path)
+    assert (config.topology, config.require_tls) == ("p2p", True)
+    assert config.former_inbounds == (f"sqlite:///{tmp_path.resolve() / 'old-inbound.db'}",)
+    assert config.bridge_credentials == {
+        "O=Bob,L=New York,C=US": Credentials("alice", "pw"),
+        "*": Credentials("anyone", "pw2"),
+    }
 
 
 def test_a_config_that_is_not_toml_fails_naming_the_file(tmp_path: Path) -> None:
