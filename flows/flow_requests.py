@@ -5,16 +5,23 @@ A client (``fiberflow flow start``, :mod:`flows.client`) writes a row to
 its loop. Each request is claimed in the transaction that commits its flow's first
 checkpoint, or its refusal, so a request is started exactly once. The flow id is the
 request id: a request whose id is already a flow's is only claimed.
+
+:func:`encode_arguments` serializes a flow's constructor arguments for a request (or a local
+start), naming the first argument that cannot be checkpointed.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from flows.cordapps import Cordapps
+from flows.errors import FlowArgumentError
+from flows.flow_logic import FlowLogic
 from flows.party import Party
 from persistence.node_store import ControlPlane, FlowRequest
+from persistence.serialization import PAYLOADS, SerializationError, Serializer
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import FlowToStart, StateMachineManager
@@ -129,3 +136,22 @@ class FlowRequestIntake:
             claim = ClaimFlowRequests((refusal.flow_id,), self._clock.now())
             self._manager.start_flows([], also=(refusal, claim))
         return started
+
+
+def encode_arguments(flow: FlowLogic[Any], payloads: Serializer = PAYLOADS) -> bytes:
+    """Serialize a flow's constructor arguments, naming the first one that cannot be.
+
+    ``payloads`` is the serializer of the node that will run the flow (a client that only
+    records the request uses the default limits).
+    """
+    args, kwargs = flow._ff_args
+    named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
+    named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for label, value in named:
+        try:
+            payloads.encode(value)
+        except SerializationError as error:
+            raise FlowArgumentError(
+                f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
+            ) from None
+    return payloads.encode((list(args), kwargs))

@@ -70,6 +70,10 @@ class NodeIdentity:
         """``message`` signed for ``target`` (see :meth:`MessageSigner.sign`)."""
         return self.signer.sign(message, target)
 
+    def sign_bytes(self, data: bytes) -> bytes:
+        """The node's Ed25519 signature of ``data`` (its node-info, for one)."""
+        return self._key.sign(data)
+
     def mac_key(self) -> bytes:
         """A node-local secret for checkpoint MACs, derived from the private key."""
         raw = self._key.private_bytes(

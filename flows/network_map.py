@@ -33,15 +33,32 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
 from flows.party import Party
 
-if TYPE_CHECKING:
-    from flows.identity import NodeIdentity
-    from flows.network_trust import NetworkRoot
+
+class NodeInfoSigner(Protocol):
+    """What signs a node-info: the node's identity (:class:`~flows.identity.NodeIdentity`)."""
+
+    name: str
+
+    @property
+    def public_key_hex(self) -> str:
+        """The node's public key, as hex."""
+
+    def sign_bytes(self, data: bytes) -> bytes:
+        """The node's signature of ``data``."""
+
+
+class NodeInfoVerifier(Protocol):
+    """What checks a node-info: the network root (:class:`~flows.network_trust.NetworkRoot`)."""
+
+    def verify_node_info(self, info: NodeInfo) -> None:
+        """Return if ``info`` is certified and signed; raise :class:`NodeInfoRejected` if not."""
+
 
 log = logging.getLogger("fiberflow.network_map")
 
@@ -112,14 +129,14 @@ class NodeInfo:
         canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
         return NODE_INFO_SIGNATURE_CONTEXT + canonical.encode()
 
-    def signed_by(self, identity: NodeIdentity) -> NodeInfo:
+    def signed_by(self, identity: NodeInfoSigner) -> NodeInfo:
         """The node-info signed with ``identity``'s key (which must be its own)."""
         if identity.name != self.name:
             raise ValueError(f"node-info of {self.name} cannot be signed by {identity.name}")
         if self.public_key not in (None, identity.public_key_hex):
             raise ValueError(f"node-info of {self.name} names another public key than its signer's")
         unsigned = attrs.evolve(self, public_key=identity.public_key_hex, signature=None)
-        signature = identity.private_key.sign(unsigned.signed_bytes())
+        signature = identity.sign_bytes(unsigned.signed_bytes())
         return attrs.evolve(unsigned, signature=signature.hex())
 
 
@@ -144,12 +161,12 @@ class NetworkMap:
     never stops the others loading.
     """
 
-    def __init__(self, directory: str | Path, root: NetworkRoot | None = None) -> None:
+    def __init__(self, directory: str | Path, root: NodeInfoVerifier | None = None) -> None:
         self.directory = Path(directory)
         self.root = root
         """The network's trust root, or None (every node-info is taken as it is)."""
 
-    def publish(self, info: NodeInfo, identity: NodeIdentity | None = None) -> Path:
+    def publish(self, info: NodeInfo, identity: NodeInfoSigner | None = None) -> Path:
         """Write (or replace) ``info``'s file, signed by ``identity`` if given; returns its path.
 
         The file is stamped with the time (``updated_at``) before it is signed, so the stamp

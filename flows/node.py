@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
@@ -27,14 +27,13 @@ from flows.decorators import flow_class_name_problem
 from flows.effects import FlowEffectRegistry
 from flows.errors import (
     FiberflowError,
-    FlowArgumentError,
     FlowDefinitionError,
     FlowStillRunningError,
     exception_from_error,
 )
 from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
-from flows.flow_requests import FlowRequestIntake
+from flows.flow_requests import FlowRequestIntake, encode_arguments
 from flows.identity import NodeIdentity, PeerKeys
 from flows.operations import OperatorCommands
 from flows.party import Party
@@ -50,7 +49,6 @@ from persistence.node_store import CheckpointSummary
 from persistence.serialization import (
     DEFAULT_LIMITS,
     PAYLOADS,
-    SerializationError,
     SerializationLimits,
     Serializer,
     qualified_name,
@@ -581,31 +579,13 @@ class Node:
         return self.manager.next_deadline()
 
 
-def encode_arguments(flow: FlowLogic[Any], payloads: Serializer = PAYLOADS) -> bytes:
-    """Serialize a flow's constructor arguments, naming the first one that cannot be.
-
-    ``payloads`` is the serializer of the node that will run the flow (a client that only
-    records the request uses the default limits).
-    """
-    args, kwargs = flow._ff_args
-    named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
-    named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-    for label, value in named:
-        try:
-            payloads.encode(value)
-        except SerializationError as error:
-            raise FlowArgumentError(
-                f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
-            ) from None
-    return payloads.encode((list(args), kwargs))
-
-
 __all__ = [
     "FiberflowError",
     "FlowHandle",
     "FlowHospitalizedError",
     "FlowOutcomes",
     "Node",
+    "encode_arguments",
     "NodeDrainingError",
     "NodeStoppedError",
     "UntrustedCheckpointError",
