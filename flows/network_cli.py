@@ -5,6 +5,8 @@
 - ``issue --root-dir DIR --csr FILE --out FILE``: the operator issues the node's certificate;
 - ``issue-tls --root-dir DIR --host H [--host H ...] --out-cert FILE --out-key FILE``: a new
   key (0600) and a TLS server certificate from the root for a broker reachable as those hosts;
+- ``node-info --config node.toml [--out DIR]``: the node's node-info, certified and signed by
+  its key, written without starting the node (to hand to other organisations first);
 - ``verify --root CERT [--network-map DIR]``: each node-info file, accepted or refused.
 
 Errors are one line on stderr and exit status 2; ``verify`` exits 1 if any file is refused.
@@ -33,7 +35,7 @@ from flows.doorman import (
 )
 from flows.identity import KeyFileError, load_or_create_identity
 from flows.network_map import NetworkMap
-from flows.network_trust import NetworkRoot, NetworkTrustError
+from flows.network_trust import NetworkRoot, NetworkTrustError, NodeTrust
 from flows.runtime_config import ConfigError, load_config
 
 __all__ = ["add_network_arguments", "run_network_command"]
@@ -92,6 +94,17 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument(
         "--days", type=int, default=DEFAULT_TLS_DAYS, help=f"validity ({DEFAULT_TLS_DAYS})"
     )
+    node_info = commands.add_parser(
+        "node-info",
+        help="write the node's signed node-info without starting it (node)",
+        description="Write the node's node-info (its name, published inbound, public key and "
+        "certificate), signed by its key, into its network map directory or --out; copy it "
+        "to the other organisations' network maps.",
+    )
+    node_info.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    node_info.add_argument(
+        "--out", type=Path, metavar="DIR", help="directory (default: the config's network_map)"
+    )
     verify = commands.add_parser(
         "verify",
         help="check every node-info of a network map against the root",
@@ -117,6 +130,8 @@ def run_network_command(args: Any) -> int:
             return _issue(args.root_dir, args.csr, args.out, args.days)
         if command == "issue-tls":
             return _issue_tls(args.root_dir, args.host, args.out_cert, args.out_key, args.days)
+        if command == "node-info":
+            return _node_info(args.config, args.out)
         return _verify(args.root, args.network_map)
     except (NetworkTrustError, ConfigError, KeyFileError) as error:
         print(f"fiberflow network {command}: {error}", file=sys.stderr)
@@ -176,6 +191,23 @@ def _issue_tls(root_dir: Path, hosts: list[str], out_cert: Path, out_key: Path, 
         f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, serial "
         f"{certificate.serial_number:x}"
     )
+    return 0
+
+
+def _node_info(config_path: Path, out: Path | None) -> int:
+    config = load_config(config_path)
+    if config.key_file is None:
+        raise ConfigError(f"{config_path}: field 'key_file': not set")
+    identity = load_or_create_identity(config.key_file, config.name)
+    trust = NodeTrust.load(config.network_root, config.certificate, identity)
+    directory = out or config.network_map
+    if directory is None:
+        raise ConfigError(f"{config_path}: field 'network_map': not set and no --out given")
+    info = config.node_info(identity.public_key_hex, trust.certificate)
+    path = NetworkMap(directory).publish(info, identity=identity)
+    certified = "certified, " if trust.certificate is not None else ""
+    print(f"node-info of {config.name} ({certified}signed) written to {path}")
+    print(f"  inbound: {info.transport}")
     return 0
 
 

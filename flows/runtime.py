@@ -31,14 +31,13 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
-from flows.network_map import NetworkMap, NetworkMapError, NodeInfo
+from flows.network_map import NetworkMap, NetworkMapError
 from flows.network_trust import NetworkTrustError, NodeTrust
 from flows.node import Node, RelayFactory
 from flows.peer_directory import NetworkMapDirectory
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
 from messaging.bridges import BridgeManager
 from messaging.inbound_set import InboundSet
-from messaging.peer_senders import public_address
 from messaging.relay import OutboxStore, Relay
 from messaging.service import MessagingService
 from messaging.signing import MessageSigner
@@ -403,16 +402,8 @@ class NodeProcess:
         if self.config.network_map is None:
             return
         network_map = NetworkMap(self.config.network_map, self.trust.root)
-        network_map.publish(
-            NodeInfo(
-                name=self.config.name,
-                address=node.messaging.my_address,
-                transport=public_address(self.config.transport_url),
-                public_key=node.identity.public_key_hex,
-                certificate=self.trust.certificate,
-            ),
-            identity=node.identity,
-        )
+        info = self.config.node_info(node.identity.public_key_hex, self.trust.certificate)
+        network_map.publish(info, identity=node.identity)
         try:
             peers = sorted(set(network_map.nodes()) - {self.config.name})
         except NetworkMapError as error:

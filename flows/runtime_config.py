@@ -56,11 +56,11 @@ from typing import Any
 import attrs
 
 from flows.cordapps import CordappError, Cordapps
-from flows.network_map import node_key
+from flows.network_map import NodeInfo, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.party import Party
 from messaging.codec import wire_limits_problem
-from messaging.peer_senders import Credentials
+from messaging.peer_senders import Credentials, public_address
 from messaging.tls import TlsSettings
 from messaging.transports import TransportUrlError, transport_scheme
 from persistence.lease import DEFAULT_LEASE_SECONDS
@@ -157,6 +157,19 @@ class RuntimeConfig:
             trust=self.network_root,
             certificate=self.certificate,
             key_file=self.key_file if self.certificate is not None else None,
+        )
+
+    def node_info(self, public_key_hex: str, certificate: str | None) -> NodeInfo:
+        """The node's entry in the network map (unsigned): its name, inbound and key.
+
+        The inbound is published without credentials (:func:`public_address`).
+        """
+        return NodeInfo(
+            name=self.name,
+            address=self.name,
+            transport=public_address(self.transport_url),
+            public_key=public_key_hex,
+            certificate=certificate,
         )
 
     def node_config(self) -> NodeConfig:

@@ -13,10 +13,12 @@ import pytest
 from flows.cli import main
 from flows.identity import load_or_create_identity
 from flows.network_map import NetworkMap, NodeInfo
+from flows.network_trust import NetworkRoot
 from flows.runtime_config import load_config
 
 FIBERFLOW = [str(Path(sys.executable).with_name("fiberflow"))]
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
+ROOT_CERT = "root/network-root.cert.pem"
 
 
 def node_config(directory: Path, name: str, short: str) -> Path:
@@ -107,9 +109,42 @@ def test_errors_are_one_line_on_stderr_with_exit_status_2(
 def test_the_console_script_has_help_for_each_network_command() -> None:
     done = subprocess.run([*FIBERFLOW, "network", "--help"], capture_output=True, text=True)
     assert done.returncode == 0
-    for command in ("create-root", "request", "issue", "verify"):
+    for command in ("create-root", "request", "issue", "issue-tls", "node-info", "verify"):
         assert command in done.stdout
     done = subprocess.run(
         [*FIBERFLOW, "network", "issue", "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0 and "--root-dir" in done.stdout and "no intermediate" in done.stdout
+
+
+def test_node_info_writes_the_node_info_signed_without_starting_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["network", "create-root", "--out", "root"]) == 0
+    config = node_config(tmp_path, ALICE, "alice")
+    config.write_text(
+        config.read_text().replace(
+            'transport_url = "sqlite:///queue.db"',
+            'transport_url = "amqp://alice:secret@broker.a.example:5672/alice"\ntopology = "p2p"',
+        )
+    )
+    assert main(["network", "request", "--config", str(config), "--out", "alice.csr"]) == 0
+    issue = ["network", "issue", "--root-dir", "root", "--csr", "alice.csr"]
+    assert main([*issue, "--out", "alice.cert.pem"]) == 0
+    capsys.readouterr()
+    assert main(["network", "node-info", "--config", str(config), "--out", "handed-over"]) == 0
+    assert "certified, signed" in capsys.readouterr().out
+    rooted = NetworkMap(tmp_path / "handed-over", NetworkRoot.load(tmp_path / ROOT_CERT))
+    assert rooted.rejected() == []
+    info = rooted.lookup(ALICE)
+    assert info is not None
+    assert info.transport == "amqp://broker.a.example:5672/alice"  # no credentials published
+    # A certificate that is not the node's own: refused, nothing written.
+    bob_config = node_config(tmp_path, BOB, "bob")
+    (tmp_path / "bob.cert.pem").write_bytes((tmp_path / "alice.cert.pem").read_bytes())
+    capsys.readouterr()
+    assert main(["network", "node-info", "--config", str(bob_config), "--out", "bob-out"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("fiberflow network node-info: ") and len(error.splitlines()) == 1
+    assert not (tmp_path / "bob-out").exists()
