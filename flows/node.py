@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
-
-import attrs
 
 from flows.busy import BusyMonitor
 from flows.cordapps import Cordapps
@@ -35,27 +34,26 @@ from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
 from flows.flow_requests import FlowRequestIntake, encode_arguments
 from flows.identity import NodeIdentity, PeerKeys
+from flows.node_config import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.operations import OperatorCommands
 from flows.party import Party
 from messaging.background_relay import BackgroundOutboxRelay
-from messaging.codec import SessionCodec, wire_limits_problem
+from messaging.codec import SessionCodec
 from messaging.outbox_relay import OutboxRelay
 from messaging.relay import OutboxStore, Relay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
 from messaging.signing import MessageSigner, MessageVerifier
-from persistence.lease import DEFAULT_LEASE_SECONDS, NodeLease, WorkerInfo, application_name
+from persistence.lease import NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
 from persistence.serialization import (
-    DEFAULT_LIMITS,
     PAYLOADS,
-    SerializationLimits,
     Serializer,
     qualified_name,
 )
 from persistence.store import NodeDatabase
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.manager import FlowEnd, StateMachineManager
+from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
 from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 
@@ -69,9 +67,6 @@ log = logging.getLogger("fiberflow.node")
 INCOMPATIBLE_CHECKPOINT = "flows.errors.IncompatibleCheckpointError"
 """The error class recorded for a flow whose checkpoint the installed code cannot resume."""
 
-DEFAULT_RECEIVE_TIMEOUT = 3600.0
-"""A receive waits at most an hour unless the flow or the node config says otherwise."""
-
 
 class SystemClock:
     """The real clock."""
@@ -83,44 +78,6 @@ class SystemClock:
 
 class FlowHospitalizedError(FlowStillRunningError):
     """The flow is kept in the hospital (for example, replay found it non-deterministic)."""
-
-
-@attrs.frozen
-class NodeConfig:
-    """What a node needs to start: its name, database and CorDapps."""
-
-    name: str
-    database_url: str
-    cordapps: tuple[str, ...] = ()
-    synchronous: str = "FULL"
-    database_schema: str | None = None
-    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
-    """Seconds a receive waits when the flow gives no timeout (None: forever)."""
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    """How long the node's lease on its database lasts without renewal (see
-    :mod:`persistence.lease`)."""
-    limits: SerializationLimits = DEFAULT_LIMITS
-    """What payloads and session messages may be (size, depth, lengths), both ways."""
-
-    def __attrs_post_init__(self) -> None:
-        if not self.lease_seconds > 0:
-            raise ValueError(
-                f"node {self.name}: lease_seconds must be positive, not {self.lease_seconds!r}"
-            )
-        if self.receive_timeout is not None and not self.receive_timeout > 0:
-            raise ValueError(
-                f"node {self.name}: receive_timeout must be positive seconds or None, "
-                f"not {self.receive_timeout!r}"
-            )
-        Party(self.name)  # validates the name, naming the problem
-        problem = wire_limits_problem(self.limits)
-        if problem is not None:
-            raise ValueError(f"node {self.name}: {problem}")
-        if not self.database_url or "://" not in self.database_url:
-            raise ValueError(
-                f"node {self.name}: database_url {self.database_url!r} is not a URL "
-                "(for example sqlite:///alice.db)"
-            )
 
 
 class FlowOutcomes(Protocol):
@@ -405,23 +362,34 @@ class Node:
 
     def start_flow(self, flow: FlowLogic[T]) -> FlowHandle[T]:
         """Checkpoint ``flow`` as Unstarted and schedule it; returns its handle at once."""
+        return self.start_flows([flow])[0]
+
+    def start_flows(self, flows: Sequence[FlowLogic[T]]) -> list[FlowHandle[T]]:
+        """Checkpoint several flows as Unstarted in one transaction; their handles, in order.
+
+        Every flow is checked before anything is written: one that cannot be started (not a
+        flow, defined in a function, arguments that cannot be checkpointed) starts none.
+        """
         self._check_running()
         if self.manager.draining:
             raise NodeDrainingError(f"node {self.party} is draining: it starts no new flows")
-        if not isinstance(flow, FlowLogic):
-            raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
-        cls = type(flow)
-        if "<locals>" in cls.__qualname__:
-            raise FlowDefinitionError(
-                f"{cls.__qualname__} is defined inside a function, so a restarted node could "
-                "not find it by name; move it to module level"
-            )
-        problem = flow_class_name_problem(cls)
-        if problem is not None:
-            raise FlowDefinitionError(f"{cls.__qualname__} cannot be started: {problem}")
-        arguments = encode_arguments(flow, self.payloads)
-        flow_id = self.manager.start_flow(qualified_name(cls), arguments, flow)
-        return FlowHandle(self, flow_id)
+        to_start = []
+        for flow in flows:
+            if not isinstance(flow, FlowLogic):
+                raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
+            cls = type(flow)
+            if "<locals>" in cls.__qualname__:
+                raise FlowDefinitionError(
+                    f"{cls.__qualname__} is defined inside a function, so a restarted node "
+                    "could not find it by name; move it to module level"
+                )
+            problem = flow_class_name_problem(cls)
+            if problem is not None:
+                raise FlowDefinitionError(f"{cls.__qualname__} cannot be started: {problem}")
+            arguments = encode_arguments(flow, self.payloads)
+            to_start.append(FlowToStart(uuid.uuid4().hex, qualified_name(cls), arguments, flow))
+        flow_ids = self.manager.start_flows(to_start)
+        return [FlowHandle(self, flow_id) for flow_id in flow_ids]
 
     def start_requested_flows(self, limit: int = 500) -> int:
         """Start flows clients asked for in ``node_flow_requests``; returns how many.
@@ -580,6 +548,7 @@ class Node:
 
 
 __all__ = [
+    "DEFAULT_RECEIVE_TIMEOUT",
     "FiberflowError",
     "FlowHandle",
     "FlowHospitalizedError",

@@ -187,6 +187,16 @@ class MockNode:
             self.restart()
             raise
 
+    def start_flows(self, flows: Sequence[FlowLogic[T]]) -> list[FlowHandle[T]]:
+        """Start several flows in one transaction (see ``Node.start_flows``)."""
+        try:
+            started = self.node.start_flows(flows)
+        except SimulatedCrash:
+            self.crashes += 1
+            self.restart()
+            raise
+        return [FlowHandle(self, handle.flow_id) for handle in started]
+
     def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
         """See ``Node.kill_flow``."""
         self.node.kill_flow(flow_id, reason)

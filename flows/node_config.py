@@ -1,0 +1,51 @@
+"""What a node needs to start (:class:`NodeConfig`), checked when it is made."""
+
+from __future__ import annotations
+
+import attrs
+
+from flows.party import Party
+from messaging.codec import wire_limits_problem
+from persistence.lease import DEFAULT_LEASE_SECONDS
+from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
+
+DEFAULT_RECEIVE_TIMEOUT = 3600.0
+"""A receive waits at most an hour unless the flow or the node config says otherwise."""
+
+
+@attrs.frozen
+class NodeConfig:
+    """What a node needs to start: its name, database and CorDapps."""
+
+    name: str
+    database_url: str
+    cordapps: tuple[str, ...] = ()
+    synchronous: str = "FULL"
+    database_schema: str | None = None
+    receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT
+    """Seconds a receive waits when the flow gives no timeout (None: forever)."""
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    """How long the node's lease on its database lasts without renewal (see
+    :mod:`persistence.lease`)."""
+    limits: SerializationLimits = DEFAULT_LIMITS
+    """What payloads and session messages may be (size, depth, lengths), both ways."""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.lease_seconds > 0:
+            raise ValueError(
+                f"node {self.name}: lease_seconds must be positive, not {self.lease_seconds!r}"
+            )
+        if self.receive_timeout is not None and not self.receive_timeout > 0:
+            raise ValueError(
+                f"node {self.name}: receive_timeout must be positive seconds or None, "
+                f"not {self.receive_timeout!r}"
+            )
+        Party(self.name)  # validates the name, naming the problem
+        problem = wire_limits_problem(self.limits)
+        if problem is not None:
+            raise ValueError(f"node {self.name}: {problem}")
+        if not self.database_url or "://" not in self.database_url:
+            raise ValueError(
+                f"node {self.name}: database_url {self.database_url!r} is not a URL "
+                "(for example sqlite:///alice.db)"
+            )
