@@ -8,8 +8,6 @@ messages are appended to ``FlowState.unsent_outbound`` and inbound ones are note
 
 from __future__ import annotations
 
-import attrs
-
 from statemachine.errors import UnknownSessionError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import InitiateSession, Receive, SessionPayload
@@ -40,6 +38,7 @@ from statemachine.state import (
     SessionState,
     Value,
 )
+from statemachine.values import replace
 
 
 def _session(state: FlowState, session_id: str) -> SessionState:
@@ -50,7 +49,7 @@ def _session(state: FlowState, session_id: str) -> SessionState:
 
 
 def _replace_session(state: FlowState, session: SessionState) -> FlowState:
-    return attrs.evolve(state, checkpoint=state.checkpoint.with_session(session))
+    return replace(state, checkpoint=state.checkpoint.with_session(session))
 
 
 def _usage_error(message: str) -> Raised:
@@ -102,7 +101,7 @@ def _outbound_message(
     message = OutboundSessionMessage(
         message_id(session.session_id, sequence), session.counterparty, outbound
     )
-    return message, attrs.evolve(session, initial_sent=True, next_send_sequence=sequence + 1)
+    return message, replace(session, initial_sent=True, next_send_sequence=sequence + 1)
 
 
 def _queue_outbound(
@@ -110,7 +109,7 @@ def _queue_outbound(
 ) -> tuple[FlowState, SessionState]:
     """Queue the next message from ``session``: the initial message if not yet sent."""
     message, session = _outbound_message(session, body, payload)
-    state = attrs.evolve(state, unsent_outbound=state.unsent_outbound.append(message))
+    state = replace(state, unsent_outbound=state.unsent_outbound.append(message))
     return _replace_session(state, session), session
 
 
@@ -122,7 +121,7 @@ def _queue_many(
         return state
     checkpoint = state.checkpoint.with_sessions(session for _, session in queued)
     outbound = state.unsent_outbound.extend(message for message, _ in queued)
-    return attrs.evolve(state, checkpoint=checkpoint, unsent_outbound=outbound)
+    return replace(state, checkpoint=checkpoint, unsent_outbound=outbound)
 
 
 def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState, Outcome]:
@@ -138,8 +137,8 @@ def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState,
         flow_version=request.flow_version,
         app_name=request.app_name,
     )
-    checkpoint = attrs.evolve(state.checkpoint.with_session(session), next_session_index=index + 1)
-    return attrs.evolve(state, checkpoint=checkpoint), Value(session_id)
+    checkpoint = replace(state.checkpoint.with_session(session), next_session_index=index + 1)
+    return replace(state, checkpoint=checkpoint), Value(session_id)
 
 
 def responder_session(
@@ -248,9 +247,9 @@ def try_receive(state: FlowState, request: Receive) -> tuple[FlowState, Outcome 
         head = session.inbox[0]
         assert isinstance(head, SessionData)
         payloads.append(head.payload)
-        taken.append(attrs.evolve(session, inbox=session.inbox[1:]))
+        taken.append(replace(session, inbox=session.inbox[1:]))
     checkpoint = state.checkpoint.with_sessions(taken)
-    return attrs.evolve(state, checkpoint=checkpoint), Value(tuple(payloads))
+    return replace(state, checkpoint=checkpoint), Value(tuple(payloads))
 
 
 def receive_progress(state: FlowState, request: Receive) -> ReceiveProgress:
@@ -285,9 +284,9 @@ def receive_after_delivery(
         if ready == len(session_ids):
             return try_receive(state, request)
         if ready != progress.ready:
-            progress = attrs.evolve(progress, ready=ready)
+            progress = replace(progress, ready=ready)
     if progress is not state.receive_progress:
-        state = attrs.evolve(state, receive_progress=progress)
+        state = replace(state, receive_progress=progress)
     return state, None
 
 
@@ -302,10 +301,10 @@ def close_sessions(state: FlowState, session_ids: tuple[str, ...]) -> tuple[Flow
         if session.initial_sent and not session.peer_finished():
             message, session = _outbound_message(session, SessionEnd(), None)
             messages.append(message)
-        closed[session_id] = attrs.evolve(session, closed_by_us=True)
+        closed[session_id] = replace(session, closed_by_us=True)
     checkpoint = state.checkpoint.with_sessions(closed.values())
     outbound = state.unsent_outbound.extend(messages)
-    return attrs.evolve(state, checkpoint=checkpoint, unsent_outbound=outbound), Value(None)
+    return replace(state, checkpoint=checkpoint, unsent_outbound=outbound), Value(None)
 
 
 def end_all_sessions(state: FlowState, error: FlowError | None) -> FlowState:
@@ -316,7 +315,7 @@ def end_all_sessions(state: FlowState, error: FlowError | None) -> FlowState:
             continue
         body: SessionBody = SessionEnd() if error is None else SessionErrorBody(error)
         message, session = _outbound_message(session, body, None)
-        queued.append((message, attrs.evolve(session, closed_by_us=True)))
+        queued.append((message, replace(session, closed_by_us=True)))
     return _queue_many(state, queued)
 
 
@@ -335,15 +334,15 @@ def take_in(
     ):
         return state, False
     early = tuple(sorted((*session.early, EarlyMessage(sequence, body)), key=_by_sequence))
-    session = attrs.evolve(session, early=early)
+    session = replace(session, early=early)
     while session.early and session.early[0].sequence == session.next_receive_sequence:
         session = _apply_in_order(session, session.early[0].body)
-        session = attrs.evolve(
+        session = replace(
             session,
             early=session.early[1:],
             next_receive_sequence=session.next_receive_sequence + 1,
         )
-    state = attrs.evolve(state, unrecorded_inbound=state.unrecorded_inbound.append(record))
+    state = replace(state, unrecorded_inbound=state.unrecorded_inbound.append(record))
     return _replace_session(state, session), True
 
 
@@ -353,10 +352,10 @@ def _by_sequence(message: EarlyMessage) -> int:
 
 def _apply_in_order(session: SessionState, body: SessionBody) -> SessionState:
     if isinstance(body, ConfirmSession):
-        return attrs.evolve(
+        return replace(
             session,
             confirmed=True,
             peer_flow_version=body.flow_version,
             peer_app_name=body.app_name,
         )
-    return attrs.evolve(session, inbox=(*session.inbox, body))
+    return replace(session, inbox=(*session.inbox, body))

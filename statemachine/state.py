@@ -35,6 +35,7 @@ from statemachine.session_messages import (
     SessionReject,
 )
 from statemachine.session_table import SessionTable
+from statemachine.values import replace
 
 
 class FlowStatus(enum.Enum):
@@ -212,11 +213,11 @@ class Checkpoint:
 
     def with_session(self, updated: SessionState) -> Checkpoint:
         """A copy with ``updated`` replacing the session of the same id (or appended)."""
-        return attrs.evolve(self, sessions=self.sessions.put(updated))
+        return replace(self, sessions=self.sessions.put(updated))
 
     def with_sessions(self, updated: Iterable[SessionState]) -> Checkpoint:
         """A copy with each of ``updated`` put in as by :meth:`with_session`, built once."""
-        return attrs.evolve(self, sessions=self.sessions.put_many(updated))
+        return replace(self, sessions=self.sessions.put_many(updated))
 
 
 @attrs.frozen

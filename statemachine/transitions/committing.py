@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from statemachine.actions import (
     AcknowledgeMessages,
     Action,
@@ -29,6 +27,7 @@ from statemachine.iorequests import IORequest, Receive
 from statemachine.result import ProcessEvents, TransitionResult, continuation_for
 from statemachine.session_ops import receive_progress
 from statemachine.state import FlowState, FlowStatus, JournalEntry, Outcome, Pending
+from statemachine.values import replace
 
 MAX_UNCOMMITTED_STEPS = 32
 """A live flow that keeps running without blocking commits after at least this many requests."""
@@ -45,8 +44,8 @@ def commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]:
     Each commit of a flow's checkpoint has the next version (bound into its MAC by the
     store, so an older checkpoint put back is told from the newest).
     """
-    checkpoint = attrs.evolve(state.checkpoint, version=state.checkpoint.version + 1)
-    state = attrs.evolve(state, checkpoint=checkpoint)
+    checkpoint = replace(state.checkpoint, version=state.checkpoint.version + 1)
+    state = replace(state, checkpoint=checkpoint)
     in_transaction: list[Action] = [PersistCheckpoint(checkpoint, at)]
     after_commit: list[Action] = []
     in_transaction.extend(record_and_send(state, at, after_commit))
@@ -63,7 +62,7 @@ def commit_due(state: FlowState) -> bool:
 
 def clean(state: FlowState) -> FlowState:
     """``state`` once everything since the last commit is in the transaction's actions."""
-    return attrs.evolve(
+    return replace(
         state, unrecorded_inbound=(), unsent_outbound=(), unrun_effects=(), uncommitted_steps=0
     )
 
@@ -86,14 +85,14 @@ def record_and_send(state: FlowState, at: float, after_commit: list[Action]) -> 
 
 def with_status(state: FlowState, status: FlowStatus, **changes: Any) -> FlowState:
     """``state`` with its checkpoint's status (and any other checkpoint field) changed."""
-    return attrs.evolve(state, checkpoint=attrs.evolve(state.checkpoint, status=status, **changes))
+    return replace(state, checkpoint=replace(state.checkpoint, status=status, **changes))
 
 
 def journal_request(state: FlowState, request: IORequest, outcome: Outcome) -> FlowState:
     """``state`` with ``request`` and its outcome added to the journal (one step more)."""
     entry = JournalEntry(request.signature(), outcome)
-    checkpoint = attrs.evolve(state.checkpoint, journal=state.checkpoint.journal.append(entry))
-    return attrs.evolve(
+    checkpoint = replace(state.checkpoint, journal=state.checkpoint.journal.append(entry))
+    return replace(
         state,
         checkpoint=checkpoint,
         replay_cursor=len(checkpoint.journal),
@@ -105,7 +104,7 @@ def complete(state: FlowState, request: IORequest, outcome: Outcome, at: float) 
     """Journal a completed request and resume the fiber, committing only if overdue."""
     state = journal_request(with_status(state, FlowStatus.RUNNABLE, pending=None), request, outcome)
     if state.receive_progress is not None:
-        state = attrs.evolve(state, receive_progress=None)
+        state = replace(state, receive_progress=None)
     actions: tuple[Action, ...] = ()
     if commit_due(state):
         state, actions = commit(state, at)
@@ -117,7 +116,7 @@ def block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
     progress = None
     if isinstance(pending.request, Receive):
         progress = receive_progress(state, pending.request)
-    state = attrs.evolve(state, receive_progress=progress)
+    state = replace(state, receive_progress=progress)
     state, actions = commit(with_status(state, FlowStatus.SUSPENDED, pending=pending), at)
     if pending.deadline is not None:
         actions = (*actions, ScheduleWakeUp(state.flow_id, pending.deadline))

@@ -10,14 +10,13 @@ taken in. :class:`RetryFlow` (an operator, after a fix) replays it from its stor
 
 from __future__ import annotations
 
-import attrs
-
 from statemachine.actions import RecordStatus
 from statemachine.events import Hospitalize, RestoreFlow, RetryFlow
 from statemachine.result import Abort, TransitionResult
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import commit, with_status
 from statemachine.transitions.starting import restore_flow
+from statemachine.values import replace
 
 
 def hospitalize(state: FlowState, event: Hospitalize) -> TransitionResult:
@@ -46,7 +45,7 @@ def retry(_: FlowState, event: RetryFlow) -> TransitionResult:
         status = FlowStatus.SUSPENDED if checkpoint.pending else FlowStatus.RUNNABLE
         if not checkpoint.journal and checkpoint.pending is None:
             status = FlowStatus.UNSTARTED
-        checkpoint = attrs.evolve(checkpoint, status=status, error=None)
+        checkpoint = replace(checkpoint, status=status, error=None)
     result = restore_flow(None, RestoreFlow(checkpoint, event.at))
     record = RecordStatus(checkpoint.flow_id, checkpoint.status, None)
     return TransitionResult(result.state, (record,), result.continuation)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
-
 from statemachine.events import FlowFailed, FlowFinished, Suspend
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import Plain, Receive, Sleep
@@ -11,6 +9,7 @@ from statemachine.result import Abort, TransitionResult, continuation_for
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import commit, with_status
 from statemachine.transitions.requests import receive, sleep
+from statemachine.values import replace
 
 
 def suspend_replaying(state: FlowState, event: Suspend) -> TransitionResult:
@@ -22,7 +21,7 @@ def suspend_replaying(state: FlowState, event: Suspend) -> TransitionResult:
             return hospitalize_divergence(
                 state, cursor + 1, _describe(entry.signature), request.describe(), event.at
             )
-        state = attrs.evolve(state, replay_cursor=cursor + 1)
+        state = replace(state, replay_cursor=cursor + 1)
         if state.replay_cursor == len(checkpoint.journal) and checkpoint.pending is None:
             state = with_status(state, FlowStatus.RUNNABLE)
         return TransitionResult(state, (), continuation_for(entry.outcome))

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import attrs
-
 from statemachine.events import Suspend
 from statemachine.iorequests import (
     CloseSessions,
@@ -34,6 +32,7 @@ from statemachine.session_ops import (
 )
 from statemachine.state import FlowState, Outcome, Pending, Value
 from statemachine.transitions.committing import block, complete
+from statemachine.values import replace
 
 RequestRule = Callable[[FlowState, Any, float], TransitionResult]
 """A rule for one request kind: ``(state, request, at) -> result``."""
@@ -104,14 +103,12 @@ def _close(state: FlowState, request: CloseSessions) -> tuple[FlowState, Outcome
 
 
 def _progress(state: FlowState, request: SetProgress) -> tuple[FlowState, Outcome]:
-    checkpoint = attrs.evolve(state.checkpoint, progress_step=request.step)
-    return attrs.evolve(state, checkpoint=checkpoint), Value(None)
+    checkpoint = replace(state.checkpoint, progress_step=request.step)
+    return replace(state, checkpoint=checkpoint), Value(None)
 
 
 def _effect(state: FlowState, request: RunInTransaction) -> tuple[FlowState, Outcome]:
-    return attrs.evolve(state, unrun_effects=state.unrun_effects.append(request.ordinal)), Value(
-        None
-    )
+    return replace(state, unrun_effects=state.unrun_effects.append(request.ordinal)), Value(None)
 
 
 def _value(state: FlowState, request: RecordValue) -> tuple[FlowState, Outcome]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
-
 from statemachine.actions import (
     AcknowledgeMessages,
     Action,
@@ -27,6 +25,7 @@ from statemachine.session_messages import (
 )
 from statemachine.session_ops import confirm_session, responder_session
 from statemachine.state import Checkpoint, FlowState, FlowStatus, InitiatedBy, StartedLocally
+from statemachine.values import replace
 
 
 def start_flow(_: None, event: StartFlow) -> TransitionResult:
@@ -40,7 +39,7 @@ def start_flow(_: None, event: StartFlow) -> TransitionResult:
         version=1,
     )
     actions: tuple[Action, ...] = (PersistCheckpoint(checkpoint, event.at),)
-    state = FlowState(checkpoint=attrs.evolve(checkpoint, status=FlowStatus.RUNNABLE))
+    state = FlowState(checkpoint=replace(checkpoint, status=FlowStatus.RUNNABLE))
     return TransitionResult(state, actions, Resume(None))
 
 
@@ -100,7 +99,7 @@ def load_flow(_: None, event: LoadFlow) -> TransitionResult:
     if stored.row_status is kept and checkpoint.status is not kept:
         reason = stored.row_reason or "kept in the hospital"
         error = FlowError(ErrorKind.INTERNAL, KEPT_IN_HOSPITAL, reason)
-        checkpoint = attrs.evolve(checkpoint, status=FlowStatus.HOSPITALIZED, error=error)
+        checkpoint = replace(checkpoint, status=FlowStatus.HOSPITALIZED, error=error)
     return restore_flow(None, RestoreFlow(checkpoint, event.at))
 
 
@@ -113,7 +112,7 @@ def restore_flow(_: None, event: RestoreFlow) -> TransitionResult:
         raise IllegalTransitionError(checkpoint.flow_id, checkpoint.status.value, event)
     replaying = bool(checkpoint.journal) or checkpoint.pending is not None
     status = FlowStatus.REPLAYING if replaying else FlowStatus.RUNNABLE
-    state = FlowState(attrs.evolve(checkpoint, status=status), replay_cursor=0)
+    state = FlowState(replace(checkpoint, status=status), replay_cursor=0)
     return TransitionResult(state, (), Resume(None))
 
 
