@@ -12,6 +12,9 @@ configuration it prints:
   (:mod:`benchmarks.bounds`): the bare greenlet + msgpack hub for checkpoints off, the raw
   sqlite3 batched-commit rate for SQLite ``synchronous=FULL``.
 
+The garbage collector is tuned first, as a node process tunes it once started
+(:func:`flows.gc_tuning.tune_collector`), for the bounds and fiberflow alike.
+
 Configurations: ``off`` (the non-durable in-memory store), ``full`` (SQLite, WAL,
 synchronous=FULL), ``normal`` (synchronous=NORMAL). Run:
 ``python benchmarks/pingpong.py [--flows 2000] [--wave 100] [--configs off full normal]``.
@@ -20,7 +23,6 @@ synchronous=FULL), ``normal`` (synchronous=NORMAL). Run:
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import tempfile
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import event
 
 from benchmarks.bounds import greenlet_pairs_per_second, sqlite_groups_per_second
+from flows.gc_tuning import tune_collector
 from flows.node import FlowHandle
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
@@ -122,7 +125,7 @@ def main() -> None:
     parser.add_argument("--wave", type=int, default=100, help="flows started at a time")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     args = parser.parse_args()
-    gc.collect()
+    tune_collector()  # as a node process does once started (flows/gc_tuning.py)
     bounds = {
         "off": greenlet_pairs_per_second(max(args.flows, 10_000)),
         "full": sqlite_groups_per_second(max(args.flows, 10_000)),

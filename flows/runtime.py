@@ -29,6 +29,7 @@ import attrs
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from flows.busy import BusyMonitor, BusyWatchdog, NodeStopping
+from flows.gc_tuning import tune_collector
 from flows.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network_map import NetworkMap, NetworkMapError
@@ -253,6 +254,7 @@ class NodeProcess:
         config = self.config
         node = self._build_node()
         self._publish(node)
+        tune_collector()  # after start-up: what it built is frozen (flows/gc_tuning.py)
         log.info(
             "%s: started (pid %d, worker %s, lease epoch %d): %d flows restored from %s, %d "
             "outbox messages re-sent; transport %s; cordapps %s",
