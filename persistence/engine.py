@@ -129,9 +129,18 @@ def upsert(connection: Connection, table: Any, rows: Sequence[dict[str, Any]], k
             connection.execute(delete(table).where(table.c[key] == row[key]))
             connection.execute(insert(table).values(**row))
         return
-    statement = module.insert(table)
-    updates = {c.name: statement.excluded[c.name] for c in table.columns if c.name != key}
-    connection.execute(statement.on_conflict_do_update(index_elements=[key], set_=updates), rows)
+    cache_key = (connection.dialect.name, table, key)
+    statement = _UPSERTS.get(cache_key)
+    if statement is None:  # built once per table: building it makes a proxy of every column
+        insert_rows = module.insert(table)
+        updates = {c.name: insert_rows.excluded[c.name] for c in table.columns if c.name != key}
+        statement = insert_rows.on_conflict_do_update(index_elements=[key], set_=updates)
+        _UPSERTS[cache_key] = statement
+    connection.execute(statement, rows)
+
+
+_UPSERTS: dict[tuple[str, Any, str], Any] = {}
+"""Upsert statements by (dialect, table, key): SQLAlchemy statements are immutable values."""
 
 
 _PERMANENT_CONNECT_PROBLEMS = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Union
 
 import attrs
 import msgpack
@@ -103,9 +103,51 @@ class TypeRegistry:
         """True if instances of ``cls`` may be encoded."""
         return self._by_name.get(qualified_name(cls)) is cls
 
+    def allows_named(self, cls: type, name: str) -> bool:
+        """:meth:`allows`, for a ``cls`` whose qualified name the caller knows already."""
+        return self._by_name.get(name) is cls
+
     def names(self) -> list[str]:
         """Sorted names of the registered classes."""
         return sorted(self._by_name)
+
+
+Path = Union[str, tuple[Any, str, Any]]
+"""Where a value is in what is being encoded: the root's name, or (parent, step, key)."""
+
+
+def _text(path: Path) -> str:
+    """A path as the error messages write it: ``value.items[2]``, ``value['k']``, ``value key``."""
+    steps: list[str] = []
+    while isinstance(path, tuple):
+        path, step, key = path
+        if step == "[":
+            steps.append(f"[{key}]")
+        elif step == "[r":
+            steps.append(f"[{key!r}]")
+        elif step == ".":
+            steps.append(f".{key}")
+        else:
+            steps.append(step)
+    return path + "".join(reversed(steps))
+
+
+@attrs.frozen
+class _ObjectPlan:
+    """How instances of one class are encoded: its qualified name, and its init fields."""
+
+    name: str
+    is_enum: bool
+    fields: tuple[str, ...] | None
+    """The attrs ``__init__`` fields in order (None: not an attrs class)."""
+
+    @classmethod
+    def of(cls, kind: type) -> _ObjectPlan:
+        """The plan of ``kind`` (computed once per class by each serializer)."""
+        fields = None
+        if attrs.has(kind):
+            fields = tuple(f.name for f in attrs.fields(kind) if f.init)
+        return cls(qualified_name(kind), issubclass(kind, enum.Enum), fields)
 
 
 class Serializer:
@@ -127,6 +169,7 @@ class Serializer:
         self.what = what
         self._limits = limits
         self._tuple_types = frozenset(tuple_types)
+        self._plans: dict[type, _ObjectPlan] = {}
 
     @property
     def limits(self) -> SerializationLimits:
@@ -214,49 +257,70 @@ class Serializer:
             elif isinstance(item, str) and len(item) > self._limits.max_string_length:
                 raise self._broken("max_string_length", f"{len(item)} characters", False)
 
-    def _to_plain(self, value: Any, depth: int, path: str) -> Any:
+    def _to_plain(self, value: Any, depth: int, path: Path) -> Any:
+        """``value`` as msgpack can take it: registered types as extension values.
+
+        ``path`` says where ``value`` is (for error messages only: it is rendered as text,
+        e.g. ``value.items[2]``, only when something is refused).
+        """
         limits = self._limits
         if depth > limits.max_depth:
             raise self._broken(
-                "max_depth", f"nested deeper than {limits.max_depth} at {path}", True
+                "max_depth", f"nested deeper than {limits.max_depth} at {_text(path)}", True
             )
-        if type(value) is int and not _MSGPACK_INT_RANGE[0] <= value <= _MSGPACK_INT_RANGE[1]:
-            size = (value.bit_length() + 8) // 8
-            return msgpack.ExtType(EXT_BIG_INT, value.to_bytes(size, "big", signed=True))
-        if type(value) is str and len(value) > limits.max_string_length:
-            raise self._broken("max_string_length", f"{len(value)} characters at {path}", True)
-        if type(value) is bytes and len(value) > limits.max_bytes_length:
-            raise self._broken("max_bytes_length", f"{len(value)} bytes at {path}", True)
-        if value is None or type(value) in (bool, int, float, str, bytes):
-            return value
-        if type(value) in self._tuple_types:
-            value = tuple(value)
-        if type(value) in (list, tuple, dict) and len(value) > limits.max_collection_length:
-            raise self._broken("max_collection_length", f"{len(value)} items at {path}", True)
-        if type(value) is list:
-            return [self._to_plain(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
-        if type(value) is tuple:
-            items = [self._to_plain(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value)]
-            return msgpack.ExtType(EXT_TUPLE, self._pack(items))
-        if type(value) is dict:
-            return {
-                self._to_plain(k, depth + 1, f"{path} key"): self._to_plain(
-                    v, depth + 1, f"{path}[{k!r}]"
+        kind = type(value)
+        if kind is str:
+            if len(value) > limits.max_string_length:
+                raise self._broken(
+                    "max_string_length", f"{len(value)} characters at {_text(path)}", True
                 )
-                for k, v in value.items()
-            }
-        cls = type(value)
-        if isinstance(value, enum.Enum) and self.registry.allows(cls):
-            return msgpack.ExtType(EXT_ENUM, self._pack([qualified_name(cls), value.value]))
-        if attrs.has(cls) and self.registry.allows(cls):
+            return value
+        if kind is int:
+            if not _MSGPACK_INT_RANGE[0] <= value <= _MSGPACK_INT_RANGE[1]:
+                size = (value.bit_length() + 8) // 8
+                return msgpack.ExtType(EXT_BIG_INT, value.to_bytes(size, "big", signed=True))
+            return value
+        if kind is bytes:
+            if len(value) > limits.max_bytes_length:
+                raise self._broken("max_bytes_length", f"{len(value)} bytes at {_text(path)}", True)
+            return value
+        if value is None or kind is bool or kind is float:
+            return value
+        if kind in self._tuple_types:
+            value = tuple(value)
+            kind = tuple
+        if kind is list or kind is tuple or kind is dict:
+            if len(value) > limits.max_collection_length:
+                raise self._broken(
+                    "max_collection_length", f"{len(value)} items at {_text(path)}", True
+                )
+            deeper = depth + 1
+            if kind is dict:
+                return {
+                    self._to_plain(k, deeper, (path, " key", None)): self._to_plain(
+                        v, deeper, (path, "[r", k)
+                    )
+                    for k, v in value.items()
+                }
+            items = [self._to_plain(v, deeper, (path, "[", i)) for i, v in enumerate(value)]
+            if kind is list:
+                return items
+            return msgpack.ExtType(EXT_TUPLE, self._pack(items))
+        plan = self._plans.get(kind)
+        if plan is None:
+            plan = _ObjectPlan.of(kind)
+            self._plans[kind] = plan
+        if plan.is_enum and self.registry.allows_named(kind, plan.name):
+            return msgpack.ExtType(EXT_ENUM, self._pack([plan.name, value.value]))
+        if plan.fields is not None and self.registry.allows_named(kind, plan.name):
+            deeper = depth + 1
             fields = [
-                self._to_plain(getattr(value, f.name), depth + 1, f"{path}.{f.name}")
-                for f in attrs.fields(cls)
-                if f.init
+                self._to_plain(getattr(value, name), deeper, (path, ".", name))
+                for name in plan.fields
             ]
-            return msgpack.ExtType(EXT_OBJECT, self._pack([qualified_name(cls), fields]))
+            return msgpack.ExtType(EXT_OBJECT, self._pack([plan.name, fields]))
         raise SerializationError(
-            f"cannot serialize {self.what}: {path} is a {qualified_name(cls)}, which is not "
+            f"cannot serialize {self.what}: {_text(path)} is a {plan.name}, which is not "
             "allowed (allowed: None, bool, int, float, str, bytes, list, tuple, dict and "
             "registered classes; register an attrs class with @flows.serializable)"
         )
