@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from messaging.relay import OutboxStore
+from messaging.relay import OutboxStore, ThreadedRelayBase
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
 from messaging.signing import MessageSigner
 from statemachine.ports import OutboxRow
@@ -33,7 +33,7 @@ MIN_BACKOFF_SECONDS = 0.05
 MAX_BACKOFF_SECONDS = 5.0
 
 
-class BackgroundOutboxRelay:
+class BackgroundOutboxRelay(ThreadedRelayBase):
     """Moves outbox rows to the transport on a background thread (see the module docstring)."""
 
     def __init__(
@@ -88,23 +88,6 @@ class BackgroundOutboxRelay:
             with self._lock:
                 self._outstanding += len(rows)
             self._incoming.put(list(rows))
-
-    def resend_pending(self) -> int:
-        """Queue every row left in the outbox (node start); returns how many there were."""
-        rows = self._store.pending_outbox()
-        self.hand_off(rows)
-        return len(rows)
-
-    def retry_due(self) -> bool:
-        """Retries run on the relay thread; nothing to do on the scheduler's."""
-        return False
-
-    def retry_all_now(self) -> bool:
-        """Not used by node processes (the test network drives the inline relay)."""
-        return False
-
-    def flush(self) -> None:
-        """Deletes happen on the relay thread."""
 
     def waiting(self) -> int:
         """Rows refused by the transport and waiting for a retry."""

@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl, urlsplit
 import attrs
 
 from messaging.peer_senders import Credentials, PeerSender, open_peer_sender, with_credentials
-from messaging.relay import OutboxStore
+from messaging.relay import OutboxStore, ThreadedRelayBase
 from messaging.service import SESSION_TOPIC, Message, TransportError
 from messaging.signing import MessageSigner
 from messaging.tls import TlsContextFactory
@@ -106,7 +106,7 @@ class BridgeStatus:
     """Messages the peer's transport confirmed since the node started."""
 
 
-class BridgeManager:
+class BridgeManager(ThreadedRelayBase):
     """The peer-to-peer outbox relay (see the module docstring)."""
 
     def __init__(
@@ -176,23 +176,6 @@ class BridgeManager:
             by_peer[row.target].append(row)
         for peer, peer_rows in by_peer.items():
             self._bridge(peer).add(peer_rows)
-
-    def resend_pending(self) -> int:
-        """Queue every row left in the outbox (node start); returns how many there were."""
-        rows = self._store.pending_outbox()
-        self.hand_off(rows)
-        return len(rows)
-
-    def retry_due(self) -> bool:
-        """Retries run on the bridges' threads; nothing to do on the scheduler's."""
-        return False
-
-    def retry_all_now(self) -> bool:
-        """Not used by node processes."""
-        return False
-
-    def flush(self) -> None:
-        """Deletes happen on the bridges' threads."""
 
     def waiting(self) -> int:
         """Rows not yet confirmed by their peers' transports."""

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from statemachine.ports import OutboxRow
 
-__all__ = ["OutboxStore", "Relay"]
+__all__ = ["OutboxStore", "Relay", "ThreadedRelayBase"]
 
 
 class OutboxStore(Protocol):
@@ -70,3 +70,36 @@ class Relay(Protocol):
 
     def idle(self) -> bool:
         """True when no row waits for a send, a retry or its delete."""
+
+
+class ThreadedRelayBase:
+    """What a relay running on threads of its own does on the scheduler's side.
+
+    The threaded relays (:class:`~messaging.background_relay.BackgroundOutboxRelay`,
+    :class:`~messaging.bridges.BridgeManager`) send, retry and delete on their own threads:
+    the scheduler's ``retry_due`` and ``flush`` have nothing to do, and a start re-sends
+    what the outbox still holds through ``hand_off``.
+    """
+
+    _store: OutboxStore
+
+    def hand_off(self, rows: Sequence[OutboxRow]) -> None:
+        """Queue committed rows for the relay's threads (each relay says how)."""
+        raise NotImplementedError
+
+    def resend_pending(self) -> int:
+        """Queue every row left in the outbox (node start); returns how many there were."""
+        rows = self._store.pending_outbox()
+        self.hand_off(rows)
+        return len(rows)
+
+    def retry_due(self) -> bool:
+        """Retries run on the relay's threads; nothing to do on the scheduler's."""
+        return False
+
+    def retry_all_now(self) -> bool:
+        """Not used by node processes (the test network drives the inline relay)."""
+        return False
+
+    def flush(self) -> None:
+        """Deletes happen on the relay's threads."""
