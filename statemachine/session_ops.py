@@ -8,6 +8,8 @@ messages are appended to ``FlowState.unsent_outbound`` and inbound ones are note
 
 from __future__ import annotations
 
+from typing import Any
+
 from statemachine.errors import UnknownSessionError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import InitiateSession, Receive, SessionPayload
@@ -48,8 +50,11 @@ def _session(state: FlowState, session_id: str) -> SessionState:
     return session
 
 
-def _replace_session(state: FlowState, session: SessionState) -> FlowState:
-    return replace(state, checkpoint=state.checkpoint.with_session(session))
+def _replace_session(state: FlowState, session: SessionState, **changes: Any) -> FlowState:
+    """``state`` with ``session`` put in its checkpoint and ``changes`` made, one copy each."""
+    checkpoint = state.checkpoint
+    sessions = checkpoint.sessions.put(session)
+    return replace(state, checkpoint=replace(checkpoint, sessions=sessions), **changes)
 
 
 def _usage_error(message: str) -> Raised:
@@ -79,11 +84,12 @@ def error_for_terminal(session: SessionState, item: InboxItem) -> FlowError:
 
 
 def _outbound_message(
-    session: SessionState, body: SessionBody | None, payload: bytes | None
+    session: SessionState, body: SessionBody | None, payload: bytes | None, **changes: Any
 ) -> tuple[OutboundSessionMessage, SessionState]:
     """The next message from ``session`` and the session once it is queued.
 
-    The message is the initial message if the session has not sent that yet.
+    The message is the initial message if the session has not sent that yet. ``changes`` are
+    made to the session in the same copy.
     """
     sequence = session.next_send_sequence
     outbound: InitialSessionMessage | ExistingSessionMessage
@@ -101,7 +107,7 @@ def _outbound_message(
     message = OutboundSessionMessage(
         message_id(session.session_id, sequence), session.counterparty, outbound
     )
-    return message, replace(session, initial_sent=True, next_send_sequence=sequence + 1)
+    return message, replace(session, initial_sent=True, next_send_sequence=sequence + 1, **changes)
 
 
 def _queue_outbound(
@@ -109,19 +115,29 @@ def _queue_outbound(
 ) -> tuple[FlowState, SessionState]:
     """Queue the next message from ``session``: the initial message if not yet sent."""
     message, session = _outbound_message(session, body, payload)
-    state = replace(state, unsent_outbound=state.unsent_outbound.append(message))
-    return _replace_session(state, session), session
+    outbound = state.unsent_outbound.append(message)
+    return _replace_session(state, session, unsent_outbound=outbound), session
 
 
 def _queue_many(
-    state: FlowState, queued: list[tuple[OutboundSessionMessage, SessionState]]
+    state: FlowState,
+    queued: list[tuple[OutboundSessionMessage, SessionState]],
+    checkpoint_changes: dict[str, Any] | None = None,
+    **changes: Any,
 ) -> FlowState:
-    """Queue ``queued``'s messages and put in their sessions, all in one update."""
-    if not queued:
+    """Queue ``queued``'s messages and put in their sessions, all in one update.
+
+    ``checkpoint_changes`` and ``changes`` (of the checkpoint, of the state) are made in the
+    same copies.
+    """
+    if not queued and not checkpoint_changes and not changes:
         return state
-    checkpoint = state.checkpoint.with_sessions(session for _, session in queued)
-    outbound = state.unsent_outbound.extend(message for message, _ in queued)
-    return replace(state, checkpoint=checkpoint, unsent_outbound=outbound)
+    checkpoint = state.checkpoint
+    sessions = checkpoint.sessions.put_many(session for _, session in queued)
+    checkpoint = replace(checkpoint, sessions=sessions, **(checkpoint_changes or {}))
+    if queued:
+        changes["unsent_outbound"] = state.unsent_outbound.extend(m for m, _ in queued)
+    return replace(state, checkpoint=checkpoint, **changes)
 
 
 def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState, Outcome]:
@@ -137,7 +153,10 @@ def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState,
         flow_version=request.flow_version,
         app_name=request.app_name,
     )
-    checkpoint = replace(state.checkpoint.with_session(session), next_session_index=index + 1)
+    checkpoint = state.checkpoint
+    checkpoint = replace(
+        checkpoint, sessions=checkpoint.sessions.put(session), next_session_index=index + 1
+    )
     return replace(state, checkpoint=checkpoint), Value(session_id)
 
 
@@ -299,24 +318,32 @@ def close_sessions(state: FlowState, session_ids: tuple[str, ...]) -> tuple[Flow
         if session.closed_by_us:
             continue
         if session.initial_sent and not session.peer_finished():
-            message, session = _outbound_message(session, SessionEnd(), None)
+            message, session = _outbound_message(session, SessionEnd(), None, closed_by_us=True)
             messages.append(message)
-        closed[session_id] = replace(session, closed_by_us=True)
+        else:
+            session = replace(session, closed_by_us=True)
+        closed[session_id] = session
     checkpoint = state.checkpoint.with_sessions(closed.values())
     outbound = state.unsent_outbound.extend(messages)
     return replace(state, checkpoint=checkpoint, unsent_outbound=outbound), Value(None)
 
 
-def end_all_sessions(state: FlowState, error: FlowError | None) -> FlowState:
-    """On finish (``error`` None) or failure, tell every peer still listening."""
+def end_all_sessions(
+    state: FlowState, told: FlowError | None, **checkpoint_changes: Any
+) -> FlowState:
+    """On finish, or on failure, tell every peer still listening.
+
+    ``told`` is None on finish, else the error the peers learn. ``checkpoint_changes`` (the
+    flow's final status, say) are made in the same copy.
+    """
     queued: list[tuple[OutboundSessionMessage, SessionState]] = []
     for session in state.checkpoint.sessions:
         if session.closed_by_us or not session.initial_sent or session.peer_finished():
             continue
-        body: SessionBody = SessionEnd() if error is None else SessionErrorBody(error)
-        message, session = _outbound_message(session, body, None)
-        queued.append((message, replace(session, closed_by_us=True)))
-    return _queue_many(state, queued)
+        body: SessionBody = SessionEnd() if told is None else SessionErrorBody(told)
+        message, session = _outbound_message(session, body, None, closed_by_us=True)
+        queued.append((message, session))
+    return _queue_many(state, queued, checkpoint_changes)
 
 
 def take_in(
@@ -329,33 +356,33 @@ def take_in(
     """
     session = _session(state, session_id)
     sequence = record.sequence
-    if sequence < session.next_receive_sequence or any(
-        early.sequence == sequence for early in session.early
-    ):
+    expected = session.next_receive_sequence
+    if sequence < expected or any(early.sequence == sequence for early in session.early):
         return state, False
-    early = tuple(sorted((*session.early, EarlyMessage(sequence, body)), key=_by_sequence))
-    session = replace(session, early=early)
-    while session.early and session.early[0].sequence == session.next_receive_sequence:
-        session = _apply_in_order(session, session.early[0].body)
-        session = replace(
-            session,
-            early=session.early[1:],
-            next_receive_sequence=session.next_receive_sequence + 1,
-        )
-    state = replace(state, unrecorded_inbound=state.unrecorded_inbound.append(record))
-    return _replace_session(state, session), True
+    if sequence == expected and not session.early:  # in order: the usual case, one copy
+        session = _apply_in_order(session, body, next_receive_sequence=expected + 1)
+    else:
+        early = sorted((*session.early, EarlyMessage(sequence, body)), key=_by_sequence)
+        while early and early[0].sequence == expected:
+            session = _apply_in_order(session, early.pop(0).body)
+            expected += 1
+        session = replace(session, early=tuple(early), next_receive_sequence=expected)
+    inbound = state.unrecorded_inbound.append(record)
+    return _replace_session(state, session, unrecorded_inbound=inbound), True
 
 
 def _by_sequence(message: EarlyMessage) -> int:
     return message.sequence
 
 
-def _apply_in_order(session: SessionState, body: SessionBody) -> SessionState:
+def _apply_in_order(session: SessionState, body: SessionBody, **changes: Any) -> SessionState:
+    """``session`` once ``body``, the next in order, is taken in (and ``changes`` made)."""
     if isinstance(body, ConfirmSession):
         return replace(
             session,
             confirmed=True,
             peer_flow_version=body.flow_version,
             peer_app_name=body.app_name,
+            **changes,
         )
-    return replace(session, inbox=(*session.inbox, body))
+    return replace(session, inbox=(*session.inbox, body), **changes)

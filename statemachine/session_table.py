@@ -8,6 +8,11 @@ amortized O(1)); replacing many at once goes through pyrsistent's evolvers, whic
 changed trie node once. A session never leaves the table and never moves, so the index is
 only ever added to.
 
+Most flows have one or two sessions. Up to :data:`SMALL_TABLE` sessions the table has no
+index: a lookup compares the ids of at most that many sessions, which costs less than one
+lookup in pyrsistent's map (written in Python); the index is built once the table grows past
+that size.
+
 The table compares equal to (and hashes like, and is serialized as) the tuple of its
 sessions; the index is derived and takes no part in equality.
 """
@@ -30,6 +35,9 @@ class HasSessionId(Protocol):
 
 S = TypeVar("S", bound=HasSessionId)
 
+SMALL_TABLE = 8
+"""Up to this many sessions a table is searched in order instead of through an index."""
+
 
 class SessionTable(Sequence[S], Generic[S]):
     """Sessions in order, with O(log n) lookup, replacement and append by session id."""
@@ -37,7 +45,8 @@ class SessionTable(Sequence[S], Generic[S]):
     __slots__ = ("_hash", "_items", "_positions")
 
     _items: PVector[S]
-    _positions: PMap[str, int]
+    _positions: PMap[str, int] | None
+    """Position by session id; None while the table has at most :data:`SMALL_TABLE` items."""
     _hash: int | None
 
     def __init__(self, sessions: Iterable[S] = ()) -> None:
@@ -51,7 +60,8 @@ class SessionTable(Sequence[S], Generic[S]):
                 items.append(session)
             else:
                 items[position] = session
-        self._items, self._positions, self._hash = pvector(items), pmap(positions), None
+        self._items, self._hash = pvector(items), None
+        self._positions = pmap(positions) if len(items) > SMALL_TABLE else None
 
     @classmethod
     def of(cls, sessions: Iterable[S]) -> SessionTable[S]:
@@ -61,32 +71,45 @@ class SessionTable(Sequence[S], Generic[S]):
         return cls(sessions)
 
     @classmethod
-    def _make(cls, items: PVector[S], positions: PMap[str, int]) -> SessionTable[S]:
+    def _make(cls, items: PVector[S], positions: PMap[str, int] | None) -> SessionTable[S]:
+        if positions is None and len(items) > SMALL_TABLE:  # grown past small: index it once
+            positions = pmap({session.session_id: i for i, session in enumerate(items)})
         table: SessionTable[S] = cls.__new__(cls)
         table._items, table._positions, table._hash = items, positions, None
         return table
 
+    def _position(self, session_id: str) -> int | None:
+        """Where the session with this id is, or None."""
+        if self._positions is not None:
+            return self._positions.get(session_id)
+        for position, session in enumerate(self._items):
+            if session.session_id == session_id:
+                return position
+        return None
+
     def get(self, session_id: str) -> S | None:
         """The session with this id, or None."""
-        position = self._positions.get(session_id)
+        position = self._position(session_id)
         return None if position is None else self._items[position]
 
     def put(self, session: S) -> SessionTable[S]:
         """A table with ``session`` replacing the one of the same id (or appended)."""
-        position = self._positions.get(session.session_id)
+        position = self._position(session.session_id)
+        positions = self._positions
         if position is None:
-            positions = self._positions.set(session.session_id, len(self._items))
+            if positions is not None:
+                positions = positions.set(session.session_id, len(self._items))
             return self._make(self._items.append(session), positions)
-        return self._make(self._items.set(position, session), self._positions)
+        return self._make(self._items.set(position, session), positions)
 
     def put_many(self, sessions: Iterable[S]) -> SessionTable[S]:
         """``put`` of each of ``sessions`` in order, built in one pass (O(k log n) for k)."""
         items = self._items.evolver()
         added: dict[str, int] = {}
         for session in sessions:
-            position = self._positions.get(session.session_id)
+            position = added.get(session.session_id)
             if position is None:
-                position = added.get(session.session_id)
+                position = self._position(session.session_id)
             if position is None:
                 added[session.session_id] = len(items)
                 items.append(session)
@@ -94,7 +117,9 @@ class SessionTable(Sequence[S], Generic[S]):
                 items[position] = session
         if not items.is_dirty():
             return self
-        positions = self._positions.update(added) if added else self._positions
+        positions = self._positions
+        if positions is not None and added:
+            positions = positions.update(added)
         return self._make(items.persistent(), positions)
 
     # --- sequence and value semantics ---------------------------------------------------

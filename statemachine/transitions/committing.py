@@ -38,18 +38,35 @@ this: each commit then comes once the checkpoint has grown by a third since the 
 so the bytes encoded by all commits of a flow are a small multiple of its final checkpoint."""
 
 
-def commit(state: FlowState, at: float) -> tuple[FlowState, tuple[Action, ...]]:
+def commit(
+    state: FlowState,
+    at: float,
+    checkpoint_changes: dict[str, Any] | None = None,
+    **state_changes: Any,
+) -> tuple[FlowState, tuple[Action, ...]]:
     """Persist the checkpoint with everything since the last commit; clear the pending work.
 
-    Each commit of a flow's checkpoint has the next version (bound into its MAC by the
-    store, so an older checkpoint put back is told from the newest).
+    ``checkpoint_changes`` (checkpoint fields) and ``state_changes`` (``FlowState`` fields)
+    are made in the same step, so the checkpoint and the state are each copied once. Each
+    commit of a flow's checkpoint has the next version (bound into its MAC by the store, so
+    an older checkpoint put back is told from the newest).
     """
-    checkpoint = replace(state.checkpoint, version=state.checkpoint.version + 1)
-    state = replace(state, checkpoint=checkpoint)
+    old = state.checkpoint
+    checkpoint = replace(old, version=old.version + 1, **(checkpoint_changes or {}))
     in_transaction: list[Action] = [PersistCheckpoint(checkpoint, at)]
     after_commit: list[Action] = []
     in_transaction.extend(record_and_send(state, at, after_commit))
-    return clean(state), tuple(in_transaction + after_commit)
+    state = replace(state, checkpoint=checkpoint, **_CLEAN, **state_changes)
+    return state, tuple(in_transaction + after_commit)
+
+
+_CLEAN: dict[str, Any] = {
+    "unrecorded_inbound": (),
+    "unsent_outbound": (),
+    "unrun_effects": (),
+    "uncommitted_steps": 0,
+}
+"""The ``FlowState`` fields a commit empties: what it wrote."""
 
 
 def commit_due(state: FlowState) -> bool:
@@ -60,11 +77,9 @@ def commit_due(state: FlowState) -> bool:
     return state.uncommitted_steps >= due
 
 
-def clean(state: FlowState) -> FlowState:
+def clean(state: FlowState, **changes: Any) -> FlowState:
     """``state`` once everything since the last commit is in the transaction's actions."""
-    return replace(
-        state, unrecorded_inbound=(), unsent_outbound=(), unrun_effects=(), uncommitted_steps=0
-    )
+    return replace(state, **_CLEAN, **changes)
 
 
 def record_and_send(state: FlowState, at: float, after_commit: list[Action]) -> list[Action]:
@@ -88,23 +103,29 @@ def with_status(state: FlowState, status: FlowStatus, **changes: Any) -> FlowSta
     return replace(state, checkpoint=replace(state.checkpoint, status=status, **changes))
 
 
-def journal_request(state: FlowState, request: IORequest, outcome: Outcome) -> FlowState:
-    """``state`` with ``request`` and its outcome added to the journal (one step more)."""
+def journal_request(
+    state: FlowState, request: IORequest, outcome: Outcome, **checkpoint_changes: Any
+) -> FlowState:
+    """``state`` with ``request`` and its outcome added to the journal (one step more).
+
+    ``checkpoint_changes`` are made to the checkpoint in the same copy.
+    """
     entry = JournalEntry(request.signature(), outcome)
-    checkpoint = replace(state.checkpoint, journal=state.checkpoint.journal.append(entry))
+    old = state.checkpoint
+    journal = old.journal.append(entry)
+    checkpoint = replace(old, journal=journal, **checkpoint_changes)
     return replace(
         state,
         checkpoint=checkpoint,
-        replay_cursor=len(checkpoint.journal),
+        replay_cursor=len(journal),
         uncommitted_steps=state.uncommitted_steps + 1,
+        receive_progress=None,
     )
 
 
 def complete(state: FlowState, request: IORequest, outcome: Outcome, at: float) -> TransitionResult:
     """Journal a completed request and resume the fiber, committing only if overdue."""
-    state = journal_request(with_status(state, FlowStatus.RUNNABLE, pending=None), request, outcome)
-    if state.receive_progress is not None:
-        state = replace(state, receive_progress=None)
+    state = journal_request(state, request, outcome, status=FlowStatus.RUNNABLE, pending=None)
     actions: tuple[Action, ...] = ()
     if commit_due(state):
         state, actions = commit(state, at)
@@ -116,8 +137,12 @@ def block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
     progress = None
     if isinstance(pending.request, Receive):
         progress = receive_progress(state, pending.request)
-    state = replace(state, receive_progress=progress)
-    state, actions = commit(with_status(state, FlowStatus.SUSPENDED, pending=pending), at)
+    state, actions = commit(
+        state,
+        at,
+        {"status": FlowStatus.SUSPENDED, "pending": pending},
+        receive_progress=progress,
+    )
     if pending.deadline is not None:
         actions = (*actions, ScheduleWakeUp(state.flow_id, pending.deadline))
     return TransitionResult(state, actions, ProcessEvents())

@@ -8,7 +8,7 @@ from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.result import Abort, TransitionResult
 from statemachine.session_ops import end_all_sessions
 from statemachine.state import FlowState, FlowStatus
-from statemachine.transitions.committing import clean, record_and_send, with_status
+from statemachine.transitions.committing import clean, record_and_send
 
 FLOW_KILLED_EXCEPTION = "flows.errors.FlowKilledException"
 """The error a killed flow's handle raises."""
@@ -16,8 +16,7 @@ FLOW_KILLED_EXCEPTION = "flows.errors.FlowKilledException"
 
 def finish(state: FlowState, event: FlowFinished) -> TransitionResult:
     """``call()`` returned: end every session, store the result, remove the checkpoint."""
-    state = end_all_sessions(state, None)
-    state = with_status(state, FlowStatus.COMPLETED)
+    state = end_all_sessions(state, None, status=FlowStatus.COMPLETED)
     flow_id, flow_class = state.flow_id, state.checkpoint.flow_class
     after_commit: list[Action] = []
     actions: list[Action] = [
@@ -33,8 +32,7 @@ def fail(state: FlowState, event: FlowFailed) -> TransitionResult:
     told_peers = event.error
     if told_peers.kind is not ErrorKind.FLOW_EXCEPTION:
         told_peers = FlowError(ErrorKind.UNEXPECTED_END, "", "", told_peers.error_id)
-    state = end_all_sessions(state, told_peers)
-    state = with_status(state, FlowStatus.FAILED, error=event.error)
+    state = end_all_sessions(state, told_peers, status=FlowStatus.FAILED, error=event.error)
     flow_id, flow_class = state.flow_id, state.checkpoint.flow_class
     after_commit: list[Action] = []
     actions: list[Action] = [
