@@ -29,6 +29,10 @@ VECTOR_TYPE: type = type(pvector())
 """The concrete class of pyrsistent's vectors (the C extension's when it is built)."""
 
 
+EMPTY_VECTOR: PVector[object] = pvector()
+"""The empty vector (immutable, so shared): what a commit leaves in the state's queues."""
+
+
 def vector_of(items: Iterable[T]) -> PVector[T]:
     """``items`` itself if it is already a persistent vector (O(1)), else a new one (O(n)).
 
@@ -39,4 +43,6 @@ def vector_of(items: Iterable[T]) -> PVector[T]:
     """
     if type(items) is VECTOR_TYPE:
         return cast("PVector[T]", items)
+    if items == ():
+        return cast("PVector[T]", EMPTY_VECTOR)
     return pvector(items)

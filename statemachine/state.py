@@ -120,7 +120,7 @@ class EarlyMessage:
     body: SessionBody
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)  # see statemachine.values
 class SessionState:
     """One session as seen from our flow."""
 
@@ -172,7 +172,7 @@ def _journal(entries: Iterable[JournalEntry]) -> PVector[JournalEntry]:
     return vector_of(entries)
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)  # see statemachine.values
 class Checkpoint:
     """Everything about a flow that must survive a crash.
 
@@ -220,7 +220,7 @@ class Checkpoint:
         return replace(self, sessions=self.sessions.put_many(updated))
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)  # see statemachine.values
 class ReceiveProgress:
     """How far a flow suspended on a receive has got: derived, never stored.
 
@@ -278,7 +278,7 @@ class StoredFlow:
         )
 
 
-@attrs.frozen
+@attrs.frozen(weakref_slot=False)  # see statemachine.values
 class FlowState:
     """A checkpoint plus what happened since it was last committed."""
 

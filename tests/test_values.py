@@ -60,3 +60,35 @@ def test_replace_on_the_checkpoint_matches_evolve() -> None:
         assert replace(checkpoint, **changes) == attrs.evolve(checkpoint, **changes)
     with_session = replace(checkpoint, sessions=[session])
     assert with_session.session("s1") == session  # the converter built the session table
+
+
+@attrs.frozen(weakref_slot=False)
+class Built:
+    name: str
+    items: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    positive: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+
+
+@pytest.mark.parametrize("cls", [Built, Converted])
+def test_a_replaced_value_is_a_frozen_instance_of_its_class_either_way(cls: type) -> None:
+    # Built has no __weakref__ slot: replace builds it through a builder class and assigns
+    # its __class__; Converted has one, so replace sets its fields with object.__setattr__.
+    value = cls("a", [1, 2], 3)
+    changed = replace(value, items=[4], positive=5)
+    assert type(changed) is cls
+    assert changed == attrs.evolve(value, items=[4], positive=5) == cls("a", (4,), 5)
+    assert hash(changed) == hash(cls("a", (4,), 5))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        changed.name = "b"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="must be > 0"):
+        replace(value, positive=0)
+    assert value == cls("a", (1, 2), 3)  # the original is untouched
+
+
+def test_the_flow_state_classes_are_built_without_object_setattr() -> None:
+    from statemachine import values
+    from statemachine.state import FlowState, ReceiveProgress
+
+    for cls in (FlowState, Checkpoint, SessionState, ReceiveProgress):
+        assert values._builder(cls) is not None, cls
+    assert values._builder(Converted) is None  # a __weakref__ slot: another layout

@@ -24,6 +24,7 @@ from statemachine.actions import (
     WriteOutbox,
 )
 from statemachine.iorequests import IORequest, Receive
+from statemachine.persistent import EMPTY_VECTOR
 from statemachine.result import ProcessEvents, TransitionResult, continuation_for
 from statemachine.session_ops import receive_progress
 from statemachine.state import FlowState, FlowStatus, JournalEntry, Outcome, Pending
@@ -61,9 +62,9 @@ def commit(
 
 
 _CLEAN: dict[str, Any] = {
-    "unrecorded_inbound": (),
-    "unsent_outbound": (),
-    "unrun_effects": (),
+    "unrecorded_inbound": EMPTY_VECTOR,
+    "unsent_outbound": EMPTY_VECTOR,
+    "unrun_effects": EMPTY_VECTOR,
     "uncommitted_steps": 0,
 }
 """The ``FlowState`` fields a commit empties: what it wrote."""
