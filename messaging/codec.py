@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import attrs
 
+from messaging.wire_format import is_wire_format, pack_message, unpack_message
 from persistence.serialization import (
     DEFAULT_LIMITS,
     SerializationError,
@@ -108,18 +109,36 @@ class SessionCodec:
         return fits - ENVELOPE_HEADROOM
 
     def encode(self, message: SessionMessage) -> bytes:
-        """The bytes a session message travels as."""
-        return self._serializer.encode(message)
+        """The bytes a session message travels as (:mod:`messaging.wire_format`)."""
+        data = pack_message(message)
+        if len(data) > self.limits.max_bytes:
+            raise SerializationError(
+                f"cannot serialize session message: {len(data)} bytes encoded, over the "
+                f"limit max_bytes ({self.limits.max_bytes})"
+            )
+        return data
 
     def decode(self, data: bytes) -> SessionMessage:
         """Parse bytes from the wire; raises SerializationError naming what is wrong with them.
 
-        Beyond decoding with the allow-list, the message must satisfy its class's field rules
-        (:meth:`~statemachine.wire_fields.WirePart.validate`): every field of its declared
-        type, every text field within its limit (ids and class names non-empty) without a NUL
-        character, the sequence number in ``0..MAX_SEQUENCE``.
+        Messages in the wire format (:mod:`messaging.wire_format`) are read by position;
+        messages of the first format (written before it, say in an outbox) with the
+        allow-list serializer. Either way the message must then satisfy its class's field
+        rules (:meth:`~statemachine.wire_fields.WirePart.validate`): every field of its
+        declared type, every text field within its limit (ids and class names non-empty)
+        without a NUL character, the sequence number in ``0..MAX_SEQUENCE``.
         """
-        decoded = self._serializer.decode(data)
+        if not isinstance(data, bytes):
+            raise SerializationError("cannot deserialize session message: not bytes")
+        if len(data) > self.limits.max_bytes:
+            raise SerializationError(
+                f"cannot deserialize session message: {len(data)} bytes received, over the "
+                f"limit max_bytes ({self.limits.max_bytes})"
+            )
+        if is_wire_format(data):
+            decoded = unpack_message(data, self.limits)
+        else:
+            decoded = self._serializer.decode(data)
         if not isinstance(decoded, (InitialSessionMessage, ExistingSessionMessage)):
             raise SerializationError(f"not a session message: {type(decoded).__name__}")
         try:

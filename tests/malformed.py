@@ -25,6 +25,7 @@ from flows.testing import MockNetwork
 from messaging.codec import WIRE_TYPES, encode_session_message
 from messaging.frame import FRAME_VERSION
 from messaging.service import SESSION_TOPIC, Message
+from messaging.wire_format import WIRE_FORMAT, pack_message
 from persistence.serialization import Serializer
 from samples.pingpong import PingFlow
 from statemachine import flow_error, session_messages
@@ -106,9 +107,12 @@ def inbound_garbage(draw: st.DrawFn) -> Injection:
         )
         cut = draw(st.integers(0, len(good) - 1))
         return _frame(draw, good[:cut] if draw(st.booleans()) else draw(st.binary(max_size=60)))
+    # Messages with broken fields, in either format a node reads: the wire format
+    # (messaging.wire_format, what nodes send) or the first, allow-list one.
+    encode = draw(st.sampled_from([pack_message, _LOOSE.encode]))
     if kind == 2:
         message = ExistingSessionMessage(draw(session_ids), draw(sequences), draw(bodies))
-        return _frame(draw, _LOOSE.encode(message))
+        return _frame(draw, encode(message))
     if kind == 3:
         message = InitialSessionMessage(
             draw(session_ids | anything),
@@ -117,7 +121,7 @@ def inbound_garbage(draw: st.DrawFn) -> Injection:
             draw(anything),
             draw(anything),
         )
-        return _frame(draw, _LOOSE.encode(message))
+        return _frame(draw, encode(message))
     if kind == 4:  # a registered type that is not a session message, or a plain value
         value = draw(
             st.builds(
@@ -129,6 +133,9 @@ def inbound_garbage(draw: st.DrawFn) -> Injection:
             | anything
         )
         return _frame(draw, _LOOSE.encode(value))
+    if draw(st.booleans()):  # arrays that claim the wire format, with anything after
+        tail = draw(st.lists(anything | st.lists(anything, max_size=6), max_size=8))
+        return _frame(draw, msgpack.packb([WIRE_FORMAT, *tail], use_bin_type=True))
     return _frame(draw, msgpack.packb(draw(anything), use_bin_type=True))
 
 
