@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from threading import get_ident
 from types import FrameType
 
 import attrs
@@ -62,29 +63,46 @@ class Running:
         return time.monotonic() - self.since
 
 
+_Mark = tuple[str, str, float, int, int]
+"""What :class:`BusyMonitor` keeps of the running flow: a :class:`Running`'s fields."""
+
+
 class BusyMonitor:
-    """Which flow's code the scheduler thread runs now (set by the fibers and effects)."""
+    """Which flow's code the scheduler thread runs now (set by the fibers and effects).
+
+    It is told at every switch into flow code, so it keeps a plain tuple (replaced whole, so
+    another thread always reads a consistent one) and makes the :class:`Running` only when
+    asked.
+    """
 
     def __init__(self) -> None:
-        self._current: Running | None = None
+        self._current: _Mark | None = None
         self._runs = 0
+
+    def enter(self, flow_id: str, flow_class: str) -> _Mark | None:
+        """Mark ``flow_id``'s code as running; returns what to hand :meth:`leave` after it."""
+        outer = self._current
+        self._runs += 1
+        self._current = (flow_id, flow_class, time.monotonic(), get_ident(), self._runs)
+        return outer
+
+    def leave(self, outer: _Mark | None) -> None:
+        """The code marked by the :meth:`enter` that returned ``outer`` is no longer running."""
+        self._current = outer
 
     @contextlib.contextmanager
     def running(self, flow_id: str, flow_class: str) -> Iterator[None]:
         """Mark ``flow_id``'s code as running for the duration of the block."""
-        outer = self._current
-        self._runs += 1
-        self._current = Running(
-            flow_id, flow_class, time.monotonic(), threading.get_ident(), self._runs
-        )
+        outer = self.enter(flow_id, flow_class)
         try:
             yield
         finally:
-            self._current = outer
+            self.leave(outer)
 
     def current(self) -> Running | None:
         """The flow running now, if any (safe to read from any thread)."""
-        return self._current
+        mark = self._current
+        return None if mark is None else Running(*mark)
 
 
 def where(running: Running) -> str:

@@ -29,6 +29,8 @@ from statemachine.state import FlowOrigin, InitiatedBy, StartedLocally
 
 log = logging.getLogger("fiberflow.fiber")
 
+_OUTCOMES = (Suspended, Returned, Failed)
+
 
 class _FiberRuntime:
     """What a running flow uses to reach the node (see ``flows.flow_logic.FlowRuntime``)."""
@@ -127,9 +129,12 @@ class GreenletFiber:
             raise RuntimeError(f"flow {self._runtime.flow_id}: its fiber has already ended")
         self._resumer = greenlet.getcurrent()
         self._greenlet.parent = self._resumer
-        with self._monitor.running(self._runtime.flow_id, self.flow_class):
-            outcome = method(*args)
-        if not isinstance(outcome, (Suspended, Returned, Failed)):
+        outer = self._monitor.enter(self._runtime.flow_id, self.flow_class)
+        try:
+            outcome: FiberOutcome = method(*args)
+        finally:
+            self._monitor.leave(outer)
+        if type(outcome) not in _OUTCOMES:
             raise RuntimeError(
                 f"flow {self._runtime.flow_id} switched greenlets on its own: flows must not "
                 "use greenlet or gevent directly"

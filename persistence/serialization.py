@@ -35,6 +35,9 @@ _MSGPACK_LIMIT_RULES = {
     "max_ext_len": "max_bytes",
 }
 
+_SCALARS = frozenset({type(None), bool, int, float, bytes})
+"""Decoded types with nothing inside to check (strings have a length limit)."""
+
 MAX_DEPTH = 64
 """Deepest nesting accepted by default (deeper data is refused, never truncated)."""
 
@@ -242,20 +245,35 @@ class Serializer:
 
     def _check_depth(self, value: Any) -> None:
         """Refuse decoded data nested deeper than the limit (walks it without recursion)."""
+        kind = type(value)
+        if kind in _SCALARS:  # most payloads: nothing to walk
+            return
+        if kind is str:
+            self._check_string(value)
+            return
         stack: list[tuple[Any, int]] = [(value, 0)]
         limit = self._limits.max_depth
         while stack:
             item, depth = stack.pop()
             if depth > limit:
                 raise self._broken("max_depth", f"nested {depth} deep", False)
-            if isinstance(item, list | tuple):
+            kind = type(item)
+            if kind in _SCALARS:
+                continue
+            if kind is str:
+                self._check_string(item)
+            elif isinstance(item, list | tuple):
                 stack.extend((child, depth + 1) for child in item)
             elif isinstance(item, dict):
                 stack.extend((child, depth + 1) for child in item.values())
-            elif attrs.has(type(item)):
-                stack.extend((getattr(item, f.name), depth + 1) for f in attrs.fields(type(item)))
-            elif isinstance(item, str) and len(item) > self._limits.max_string_length:
-                raise self._broken("max_string_length", f"{len(item)} characters", False)
+            elif attrs.has(kind):
+                stack.extend((getattr(item, f.name), depth + 1) for f in attrs.fields(kind))
+            elif isinstance(item, str):
+                self._check_string(item)
+
+    def _check_string(self, text: str) -> None:
+        if len(text) > self._limits.max_string_length:
+            raise self._broken("max_string_length", f"{len(text)} characters", False)
 
     def _to_plain(self, value: Any, depth: int, path: Path) -> Any:
         """``value`` as msgpack can take it: registered types as extension values.
