@@ -1,0 +1,145 @@
+"""Checkpoint blobs in format 2 (positional msgpack arrays): every part of a checkpoint comes
+back as it was, format 1 is still read, and what format 2 cannot carry is written in format 1."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+import pytest
+
+from persistence.checkpoint_codec import (
+    CHECKPOINT_FORMAT,
+    FIRST_FORMAT,
+    decode_checkpoint,
+    encode_checkpoint,
+    encode_checkpoint_format_1,
+)
+from persistence.serialization import SerializationError
+from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.iorequests import Receive, Sleep
+from statemachine.session_messages import (
+    ConfirmSession,
+    SessionData,
+    SessionEnd,
+    SessionErrorBody,
+    SessionReject,
+)
+from statemachine.state import (
+    Checkpoint,
+    EarlyMessage,
+    FlowStatus,
+    InitiatedBy,
+    JournalEntry,
+    Pending,
+    Raised,
+    SessionState,
+    StartedLocally,
+    Value,
+)
+from tests.test_persistent import sample_checkpoint
+
+SAMPLE_FORMAT_2_SHA256 = "42fc87d2963bb6717423c0d0e2d7fdb4979cc931e61c906d73af4d8d457b3b7d"
+"""Of ``encode_checkpoint(sample_checkpoint())`` in format 2 (6,149 bytes; 11,315 in format 1).
+A change here changes what every node writes: bump CHECKPOINT_FORMAT and keep reading this."""
+
+ERROR = FlowError(ErrorKind.FLOW_EXCEPTION, "app.Refused", "no", "e-1")
+
+
+def every_part() -> Checkpoint:
+    """A checkpoint holding one of every kind of value a checkpoint can hold."""
+    session = SessionState(
+        "t-f2.s0.r",
+        "t-f2.s0",
+        "O=Alice,L=London,C=GB",
+        False,
+        "app.Initiator",
+        2,
+        "app",
+        initial_sent=True,
+        confirmed=True,
+        peer_flow_version=3,
+        peer_app_name="their-app",
+        closed_by_us=False,
+        next_send_sequence=4,
+        next_receive_sequence=5,
+        inbox=(
+            SessionData(b"\x00data"),
+            SessionEnd(),
+            SessionErrorBody(ERROR),
+            SessionReject("rejected"),
+        ),
+        early=(EarlyMessage(7, ConfirmSession(1, "x")), EarlyMessage(9, SessionData(b"z"))),
+    )
+    return Checkpoint(
+        "f2",
+        InitiatedBy("app.Responder", "t-f2.s0.r", "O=Alice,L=London,C=GB", 3, "their-app"),
+        FlowStatus.HOSPITALIZED,
+        1234.5,
+        sessions=(session,),
+        journal=(
+            JournalEntry(("Send", ("t-f2.s0.r", "abcd")), Value(None)),
+            JournalEntry(("Receive", "t-f2.s0.r"), Value((b"a", b"b"))),
+            JournalEntry(("RecordValue", "now"), Value(1.5)),
+            JournalEntry(("RecordValue", "uuid"), Value("u-1")),
+            JournalEntry(("Sleep", 2.0), Raised(ERROR)),
+            JournalEntry(("Nested", (1, (2, (3, True)), b"", None)), Value(((), (("x",),)))),
+        ),
+        pending=Pending(Sleep(2.0), 1236.5),
+        next_session_index=1,
+        error=FlowError(ErrorKind.INTERNAL, "builtins.KeyError", "'k'"),
+        progress_step="step ✓",
+        session_tag="t",
+        version=17,
+    )
+
+
+@pytest.mark.parametrize("checkpoint", [sample_checkpoint(), every_part()], ids=["sample", "all"])
+def test_a_checkpoint_comes_back_as_it_was_in_format_2(checkpoint: Checkpoint) -> None:
+    blob = encode_checkpoint(checkpoint)
+    assert msgpack.unpackb(blob)[0] == CHECKPOINT_FORMAT
+    decoded = decode_checkpoint(blob)
+    assert decoded == checkpoint
+    assert tuple(decoded.journal) == tuple(checkpoint.journal)  # tuples stay tuples
+    assert encode_checkpoint(decoded) == blob
+
+
+def test_the_sample_blob_of_format_2_is_pinned() -> None:
+    blob = encode_checkpoint(sample_checkpoint())
+    assert len(blob) == 6149
+    assert hashlib.sha256(blob).hexdigest() == SAMPLE_FORMAT_2_SHA256
+
+
+@pytest.mark.parametrize("checkpoint", [sample_checkpoint(), every_part()], ids=["sample", "all"])
+def test_a_blob_of_format_1_is_still_read(checkpoint: Checkpoint) -> None:
+    blob = encode_checkpoint_format_1(checkpoint)
+    assert msgpack.unpackb(blob, ext_hook=lambda c, d: None)[0] == FIRST_FORMAT
+    assert decode_checkpoint(blob) == checkpoint
+
+
+def test_what_format_2_cannot_carry_is_written_in_format_1() -> None:
+    pending = Pending(Receive(("s",), 5.0), None)
+    big = Checkpoint(
+        "f3",
+        StartedLocally("app.Flow", b""),
+        FlowStatus.SUSPENDED,
+        1.0,
+        journal=(JournalEntry(("RecordValue", "n"), Value(2**70)),),
+        pending=pending,
+    )
+    blob = encode_checkpoint(big)
+    assert msgpack.unpackb(blob, ext_hook=lambda c, d: None)[0] == FIRST_FORMAT
+    assert decode_checkpoint(blob) == big
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        bytes([0x9D, CHECKPOINT_FORMAT]),  # claims format 2, then stops
+        msgpack.packb([CHECKPOINT_FORMAT, *range(12)]),
+        msgpack.packb([CHECKPOINT_FORMAT, "f", [9], *([None] * 10)]),
+    ],
+)
+def test_a_broken_blob_of_format_2_is_refused_with_a_reason(blob: bytes) -> None:
+    with pytest.raises(SerializationError, match="not a checkpoint blob of format 2"):
+        decode_checkpoint(blob)
