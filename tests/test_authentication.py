@@ -76,6 +76,22 @@ def test_a_forged_sender_is_refused(network: MockNetwork) -> None:
     network.stop_nodes()
 
 
+def test_a_member_cannot_pass_a_message_off_as_another_members(network: MockNetwork) -> None:
+    # Carol is a genuine member with keys of her own shared with Bob; none of them is the
+    # key Alice shares with Bob, so a message she makes in Alice's name is refused.
+    _, bob, carol = network.nodes
+    session = "d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4.s0"
+    posing = carol.node.authenticator.authenticate(
+        Message(message_id(session, 0), SESSION_TOPIC, ALICE, initial_ping(session)), BOB
+    )
+    network.messaging.inject_raw(BOB, encode_frame(posing))
+    network.run_network()
+    (reason,) = dead_letter_reasons(bob)
+    assert "bad tag" in reason and "forged sender" in reason
+    assert bob.node.manager.statistics.flows_started == 0
+    network.stop_nodes()
+
+
 def test_unsigned_messages_and_unknown_senders_are_refused(network: MockNetwork) -> None:
     _, bob, _ = network.nodes
     session = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1.s0"
