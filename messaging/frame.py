@@ -108,7 +108,7 @@ def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
         raise MalformedFrameError("undecodable frame: not a list of 6 fields")
     version, message_id, topic, sender, data, tag = fields
     if version != FRAME_VERSION:
-        retired = RETIRED_FRAME_VERSIONS.get(version) if isinstance(version, int) else None
+        retired = RETIRED_FRAME_VERSIONS.get(version) if type(version) is int else None
         if retired is not None:
             raise MalformedFrameError(f"undecodable frame: {retired}")
         raise MalformedFrameError(f"undecodable frame: unknown frame version {version!r}")
