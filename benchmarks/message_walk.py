@@ -5,7 +5,7 @@ A profile hook records every call of a function of the project whose arguments h
 marker: in bytes or text, or inside the fields of attrs values, tuples, lists, dicts and
 persistent vectors (up to five levels deep), from the moment the sender starts until the
 receiver's ``receive()`` has returned it. The message changes form on its way (payload
-bytes, ``Send`` request, session message, encoded message, signed frame, and back), and
+bytes, ``Send`` request, session message, encoded message, tagged frame, and back), and
 each form holds the marker, so the record follows it through every module that handles it.
 
 It prints each module with the functions that took the message, then three counts that do

@@ -1,11 +1,15 @@
-"""A node's Ed25519 key pair, and where it finds its peers' public keys.
+"""A node's key pairs, and where it finds its peers' public keys.
 
-Every node signs every message it sends (its identity's ``signer``) and verifies every
-message it receives against the public key of the node the message claims to come from (a
-:class:`~messaging.signing.MessageVerifier` over :class:`StaticPeerKeys` or
-:class:`NetworkMapPeerKeys`). The key pair lives in a PEM file the node creates on its first
-start, with mode 0600 (readable by its owner only); a node refuses to start with a key file
-others can read or write.
+A node's identity is an Ed25519 key pair: it signs the node's node-info and its certificate
+request. From it the node derives its X25519 *agreement key*
+(:func:`~messaging.pair_keys.derive_agreement_key`), published in its node-info beside the
+Ed25519 key; with its peers' agreement keys it computes the per-peer keys that tag every
+message it sends and check every message it receives (a
+:class:`~messaging.authentication.MessageAuthenticator` and
+:class:`~messaging.authentication.MessageVerifier` over :class:`StaticPeerKeys` or
+:class:`NetworkMapPeerKeys`). The Ed25519 key pair lives in a PEM file the node creates on
+its first start, with mode 0600 (readable by its owner only); a node refuses to start with a
+key file others can read or write. The agreement key needs no file of its own.
 """
 
 from __future__ import annotations
@@ -13,16 +17,17 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from flows.errors import FiberflowError
 from flows.network_map import NetworkMap, NetworkMapError, node_key
-from messaging.service import Message
-from messaging.signing import MessageSigner, PeerKeys
+from messaging.pair_keys import PeerKeys, agreement_public_bytes, derive_agreement_key
 
 __all__ = [
     "KeyFileError",
@@ -39,17 +44,17 @@ class KeyFileError(FiberflowError):
 
 
 class NodeIdentity:
-    """A node's name and private key: its :attr:`signer` signs what the node sends."""
+    """A node's name, its Ed25519 private key and the X25519 agreement key derived from it."""
 
     def __init__(self, name: str, private_key: Ed25519PrivateKey) -> None:
         self.name = name
         self._key = private_key
-        self.signer = MessageSigner(private_key)
-        """Signs the node's messages (the node hands it to its outbox relay)."""
         self.public_key: bytes = private_key.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
         )
-        """The raw 32-byte public key."""
+        """The raw 32-byte Ed25519 public key."""
+        self._agreement = derive_agreement_key(private_key)
+        self._agreement_public = agreement_public_bytes(self._agreement)
 
     @classmethod
     def generate(cls, name: str) -> NodeIdentity:
@@ -66,9 +71,20 @@ class NodeIdentity:
         """The public key as hex (what the network map stores)."""
         return self.public_key.hex()
 
-    def sign(self, message: Message, target: str) -> Message:
-        """``message`` signed for ``target`` (see :meth:`MessageSigner.sign`)."""
-        return self.signer.sign(message, target)
+    @property
+    def agreement_private_key(self) -> X25519PrivateKey:
+        """The X25519 private key derived from the identity key (it agrees the pair keys)."""
+        return self._agreement
+
+    @property
+    def agreement_key(self) -> bytes:
+        """The raw 32-byte X25519 public key (published in the node-info)."""
+        return self._agreement_public
+
+    @property
+    def agreement_key_hex(self) -> str:
+        """The agreement key as hex (the node-info's ``agreement_key``)."""
+        return self._agreement_public.hex()
 
     def sign_bytes(self, data: bytes) -> bytes:
         """The node's Ed25519 signature of ``data`` (its node-info, for one)."""
@@ -121,14 +137,20 @@ class StaticPeerKeys:
 
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}
+        self._agreement_keys: dict[str, bytes] = {}
 
-    def add(self, name: str, public_key: bytes) -> None:
-        """Know ``name`` by ``public_key``."""
+    def add(self, name: str, public_key: bytes, agreement_key: bytes) -> None:
+        """Know ``name`` by its Ed25519 ``public_key`` and its X25519 ``agreement_key``."""
         self._keys[name] = public_key
+        self._agreement_keys[name] = agreement_key
 
     def public_key(self, name: str) -> bytes | None:
-        """See :class:`PeerKeys`."""
+        """The raw Ed25519 public key of ``name``, or None if it is not known."""
         return self._keys.get(name)
+
+    def agreement_key(self, name: str) -> bytes | None:
+        """See :class:`PeerKeys`."""
+        return self._agreement_keys.get(name)
 
     def refusal(self, name: str) -> str | None:
         """Nothing is refused here: a name is known or not."""
@@ -138,12 +160,17 @@ class StaticPeerKeys:
 class NetworkMapPeerKeys:
     """Public keys from the network map directory.
 
-    The map is read again at most every :attr:`RELOAD_SECONDS` when a sender is unknown, and
+    The map is read again at most every :attr:`RELOAD_SECONDS` when a name is unknown, and
     at least every :attr:`REFRESH_SECONDS` anyway, so that a key whose node-info no longer
-    verifies (expired, replaced, removed) stops being trusted within seconds.
+    verifies (expired, replaced, removed) stops being trusted within seconds, and a changed
+    agreement key is followed as soon (the node's
+    :class:`~messaging.pair_keys.PairKeyCache` recomputes the pair keys when it sees it).
 
-    With a map that has a trust root, keys come only from node-infos that verify: a node whose
-    node-info is refused has no key, so its messages fail authentication, with the reason.
+    Keys come only from node-infos the map accepts: with a trust root, those that verify; in
+    any map, only those publishing a usable ``agreement_key``. A node whose node-info is
+    refused has no key, so its messages fail authentication, with the reason, and messages
+    for it wait in the outbox. Safe to use from several threads (the relay's and the
+    transport's): one reads the map while the others wait for its result.
     """
 
     RELOAD_SECONDS = 1.0
@@ -151,22 +178,38 @@ class NetworkMapPeerKeys:
 
     def __init__(self, network_map: NetworkMap) -> None:
         self._map = network_map
-        self._keys: dict[str, bytes] = {}
+        self._keys: dict[str, tuple[bytes | None, bytes]] = {}
+        """By node name: its Ed25519 public key (None if absent or not hex), its agreement key."""
         self._refusals: dict[str, str] = {}
         self._loaded_at = -1e9
+        self._lock = threading.Lock()
 
     def public_key(self, name: str) -> bytes | None:
+        """The raw Ed25519 public key of ``name``, or None if it is not known."""
+        keys = self._lookup(name)
+        return None if keys is None else keys[0]
+
+    def agreement_key(self, name: str) -> bytes | None:
         """See :class:`PeerKeys`."""
-        age = time.monotonic() - self._loaded_at
-        key = self._keys.get(name)
-        if age > self.REFRESH_SECONDS or (key is None and age > self.RELOAD_SECONDS):
-            self._reload()
-            key = self._keys.get(name)
-        return key
+        keys = self._lookup(name)
+        return None if keys is None else keys[1]
 
     def refusal(self, name: str) -> str | None:
         """Why ``name``'s node-info was refused at the last reading, or None."""
         return self._refusals.get(node_key(name))
+
+    def _lookup(self, name: str) -> tuple[bytes | None, bytes] | None:
+        keys = self._keys.get(name)
+        if self._stale(keys is None):
+            with self._lock:
+                if self._stale(keys is None):  # not read by another thread meanwhile
+                    self._reload()
+            keys = self._keys.get(name)
+        return keys
+
+    def _stale(self, unknown: bool) -> bool:
+        age = time.monotonic() - self._loaded_at
+        return age > self.REFRESH_SECONDS or (unknown and age > self.RELOAD_SECONDS)
 
     def _reload(self) -> None:
         self._loaded_at = time.monotonic()
@@ -174,9 +217,19 @@ class NetworkMapPeerKeys:
             scan = self._map.scan()
         except NetworkMapError:
             return
-        self._keys = {
-            info.name: bytes.fromhex(info.public_key)
-            for _, info in scan.accepted
-            if info.public_key
-        }
+        keys: dict[str, tuple[bytes | None, bytes]] = {}
+        for _, info in scan.accepted:
+            agreement_key = info.agreement_key_bytes()
+            if agreement_key is not None:  # (an accepted node-info always has one)
+                keys[info.name] = (_hex_or_none(info.public_key), agreement_key)
+        self._keys = keys
         self._refusals = {path.stem: reason for path, reason in scan.rejected}
+
+
+def _hex_or_none(text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None

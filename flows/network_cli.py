@@ -97,9 +97,9 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> None:
     node_info = commands.add_parser(
         "node-info",
         help="write the node's signed node-info without starting it (node)",
-        description="Write the node's node-info (its name, published inbound, public key and "
-        "certificate), signed by its key, into its network map directory or --out; copy it "
-        "to the other organisations' network maps.",
+        description="Write the node's node-info (its name, published inbound, public key, "
+        "agreement key and certificate), signed by its key, into its network map directory or "
+        "--out; copy it to the other organisations' network maps.",
     )
     node_info.add_argument("--config", type=Path, required=True, help="the node's TOML config")
     node_info.add_argument(
@@ -203,11 +203,12 @@ def _node_info(config_path: Path, out: Path | None) -> int:
     directory = out or config.network_map
     if directory is None:
         raise ConfigError(f"{config_path}: field 'network_map': not set and no --out given")
-    info = config.node_info(identity.public_key_hex, trust.certificate)
+    info = config.node_info(identity, trust.certificate)
     path = NetworkMap(directory).publish(info, identity=identity)
     certified = "certified, " if trust.certificate is not None else ""
     print(f"node-info of {config.name} ({certified}signed) written to {path}")
     print(f"  inbound: {info.transport}")
+    print(f"  agreement key: {identity.agreement_key_hex}")
     return 0
 
 

@@ -8,19 +8,29 @@ its peers. Share the directory between the nodes of a host, or copy the files to
 A node-info file::
 
     {"name": "O=Bob,L=New York,C=US", "node_key": "3f...", "address": "O=Bob,L=New York,C=US",
-     "transport": "sqlite:///.../queue.db", "public_key": "9c1f...", "platform_version": 1,
+     "transport": "sqlite:///.../queue.db", "public_key": "9c1f...",
+     "agreement_key": "5a07...", "platform_version": 1,
      "updated_at": "2026-11-22T19:30:00+00:00"}
 
 ``node_key`` is the first 32 hex digits of the SHA-256 of the name (the AMQP transport names
-queues after it); ``public_key`` is the hex of the node's Ed25519 public key, against which
-every message claiming to come from the node is verified.
+queues after it); ``public_key`` is the hex of the node's Ed25519 identity key (its
+certificate certifies it, and it signs the node-info); ``agreement_key`` is the hex of the
+node's X25519 agreement key (:mod:`messaging.pair_keys`), from which every peer computes the
+key that authenticates the messages between them.
+
+A node-info without a usable ``agreement_key`` (an older fiberflow's, which signed every
+message with its Ed25519 key instead) is **refused**, with a reason naming the field: nobody
+could authenticate messages to or from that node, so it is listed with the refused files
+(:meth:`NetworkMap.rejected`, ``fiberflow network verify``, ``fiberflow node outbox``), its
+messages are dead-lettered as from an unknown sender and messages for it wait in the outbox
+until it publishes one (it does at its next start with this version).
 
 On a network with a trust root (:mod:`flows.network_trust`) a node-info also carries
 ``certificate`` (the PEM of the node's certificate, issued by the root) and ``signature``
 (hex: the node's Ed25519 signature of :meth:`NodeInfo.signed_bytes`, every other field). A
 :class:`NetworkMap` given the root returns only the node-infos that verify, and lists the
-others with their reasons (:meth:`NetworkMap.rejected`). Files without these fields (older
-nodes, networks without a root) still read.
+others with their reasons (:meth:`NetworkMap.rejected`). Files without these two fields
+(networks without a root) still read.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from typing import Any, Protocol
 import attrs
 
 from flows.party import Party
+from messaging.pair_keys import AGREEMENT_KEY_BYTES
 
 
 class NodeInfoSigner(Protocol):
@@ -48,6 +59,10 @@ class NodeInfoSigner(Protocol):
     @property
     def public_key_hex(self) -> str:
         """The node's public key, as hex."""
+
+    @property
+    def agreement_key_hex(self) -> str:
+        """The node's X25519 agreement key, as hex."""
 
     def sign_bytes(self, data: bytes) -> bytes:
         """The node's signature of ``data``."""
@@ -98,6 +113,9 @@ class NodeInfo:
     address: str
     transport: str
     public_key: str | None = None
+    """Hex of the node's Ed25519 identity key."""
+    agreement_key: str | None = None
+    """Hex of the node's X25519 agreement key (None: an older node's; refused)."""
     platform_version: int = PLATFORM_VERSION
     updated_at: str = ""
     certificate: str | None = None
@@ -110,10 +128,32 @@ class NodeInfo:
         """See :func:`node_key`."""
         return node_key(self.name)
 
+    def agreement_problem(self) -> str | None:
+        """Why the node-info's ``agreement_key`` cannot be used, or None if it can."""
+        if self.agreement_key is None:
+            return (
+                "no agreement_key: the node-info was published by a fiberflow that signed "
+                "messages with Ed25519; messages to and from the node cannot be authenticated "
+                "until it publishes one (it does when it starts with this version)"
+            )
+        if self.agreement_key_bytes() is None:
+            return f"agreement_key is not {AGREEMENT_KEY_BYTES} bytes of hex"
+        return None
+
+    def agreement_key_bytes(self) -> bytes | None:
+        """The raw agreement key, or None if there is none or it is not 32 bytes of hex."""
+        if self.agreement_key is None:
+            return None
+        try:
+            raw = bytes.fromhex(self.agreement_key)
+        except ValueError:
+            return None
+        return raw if len(raw) == AGREEMENT_KEY_BYTES else None
+
     def to_json(self) -> dict[str, Any]:
-        """The JSON object stored in the file (an unset certificate or signature left out)."""
+        """The JSON object stored in the file (an unset key, certificate or signature left out)."""
         document = attrs.asdict(self)
-        for field in ("certificate", "signature"):
+        for field in ("agreement_key", "certificate", "signature"):
             if document[field] is None:
                 del document[field]
         document["node_key"] = self.node_key
@@ -130,12 +170,25 @@ class NodeInfo:
         return NODE_INFO_SIGNATURE_CONTEXT + canonical.encode()
 
     def signed_by(self, identity: NodeInfoSigner) -> NodeInfo:
-        """The node-info signed with ``identity``'s key (which must be its own)."""
+        """The node-info signed with ``identity``'s key (which must be its own).
+
+        Its ``public_key`` and ``agreement_key`` are set to ``identity``'s (if given, they must
+        be those already), so the signature covers both.
+        """
         if identity.name != self.name:
             raise ValueError(f"node-info of {self.name} cannot be signed by {identity.name}")
         if self.public_key not in (None, identity.public_key_hex):
             raise ValueError(f"node-info of {self.name} names another public key than its signer's")
-        unsigned = attrs.evolve(self, public_key=identity.public_key_hex, signature=None)
+        if self.agreement_key not in (None, identity.agreement_key_hex):
+            raise ValueError(
+                f"node-info of {self.name} names another agreement key than its signer's"
+            )
+        unsigned = attrs.evolve(
+            self,
+            public_key=identity.public_key_hex,
+            agreement_key=identity.agreement_key_hex,
+            signature=None,
+        )
         signature = identity.sign_bytes(unsigned.signed_bytes())
         return attrs.evolve(unsigned, signature=signature.hex())
 
@@ -156,9 +209,10 @@ class NetworkMap:
     Without a ``root`` every readable node-info is taken as it is (and an unreadable file
     raises :class:`NetworkMapError`). With a ``root`` (a
     :class:`~flows.network_trust.NetworkRoot`) only node-infos with a certificate issued by
-    it and a valid signature by the node itself are returned; any other file is refused
-    (:meth:`rejected`), logged at WARNING once per process and content of the file, and
-    never stops the others loading.
+    it and a valid signature by the node itself are returned. In either case a node-info
+    without a usable ``agreement_key`` is refused (:meth:`NodeInfo.agreement_problem`). A
+    refused file is listed by :meth:`rejected`, logged at WARNING once per process and
+    content of the file, and never stops the others loading.
     """
 
     def __init__(self, directory: str | Path, root: NodeInfoVerifier | None = None) -> None:
@@ -186,9 +240,15 @@ class NetworkMap:
         """Every node in the map, by name (with a root: every node whose node-info verifies)."""
         if self.root is None:
             found: dict[str, NodeInfo] = {}
+            refused: list[tuple[Path, str]] = []
             for path in self._files():
                 info = _read(path)
-                found[info.name] = info
+                problem = info.agreement_problem()
+                if problem is None:
+                    found[info.name] = info
+                else:
+                    refused.append((path, f"{info.name}: {problem}"))
+            self._log_rejected(refused)
             return found
         scan = self.scan()
         self._log_rejected(scan.rejected)
@@ -200,7 +260,12 @@ class NetworkMap:
         if not path.is_file():
             return None
         if self.root is None:
-            return _read(path)
+            found = _read(path)
+            problem = found.agreement_problem()
+            if problem is None:
+                return found
+            self._log_rejected([(path, f"{found.name}: {problem}")])
+            return None
         info, reason = self._check(path)
         if reason is not None:
             self._log_rejected([(path, reason)])
@@ -234,12 +299,14 @@ class NetworkMap:
             info = _read(path)
         except NetworkMapError as error:
             return None, str(error).removeprefix(f"network map file {path}: ")
-        if self.root is None:
-            return info, None
-        try:
-            self.root.verify_node_info(info)
-        except NodeInfoRejected as error:
-            return None, f"{info.name}: {error.reason}"
+        if self.root is not None:
+            try:
+                self.root.verify_node_info(info)
+            except NodeInfoRejected as error:
+                return None, f"{info.name}: {error.reason}"
+        problem = info.agreement_problem()
+        if problem is not None:
+            return None, f"{info.name}: {problem}"
         return info, None
 
     def _log_rejected(self, rejected: Iterable[tuple[Path, str]]) -> None:
@@ -270,6 +337,7 @@ def _read(path: Path) -> NodeInfo:
             address=document["address"],
             transport=document["transport"],
             public_key=document.get("public_key"),
+            agreement_key=_optional_text(document, "agreement_key"),
             platform_version=int(document.get("platform_version", PLATFORM_VERSION)),
             updated_at=str(document.get("updated_at", "")),
             certificate=_optional_text(document, "certificate"),

@@ -6,9 +6,10 @@ test network does this step by step; a node process does it in its loop).
 
 Everything that depends on the node's configuration is made here, once, and handed to what
 needs it: the session codec (its limits) to the manager, the payload serializer (the same
-limits) and the payload limit to the fibers, the identity's signer to the outbox relay, the
-verifier (the peers' keys) to the inbound path. Nothing process-wide is configured, so nodes
-with different limits can share a process.
+limits) and the payload limit to the fibers, the message authenticator to the outbox relay,
+the verifier to the inbound path (both from the identity and the peers' keys, sharing the
+node's per-peer keys). Nothing process-wide is configured, so nodes with different limits
+can share a process.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from flows.identity import NodeIdentity, PeerKeys
 from flows.node_config import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.operations import OperatorCommands
 from flows.party import Party
+from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import SessionCodec
 from messaging.outbox_relay import OutboxRelay
+from messaging.pair_keys import PairKeyCache
 from messaging.relay import OutboxStore, Relay
 from messaging.service import SESSION_TOPIC, Message, MessagingService
-from messaging.signing import MessageSigner, MessageVerifier
 from persistence.lease import NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
@@ -59,8 +61,8 @@ from statemachine.state import FlowStatus
 
 T = TypeVar("T")
 
-RelayFactory = Callable[[OutboxStore, MessageSigner], Relay]
-"""Builds a node's outbox relay from its outbox and its signer."""
+RelayFactory = Callable[[OutboxStore, MessageAuthenticator], Relay]
+"""Builds a node's outbox relay from its outbox and its message authenticator."""
 
 log = logging.getLogger("fiberflow.node")
 
@@ -141,8 +143,9 @@ class Node:
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
-        ``identity`` signs every message the node sends; ``peers`` gives the public keys
-        every received message is verified against. The test network drives everything
+        ``identity`` and ``peers`` (the peers' agreement keys) give the per-peer keys that
+        tag every message the node sends and check every message it receives
+        (:mod:`messaging.authentication`). The test network drives everything
         from one thread (``background_relay=False``); a node process sets it so the
         scheduler never waits for the transport.
 
@@ -154,7 +157,7 @@ class Node:
         passes its :class:`~flows.hospital.Hospital`); without one, such errors propagate
         from :meth:`run_once` (what a test wants to see).
 
-        ``relay_factory`` builds the outbox relay from the outbox and the signer instead (the
+        ``relay_factory`` builds the outbox relay from the outbox and the authenticator instead (the
         peer-to-peer topology's bridges, :class:`~messaging.bridges.BridgeManager`).
         """
         self.hospital = hospital
@@ -168,8 +171,12 @@ class Node:
         self.config = config
         self.identity = identity
         self.peers = peers
-        self.verifier = MessageVerifier(config.name, peers)
-        """Checks every received message against its claimed sender's key."""
+        self.pair_keys = PairKeyCache(identity, peers)
+        """The node's keys with each peer (computed once per peer agreement key)."""
+        self.authenticator = MessageAuthenticator(self.pair_keys)
+        """Tags every message the node sends, for its target (the outbox relay holds it)."""
+        self.verifier = MessageVerifier(self.pair_keys)
+        """Checks every received message against the key shared with its claimed sender."""
         self.codec = SessionCodec(config.limits)
         """Session messages to bytes and back, within the node's limits."""
         self.payloads: Serializer = PAYLOADS.with_limits(config.limits)
@@ -195,14 +202,14 @@ class Node:
         self.messaging = messaging
         self.relay: Relay
         if relay_factory is not None:
-            self.relay = relay_factory(self.database.outbox, identity.signer)
+            self.relay = relay_factory(self.database.outbox, self.authenticator)
         elif background_relay:
             self.relay = BackgroundOutboxRelay(
-                messaging, self.database.outbox, signer=identity.signer
+                messaging, self.database.outbox, authenticator=self.authenticator
             )
         else:
             self.relay = OutboxRelay(
-                messaging, self.database.outbox, on_boundary, signer=identity.signer
+                messaging, self.database.outbox, on_boundary, authenticator=self.authenticator
             )
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""

@@ -37,11 +37,11 @@ from flows.network_trust import NetworkTrustError, NodeTrust
 from flows.node import Node, RelayFactory
 from flows.peer_directory import NetworkMapDirectory
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
+from messaging.authentication import MessageAuthenticator
 from messaging.bridges import BridgeManager
 from messaging.inbound_set import InboundSet
 from messaging.relay import OutboxStore, Relay
 from messaging.service import MessagingService
-from messaging.signing import MessageSigner
 from messaging.tls import TlsSetupError
 from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
@@ -327,12 +327,12 @@ class NodeProcess:
         """The peer-to-peer relay: a bridge per peer, to the inbound it published."""
         directory = NetworkMapDirectory(network_map)
 
-        def build(outbox: OutboxStore, signer: MessageSigner) -> Relay:
+        def build(outbox: OutboxStore, authenticator: MessageAuthenticator) -> Relay:
             return BridgeManager(
                 outbox,
                 directory,
                 self.config.name,
-                signer=signer,
+                authenticator=authenticator,
                 credentials=self.config.bridge_credentials,
                 tls=self.config.tls_settings().context,
                 libpq_tls=self.config.tls_settings().libpq_url,
@@ -404,7 +404,7 @@ class NodeProcess:
         if self.config.network_map is None:
             return
         network_map = NetworkMap(self.config.network_map, self.trust.root)
-        info = self.config.node_info(node.identity.public_key_hex, self.trust.certificate)
+        info = self.config.node_info(node.identity, self.trust.certificate)
         network_map.publish(info, identity=node.identity)
         try:
             peers = sorted(set(network_map.nodes()) - {self.config.name})

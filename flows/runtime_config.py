@@ -56,7 +56,7 @@ from typing import Any
 import attrs
 
 from flows.cordapps import CordappError, Cordapps
-from flows.network_map import NodeInfo, node_key
+from flows.network_map import NodeInfo, NodeInfoSigner, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.party import Party
 from messaging.codec import wire_limits_problem
@@ -159,16 +159,18 @@ class RuntimeConfig:
             key_file=self.key_file if self.certificate is not None else None,
         )
 
-    def node_info(self, public_key_hex: str, certificate: str | None) -> NodeInfo:
-        """The node's entry in the network map (unsigned): its name, inbound and key.
+    def node_info(self, identity: NodeInfoSigner, certificate: str | None) -> NodeInfo:
+        """The node's entry in the network map (unsigned): its name, inbound and keys.
 
-        The inbound is published without credentials (:func:`public_address`).
+        The keys are ``identity``'s Ed25519 public key and X25519 agreement key. The inbound
+        is published without credentials (:func:`public_address`).
         """
         return NodeInfo(
             name=self.name,
             address=self.name,
             transport=public_address(self.transport_url),
-            public_key=public_key_hex,
+            public_key=identity.public_key_hex,
+            agreement_key=identity.agreement_key_hex,
             certificate=certificate,
         )
 

@@ -79,7 +79,7 @@ class MockNode:
         self.crashes = 0
         self.identity = NodeIdentity.generate(config.name)
         """The node's key pair (kept across restarts, as its key file would be)."""
-        network.peer_keys.add(config.name, self.identity.public_key)
+        network.peer_keys.add(config.name, self.identity.public_key, self.identity.agreement_key)
         self.hospital: Hospital | None = Hospital(seed=0) if network.hospital else None
         """The node's flow hospital (``MockNetwork(hospital=True)``), else None: errors
         propagate out of ``run_network`` for the test to see."""
@@ -278,7 +278,7 @@ class MockNetwork:
         self.cordapps = tuple(cordapps)
         self.messaging = InMemoryNetwork(seed, faults)
         self.peer_keys = StaticPeerKeys()
-        """Every node's public key (the test network's network map)."""
+        """Every node's public and agreement keys (the test network's network map)."""
         self.clock = MockClock()
         self.synchronous = synchronous
         self._owns_directory = directory is None

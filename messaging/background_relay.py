@@ -19,9 +19,9 @@ import threading
 import time
 from collections.abc import Sequence
 
+from messaging.authentication import MessageAuthenticator
 from messaging.relay import OutboxStore, ThreadedRelayBase
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
-from messaging.signing import MessageSigner
 from statemachine.ports import OutboxRow
 
 __all__ = ["BATCH_SIZE", "MAX_BACKOFF_SECONDS", "MIN_BACKOFF_SECONDS", "BackgroundOutboxRelay"]
@@ -42,11 +42,15 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
         store: OutboxStore,
         *,
         seed: int | None = None,
-        signer: MessageSigner | None = None,
+        authenticator: MessageAuthenticator | None = None,
     ) -> None:
-        """``seed`` seeds the retry jitter; ``signer`` signs each message (None: unsigned)."""
+        """``seed`` seeds the retry jitter; ``authenticator`` tags each message (None: no tag).
+
+        A target the authenticator has no key for yet is retried like one the transport
+        refuses (:class:`~messaging.authentication.CannotAuthenticateError`).
+        """
         self._transport = transport
-        self._signer = signer
+        self._authenticator = authenticator
         self._store = store
         self._incoming: queue.SimpleQueue[Sequence[OutboxRow] | None] = queue.SimpleQueue()
         self._retries: list[tuple[float, int, OutboxRow]] = []  # a heap of (due, n, row)
@@ -139,7 +143,7 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
         try:
             self._transport.send_batch([self._prepare(row) for row in rows])
             taken = rows
-        except Exception as error:  # a refusal, or a row that cannot be framed or signed
+        except Exception as error:  # a refusal, or a row that cannot be framed or tagged
             log.info("transport refused a batch of %d (%s); sending one by one", len(rows), error)
             taken = []
             for row in rows:
@@ -160,8 +164,8 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
 
     def _prepare(self, row: OutboxRow) -> tuple[Message, str]:
         message = self._message(row)
-        if self._signer is not None:
-            message = self._signer.sign(message, row.target)
+        if self._authenticator is not None:
+            message = self._authenticator.authenticate(message, row.target)
         return message, row.target
 
     def _message(self, row: OutboxRow) -> Message:

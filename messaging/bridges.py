@@ -17,8 +17,11 @@ map; the node's outbox is then its store-and-forward queue for every peer, and a
   its id; refusals back off with jitter (50 ms doubling to 5 s);
 * a bridge with nothing to send for a while closes its connection (it reopens on demand).
 
-Signing is the same as in the shared topology: each message is signed for its target by the
-node's :class:`~messaging.signing.MessageSigner`.
+Authentication is the same as in the shared topology: each message is tagged for its target
+by the node's :class:`~messaging.authentication.MessageAuthenticator`. A peer the node
+shares no key with yet (its node-info has no usable agreement key) is treated like an
+unreachable one: its rows wait, its bridge's state and the log say why, and it looks again
+with its backoff.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 
+from messaging.authentication import MessageAuthenticator
 from messaging.peer_senders import Credentials, PeerSender, open_peer_sender, with_credentials
 from messaging.relay import OutboxStore, ThreadedRelayBase
 from messaging.service import SESSION_TOPIC, Message, TransportError
-from messaging.signing import MessageSigner
 from messaging.tls import TlsContextFactory
 from statemachine.ports import OutboxRow
 
@@ -115,7 +118,7 @@ class BridgeManager(ThreadedRelayBase):
         directory: PeerDirectory,
         my_address: str,
         *,
-        signer: MessageSigner | None = None,
+        authenticator: MessageAuthenticator | None = None,
         credentials: Mapping[str, Credentials] | None = None,
         open_sender: SenderFactory = open_peer_sender,
         seed: int | None = None,
@@ -137,7 +140,7 @@ class BridgeManager(ThreadedRelayBase):
         self._store = store
         self._directory = directory
         self.my_address = my_address
-        self._signer = signer
+        self._authenticator = authenticator
         self._credentials = dict(credentials or {})
         self._open_sender = open_sender
         self._tls = tls
@@ -205,9 +208,19 @@ class BridgeManager(ThreadedRelayBase):
                     bridge.start()
             return bridge
 
-    def refusal(self, address: str) -> str | None:
-        """Why nothing may be sent to ``address`` under this node's rules, or None."""
-        return tls_problem(address) if self.require_tls else None
+    def refusal(self, peer: str, address: str) -> str | None:
+        """Why nothing may be sent to ``peer`` at ``address`` now, or None.
+
+        Under this node's rules (``require_tls``), or because the node shares no key with
+        the peer yet to authenticate its messages.
+        """
+        if self.require_tls:
+            problem = tls_problem(address)
+            if problem is not None:
+                return problem
+        if self._authenticator is not None:
+            return self._authenticator.problem(peer)
+        return None
 
     def credentials_for(self, peer: str) -> Credentials | None:
         """The credentials this node logs into ``peer``'s transport with."""
@@ -229,10 +242,10 @@ class BridgeManager(ThreadedRelayBase):
         return self._open_sender(url, f"{self.my_address} -> {peer}", self._tls)
 
     def prepare(self, row: OutboxRow) -> tuple[Message, str]:
-        """The signed transport message of an outbox row."""
+        """The authenticated transport message of an outbox row."""
         message = Message(row.message_id, SESSION_TOPIC, self.my_address, row.data)
-        if self._signer is not None:
-            message = self._signer.sign(message, row.target)
+        if self._authenticator is not None:
+            message = self._authenticator.authenticate(message, row.target)
         return message, row.target
 
     def delete(self, message_ids: list[str], stopping: threading.Event) -> bool:
@@ -280,7 +293,7 @@ class _Bridge:
         self._last_activity = time.monotonic()
         self._said_missing = False
         self._set_aside: dict[str, OutboxRow] = {}
-        """Rows that cannot be sent at all (framing or signing fails): left in the outbox."""
+        """Rows that cannot be sent at all (framing fails): left in the outbox."""
 
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -338,7 +351,7 @@ class _Bridge:
         self._said_missing = False
         if address != self._address:
             self._move_to(address)
-        refusal = self._manager.refusal(address)
+        refusal = self._manager.refusal(self.peer, address)
         if refusal is not None:
             self._refused(TransportError(refusal), len(batch))
             return
@@ -350,7 +363,7 @@ class _Bridge:
         except TransportError as error:
             self._refused(error, len(batch))
             return
-        except Exception as error:  # a row that cannot be framed or signed: find it
+        except Exception as error:  # a row that cannot be framed: find it
             log.info("bridge to %s: batch failed (%s); sending one by one", self.peer, error)
             batch = self._send_one_by_one(batch)
             if not batch:

@@ -1,7 +1,10 @@
 """The frame: how a :class:`~messaging.service.Message` travels on a durable transport.
 
 Every transport (the in-memory test double included) carries a message as one byte
-string, ``msgpack([FRAME_VERSION, message_id, topic, sender, data, signature])``. A receiver
+string, ``msgpack([FRAME_VERSION, message_id, topic, sender, data, tag])``, where ``tag`` is
+the sender's HMAC-SHA256 of the message for its target (:mod:`messaging.authentication`;
+empty if the message is not authenticated). Version 1 carried an Ed25519 signature in that
+field instead; such frames are refused with a reason saying so. A receiver
 that cannot decode a frame (garbage bytes, truncated msgpack, wrong field types, an unknown
 version, over the size limit, a text field over its length limit or holding a NUL character)
 does not hand it to the node: it moves it to the transport's dead-letter store with the reason
@@ -25,8 +28,18 @@ from statemachine.limits import (
     text_problem,
 )
 
-FRAME_VERSION = 1
-"""The frame layout version written by this code; other versions are refused."""
+FRAME_VERSION = 2
+"""The frame layout version written by this code; other versions are refused.
+
+Version 2: the last field is an HMAC-SHA256 tag (version 1: an Ed25519 signature).
+"""
+
+RETIRED_FRAME_VERSIONS = {
+    1: "frame version 1 (messages signed with Ed25519) is no longer accepted: this node "
+    "authenticates messages with per-peer keys (frame version 2); the sender runs an older "
+    "fiberflow and must be upgraded",
+}
+"""Versions this code once wrote, with the reason a frame of that version is refused."""
 
 MAX_FRAME_BYTES = FRAME_BYTES
 """Frames larger than this are refused by both sender and receiver (``limits.FRAME_BYTES``)."""
@@ -61,7 +74,7 @@ def encode_frame(message: Message) -> bytes:
             message.topic,
             message.sender,
             message.data,
-            message.signature,
+            message.tag,
         ],
         use_bin_type=True,
     )
@@ -93,8 +106,11 @@ def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
         raise MalformedFrameError(f"undecodable frame: {type(error).__name__}: {error}") from None
     if not isinstance(fields, list) or len(fields) != 6:
         raise MalformedFrameError("undecodable frame: not a list of 6 fields")
-    version, message_id, topic, sender, data, signature = fields
+    version, message_id, topic, sender, data, tag = fields
     if version != FRAME_VERSION:
+        retired = RETIRED_FRAME_VERSIONS.get(version) if type(version) is int else None
+        if retired is not None:
+            raise MalformedFrameError(f"undecodable frame: {retired}")
         raise MalformedFrameError(f"undecodable frame: unknown frame version {version!r}")
     for (name, limit), value in zip(FIELD_LIMITS.items(), (message_id, topic, sender), strict=True):
         problem = text_problem(name, value, limit)
@@ -102,9 +118,9 @@ def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
             raise MalformedFrameError(f"undecodable frame: {problem}")
     if not isinstance(data, bytes):
         raise MalformedFrameError("undecodable frame: field data is not bytes")
-    if not isinstance(signature, bytes):
-        raise MalformedFrameError("undecodable frame: field signature is not bytes")
-    return Message(message_id, topic, sender, data, signature)
+    if not isinstance(tag, bytes):
+        raise MalformedFrameError("undecodable frame: field tag is not bytes")
+    return Message(message_id, topic, sender, data, tag)
 
 
 def peek_message_id(raw: bytes) -> str | None:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from messaging.authentication import MessageAuthenticator
 from messaging.relay import OutboxStore
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
-from messaging.signing import MessageSigner
 from statemachine.ports import OutboxRow
 
 __all__ = ["MAX_BACKOFF_ROUNDS", "OutboxRelay", "OutboxStore"]
@@ -41,11 +41,15 @@ class OutboxRelay:
         transport: MessagingService,
         store: OutboxStore,
         on_boundary: Callable[[str], None] | None = None,
-        signer: MessageSigner | None = None,
+        authenticator: MessageAuthenticator | None = None,
     ) -> None:
-        """``signer`` signs each message for its target (None: sent unsigned)."""
+        """``authenticator`` tags each message for its target (None: sent without a tag).
+
+        A target the authenticator has no key for yet is treated like a target the
+        transport refuses: the row stays in the outbox and is tried again with the backoff.
+        """
         self._transport = transport
-        self._signer = signer
+        self._authenticator = authenticator
         self._store = store
         self._on_boundary = on_boundary
         self._taken: list[str] = []
@@ -70,10 +74,10 @@ class OutboxRelay:
     def _try(self, row: OutboxRow, attempts: int) -> bool:
         try:
             message = Message(row.message_id, SESSION_TOPIC, self._transport.my_address, row.data)
-            if self._signer is not None:
-                message = self._signer.sign(message, row.target)
+            if self._authenticator is not None:
+                message = self._authenticator.authenticate(message, row.target)
             self._transport.send(message, row.target)
-        except Exception as error:  # a refusal, or a row that cannot be framed or signed
+        except Exception as error:  # a refusal, or a row that cannot be framed or tagged
             if not isinstance(error, TransportError):
                 log.error(
                     "message %s for %s cannot be sent (%s); it stays in the outbox",

@@ -4,7 +4,7 @@ In the peer-to-peer topology every node owns its inbound queue (its own RabbitMQ
 vhost, or its own SQL queue database) and publishes that queue's address in its node-info,
 without credentials. A bridge (:mod:`messaging.bridges`) opens a :class:`PeerSender` to that
 address with the credentials this node was given for the peer's transport, and hands it
-signed messages for the peer; it never consumes there.
+authenticated messages for the peer; it never consumes there.
 
 * ``amqp://`` / ``amqps://``: a confirm-mode publisher on the peer's broker; the peer's
   account needs write on the ``p2p.inbound`` exchange only. Over ``amqps://`` the broker's

@@ -1,8 +1,9 @@
 """The outbox relay's contract, stated once; two relays implement it.
 
-A relay (Corda's "bridge") moves committed outbox rows to the transport, signed by the node's
-:class:`~messaging.signing.MessageSigner`, and deletes each row only once the transport has
-durably taken it; a row the transport refused is retried; on start, every row left in the
+A relay (Corda's "bridge") moves committed outbox rows to the transport, each tagged for its
+target by the node's :class:`~messaging.authentication.MessageAuthenticator`, and deletes
+each row only once the transport has durably taken it; a row the transport refused, or whose
+target the node shares no key with yet, is retried; on start, every row left in the
 outbox is sent again. A crash between hand-off and delete therefore re-sends, never loses:
 the receiver drops the duplicate by its message id.
 

@@ -51,15 +51,16 @@ SESSION_TOPIC = "platform.session"
 class Message:
     """A transport message: an id for dedup, a topic, the sending node and opaque bytes.
 
-    ``signature`` is the sender's Ed25519 signature (see :mod:`messaging.signing`); empty
-    on messages that are not signed (transport tests).
+    ``tag`` authenticates the message: the sender's HMAC-SHA256 of it, with the key the
+    sender shares with the target (see :mod:`messaging.authentication`); empty on messages
+    that are not authenticated (transport tests).
     """
 
     message_id: str
     topic: str
     sender: str
     data: bytes
-    signature: bytes = b""
+    tag: bytes = b""
     receipt: object = attrs.field(default=None, eq=False, repr=False)
     """Set by the transport on a delivered message: its handle for this one delivery (not
     part of the frame, not compared)."""

@@ -46,7 +46,7 @@ class InboundMessage:
     sender: str
     data: bytes
     rejection: str | None = None
-    """Set when the node refused the message before routing (a bad signature, say)."""
+    """Set when the node refused the message before routing (a bad tag, say)."""
     delivery: object = attrs.field(default=None, eq=False, repr=False)
     """The transport's handle for this one delivery (what acknowledging settles)."""
 

@@ -4,7 +4,7 @@
 bytes that are not a frame; frames whose data is garbage or truncated msgpack; well-framed
 session messages with wrong field types, unknown session ids, ids that do not match their
 session, sequence numbers out of range, unknown message kinds; and copies of real messages
-aimed at sessions that exist. Inputs claiming to come from Alice are signed with her key (a
+aimed at sessions that exist. Inputs claiming to come from Alice are tagged with her keys (a
 buggy or compromised peer), so they get past authentication and reach the decoder; others
 are refused as unknown senders. :func:`survives` injects them into Bob's queue while Alice
 and Bob run ping/pong and checks that the node kept serving: every ping got its pong, every
@@ -147,7 +147,7 @@ def raw_frame(message: Message) -> bytes:
         message.topic,
         message.sender,
         message.data,
-        message.signature,
+        message.tag,
     ]
     return bytes(msgpack.packb(fields, use_bin_type=True))
 
@@ -178,8 +178,8 @@ def survives(injections: list[Injection], pings: int = 3) -> dict[str, Any]:
             if live is not None:
                 data = data.replace(b"LIVE", live.encode())
             message = Message(injection.message_id, SESSION_TOPIC, injection.sender, data)
-            if injection.sender == ALICE:  # a buggy or compromised peer: signed garbage
-                message = alice.identity.sign(message, BOB)
+            if injection.sender == ALICE:  # a buggy or compromised peer: authenticated garbage
+                message = alice.node.authenticator.authenticate(message, BOB)
             # Framed as a hostile sender would: no sender-side checks (a NUL in the id, say).
             network.inject_raw(BOB, raw_frame(message))
         net.run_network()

@@ -1,4 +1,4 @@
-"""Every message is signed by its sender and verified by its receiver; forgeries are refused."""
+"""Every message is tagged by its sender and checked by its receiver; forgeries are refused."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from flows.identity import KeyFileError, NodeIdentity, load_or_create_identity
 from flows.testing import MockNetwork, MockNode
+from messaging.authentication import MessageAuthenticator
 from messaging.codec import encode_session_message
 from messaging.frame import encode_frame
 from messaging.service import SESSION_TOPIC, Message
@@ -47,12 +48,12 @@ def network(tmp_path: Path, backend: str) -> MockNetwork:
     return net
 
 
-def test_genuine_messages_are_signed_and_accepted(network: MockNetwork) -> None:
+def test_genuine_messages_are_authenticated_and_accepted(network: MockNetwork) -> None:
     alice, bob, _ = network.nodes
     handle = alice.start_flow(PingFlow(bob.party))
     alice.run_once()
     (initial,) = network.messaging.queued(BOB)
-    assert len(initial.signature) == 64
+    assert len(initial.tag) == 32  # HMAC-SHA256
     network.run_network()
     assert handle.result() == "Pong"
     assert dead_letter_reasons(bob) == []
@@ -63,15 +64,31 @@ def test_a_forged_sender_is_refused(network: MockNetwork) -> None:
     _, bob, _ = network.nodes
     mallory = NodeIdentity.generate(ALICE)  # claims to be Alice, with its own key
     session = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0.s0"
-    forged = mallory.sign(
+    forged = MessageAuthenticator.of(mallory, network.peer_keys).authenticate(
         Message(message_id(session, 0), SESSION_TOPIC, ALICE, initial_ping(session)), BOB
     )
     network.messaging.inject_raw(BOB, encode_frame(forged))
     network.run_network()
     assert bob.checkpoints() == [] and bob.node.manager.statistics.flows_started == 0
     (reason,) = dead_letter_reasons(bob)
-    assert "bad signature" in reason
+    assert "bad tag" in reason
     assert_drained(network)
+    network.stop_nodes()
+
+
+def test_a_member_cannot_pass_a_message_off_as_another_members(network: MockNetwork) -> None:
+    # Carol is a genuine member with keys of her own shared with Bob; none of them is the
+    # key Alice shares with Bob, so a message she makes in Alice's name is refused.
+    _, bob, carol = network.nodes
+    session = "d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4.s0"
+    posing = carol.node.authenticator.authenticate(
+        Message(message_id(session, 0), SESSION_TOPIC, ALICE, initial_ping(session)), BOB
+    )
+    network.messaging.inject_raw(BOB, encode_frame(posing))
+    network.run_network()
+    (reason,) = dead_letter_reasons(bob)
+    assert "bad tag" in reason and "forged sender" in reason
+    assert bob.node.manager.statistics.flows_started == 0
     network.stop_nodes()
 
 
@@ -81,14 +98,14 @@ def test_unsigned_messages_and_unknown_senders_are_refused(network: MockNetwork)
     unsigned = Message(message_id(session, 0), SESSION_TOPIC, ALICE, initial_ping(session))
     stranger = NodeIdentity.generate("O=Mallory,L=Nowhere,C=XX")
     session2 = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2.s0"
-    unknown = stranger.sign(
+    unknown = MessageAuthenticator.of(stranger, network.peer_keys).authenticate(
         Message(message_id(session2, 0), SESSION_TOPIC, stranger.name, initial_ping(session2)), BOB
     )
     for message in (unsigned, unknown):
         network.messaging.inject_raw(BOB, encode_frame(message))
     network.run_network()
     reasons = dead_letter_reasons(bob)
-    assert any("is not signed" in r for r in reasons)
+    assert any("is not authenticated" in r for r in reasons)
     assert any("unknown sender" in r and "Mallory" in r for r in reasons)
     assert bob.node.manager.statistics.flows_started == 0
     network.stop_nodes()
@@ -104,19 +121,19 @@ def test_tampered_payloads_and_messages_moved_elsewhere_are_refused(network: Moc
         genuine.topic,
         genuine.sender,
         genuine.data.replace(b"Ping", b"Pong"),
-        genuine.signature,
+        genuine.tag,
     )
     other_session = message_id("c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3.s0", 0)
-    moved = Message(other_session, genuine.topic, genuine.sender, genuine.data, genuine.signature)
+    moved = Message(other_session, genuine.topic, genuine.sender, genuine.data, genuine.tag)
     network.messaging.inject_raw(BOB, encode_frame(tampered))
     network.messaging.inject_raw(BOB, encode_frame(moved))
     network.messaging.inject_raw(CAROL, encode_frame(genuine))  # meant for Bob, replayed to Carol
     network.run_network()
     assert handle.result() == "Pong"  # the genuine one still went through, once
     bob_reasons = dead_letter_reasons(bob)
-    assert len(bob_reasons) == 2 and all("bad signature" in r for r in bob_reasons)
+    assert len(bob_reasons) == 2 and all("bad tag" in r for r in bob_reasons)
     (carol_reason,) = dead_letter_reasons(carol)
-    assert "bad signature" in carol_reason
+    assert "bad tag" in carol_reason
     assert carol.node.manager.statistics.flows_started == 0
     assert bob.node.manager.statistics.flows_started == 1
     network.stop_nodes()
@@ -154,7 +171,7 @@ def test_a_peer_cannot_open_a_session_under_another_nodes_session_id(
     alice, bob, carol = network.nodes
     handle = alice.start_flow(PingFlow(bob.party))
     alices_session = initiator_session_id(handle.flow_id, 0, identity_tag(ALICE))
-    squat = carol.identity.sign(
+    squat = carol.node.authenticator.authenticate(
         Message(message_id(alices_session, 0), SESSION_TOPIC, CAROL, initial_ping(alices_session)),
         BOB,
     )

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from flows.identity import NodeIdentity, StaticPeerKeys
+from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.bridges import BridgeManager, BridgeStatus, tls_problem
 from messaging.peer_senders import Credentials, public_address, with_credentials
 from messaging.service import Message, TransportError
@@ -209,20 +211,23 @@ def test_an_idle_bridge_closes_when_its_peer_leaves(
     wait_until(lambda: "amqp://bob-broker/bob" in peers.closed, "the connection to Bob closed", 30)
 
 
-def test_a_row_that_cannot_be_signed_is_set_aside_and_the_others_go(
+def test_a_row_that_cannot_be_prepared_is_set_aside_and_the_others_go(
     outbox: FakeOutbox, directory: FakeDirectory, peers: FakePeers
 ) -> None:
-    class Signer:
-        def sign(self, message: Message, target: str) -> Message:
+    class Authenticator:
+        def problem(self, target: str) -> str | None:
+            return None
+
+        def authenticate(self, message: Message, target: str) -> Message:
             if message.message_id == "bad":
-                raise ValueError("cannot sign this one")
+                raise ValueError("cannot prepare this one")
             return message
 
     manager = BridgeManager(
         outbox,
         directory,
         ALICE,
-        signer=Signer(),  # type: ignore[arg-type]
+        authenticator=Authenticator(),  # type: ignore[arg-type]
         open_sender=peers.open,
     )
     manager.start()
@@ -234,6 +239,51 @@ def test_a_row_that_cannot_be_signed_is_set_aside_and_the_others_go(
         assert peers.messages_at("amqp://bob-broker/bob") == ["b1", "b2"]
     finally:
         manager.stop()
+
+
+def test_rows_for_a_peer_without_a_shared_key_wait_until_there_is_one(
+    outbox: FakeOutbox, directory: FakeDirectory, peers: FakePeers
+) -> None:
+    alice, bob, carol = (NodeIdentity.generate(name) for name in (ALICE, BOB, CAROL))
+    keys = StaticPeerKeys()  # Bob's keys are known; Carol's not yet
+    keys.add(BOB, bob.public_key, bob.agreement_key)
+    manager = BridgeManager(
+        outbox,
+        directory,
+        ALICE,
+        authenticator=MessageAuthenticator.of(alice, keys),
+        open_sender=peers.open,
+    )
+    manager.start()
+    try:
+        commit(outbox, manager, [row("b1", BOB), row("c1", CAROL)])
+        wait_until(lambda: "b1" in outbox.deleted, "Bob served", 30)
+        wait_until(
+            lambda: "cannot authenticate" in status_of(manager, CAROL).state,
+            "Carol's bridge to say why her row waits",
+            30,
+        )
+        state = status_of(manager, CAROL).state
+        assert state == (
+            f"unreachable: cannot authenticate messages for {CAROL}: not in the network map"
+        )
+        assert set(outbox.rows) == {"c1"}
+        assert [url for url, _ in peers.opened] == ["amqp://bob-broker/bob"]  # never Carol's
+        ((tagged, target),) = peers.taken["amqp://bob-broker/bob"]
+        assert target == BOB and MessageVerifier.of(bob, keys_of(alice)).problem(tagged) is None
+        keys.add(CAROL, carol.public_key, carol.agreement_key)  # her node-info arrives
+        wait_until(manager.idle, "Carol served once a key is shared with her", 30)
+        ((tagged, _),) = peers.taken["postgresql://carol-db/queue"]
+        assert MessageVerifier.of(carol, keys_of(alice)).problem(tagged) is None
+    finally:
+        manager.stop()
+
+
+def keys_of(*identities: NodeIdentity) -> StaticPeerKeys:
+    keys = StaticPeerKeys()
+    for identity in identities:
+        keys.add(identity.name, identity.public_key, identity.agreement_key)
+    return keys
 
 
 def test_a_start_sends_what_the_outbox_still_holds(

@@ -6,7 +6,7 @@ limits, in one-, two- and four-byte characters, sometimes with a NUL character:
 
 * frames from unknown senders or with forged contents (to the node's dead letters, or to the
   transport's when a frame field is over its limit),
-* session messages signed by a genuine peer whose fields are over their limits (the node's
+* session messages authenticated by a genuine peer whose fields are over their limits (the node's
   dead letters),
 * genuine session messages at the limits: an initial message with the longest session id a
   peer may use, from a peer whose name is as long as a name may be, which starts a responder
@@ -83,12 +83,12 @@ class Hostile:
     message_id: str
     within: bool
     genuine: bool = False
-    """Signed by Alice, within the limits and expected: Bob must take it in (id recorded)."""
+    """Authenticated by Alice, within the limits and expected: Bob must take it in (id recorded)."""
 
 
-def pack_frame(message_id: str, sender: str, data: bytes, signature: bytes = b"") -> bytes:
+def pack_frame(message_id: str, sender: str, data: bytes, tag: bytes = b"") -> bytes:
     """A frame as a careless or hostile sender writes it (no limits checked)."""
-    fields = [FRAME_VERSION, message_id, SESSION_TOPIC, sender, data, signature]
+    fields = [FRAME_VERSION, message_id, SESSION_TOPIC, sender, data, tag]
     return bytes(msgpack.packb(fields, use_bin_type=True))
 
 
@@ -110,7 +110,7 @@ def around(limit: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def forged(draw: st.DrawFn) -> list[Hostile]:
-    """A frame from an unknown sender, or claiming to be Alice without her signature."""
+    """A frame from an unknown sender, or claiming to be Alice without her key's tag."""
     id_length = draw(around(limits.MESSAGE_ID_CHARS))
     mid, id_ok = draw(text_of_length(id_length, "N-"))
     if draw(st.booleans()):
@@ -120,12 +120,12 @@ def forged(draw: st.DrawFn) -> list[Hostile]:
     within = id_ok and sender_ok
     within = within and id_length <= limits.MESSAGE_ID_CHARS and len(sender) <= 300
     data = draw(st.binary(max_size=40))
-    return [Hostile(pack_frame(mid, sender, data, b"\x01" * 64), mid, within)]
+    return [Hostile(pack_frame(mid, sender, data, b"\x01" * 32), mid, within)]
 
 
 @st.composite
 def genuine_sessions(draw: st.DrawFn, alice: MockNode) -> list[Hostile]:
-    """Session messages signed by Alice: an initial message, perhaps an error after it."""
+    """Session messages authenticated by Alice: an initial message, perhaps an error after it."""
     limit = limits.INITIATOR_SESSION_ID_CHARS
     tag = identity_tag(ALICE) + "-"
     length = draw(st.sampled_from([limit - 1, limit, limit + 1, limit + 2]))
@@ -148,7 +148,7 @@ def genuine_sessions(draw: st.DrawFn, alice: MockNode) -> list[Hostile]:
         and len(app_name) <= limits.APP_NAME_CHARS
     )
     first = message_id(session, 0)
-    found = [signed(alice, first, encode_session_message(initial), within, within)]
+    found = [authenticated(alice, first, encode_session_message(initial), within, within)]
     if draw(st.booleans()):
         class_length = draw(around(limits.EXCEPTION_CLASS_CHARS))
         exception_class, exception_ok = draw(text_of_length(class_length, "x.E"))
@@ -161,14 +161,14 @@ def genuine_sessions(draw: st.DrawFn, alice: MockNode) -> list[Hostile]:
         # first payload the responder may have ended first (then it is dropped as late).
         must = ok and known and payload is None
         mid = message_id(session, 1)
-        found.append(signed(alice, mid, encode_session_message(after), ok, must))
+        found.append(authenticated(alice, mid, encode_session_message(after), ok, must))
     return found
 
 
-def signed(alice: MockNode, mid: str, data: bytes, within: bool, must_take: bool) -> Hostile:
-    """Signed by Alice; ``must_take``: Bob must take it in if its id is within the limit."""
-    message = alice.identity.sign(Message(mid, SESSION_TOPIC, ALICE, data), BOB)
-    frame = pack_frame(message.message_id, ALICE, data, message.signature)
+def authenticated(alice: MockNode, mid: str, data: bytes, within: bool, must_take: bool) -> Hostile:
+    """Authenticated by Alice; ``must_take``: Bob must take it in if its id is within the limit."""
+    message = alice.node.authenticator.authenticate(Message(mid, SESSION_TOPIC, ALICE, data), BOB)
+    frame = pack_frame(message.message_id, ALICE, data, message.tag)
     within = within and len(mid) <= limits.MESSAGE_ID_CHARS
     return Hostile(frame, mid, within, must_take and within)
 

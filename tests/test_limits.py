@@ -23,7 +23,13 @@ from flows.client import NodeClient
 from flows.errors import FlowDefinitionError
 from messaging import codec
 from messaging.codec import TEXT_LIMITS, decode_session_message, encode_session_message
-from messaging.frame import FIELD_LIMITS, MalformedFrameError, decode_frame, encode_frame
+from messaging.frame import (
+    FIELD_LIMITS,
+    FRAME_VERSION,
+    MalformedFrameError,
+    decode_frame,
+    encode_frame,
+)
 from messaging.service import SESSION_TOPIC, Message
 from messaging.sqlqueue import metadata as queue_metadata
 from persistence import schema
@@ -153,7 +159,7 @@ def frame_message(**fields: str) -> Message:
 def loose_frame(message: Message) -> bytes:
     import msgpack
 
-    fields = [1, message.message_id, message.topic, message.sender, message.data, b""]
+    fields = [FRAME_VERSION, message.message_id, message.topic, message.sender, message.data, b""]
     return bytes(msgpack.packb(fields, use_bin_type=True))
 
 

@@ -134,12 +134,18 @@ def test_node_info_writes_the_node_info_signed_without_starting_the_node(
     assert main([*issue, "--out", "alice.cert.pem"]) == 0
     capsys.readouterr()
     assert main(["network", "node-info", "--config", str(config), "--out", "handed-over"]) == 0
-    assert "certified, signed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "certified, signed" in out
     rooted = NetworkMap(tmp_path / "handed-over", NetworkRoot.load(tmp_path / ROOT_CERT))
     assert rooted.rejected() == []
     info = rooted.lookup(ALICE)
     assert info is not None
     assert info.transport == "amqp://broker.a.example:5672/alice"  # no credentials published
+    key_file = load_config(config).key_file
+    assert key_file is not None
+    identity = load_or_create_identity(key_file, ALICE)
+    assert info.agreement_key == identity.agreement_key_hex  # published, under the signature
+    assert f"agreement key: {identity.agreement_key_hex}" in out
     # A certificate that is not the node's own: refused, nothing written.
     bob_config = node_config(tmp_path, BOB, "bob")
     (tmp_path / "bob.cert.pem").write_bytes((tmp_path / "alice.cert.pem").read_bytes())

@@ -22,7 +22,7 @@ from flows.doorman import (
     RootAuthority,
     certificate_request,
 )
-from flows.identity import NetworkMapPeerKeys, NodeIdentity
+from flows.identity import NetworkMapPeerKeys, NodeIdentity, StaticPeerKeys
 from flows.network_map import NetworkMap, NodeInfo
 from flows.network_trust import (
     NetworkRoot,
@@ -33,8 +33,8 @@ from flows.network_trust import (
     x509_name,
 )
 from flows.runtime_config import ConfigError, config_from_mapping
+from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.service import Message
-from messaging.signing import MessageVerifier
 
 ALICE, BOB, CAROL = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US", "O=Carol,L=Zurich,C=CH"
 
@@ -277,6 +277,10 @@ def test_a_node_info_is_signed_over_every_field_but_its_signature() -> None:
         info.signed_by(NodeIdentity.generate(BOB))
     with pytest.raises(ValueError, match="another public key"):
         info.signed_by(NodeIdentity.generate(ALICE))
+    # The agreement key is the signer's, and the signature covers it.
+    assert document["agreement_key"] == alice.agreement_key_hex
+    with pytest.raises(ValueError, match="another agreement key"):
+        attrs.evolve(info, agreement_key="00" * 32).signed_by(alice)
 
 
 # --- the network map under a root ----------------------------------------------------------
@@ -293,7 +297,15 @@ def test_a_rooted_map_returns_only_verified_nodes_and_lists_the_refused(
     document = json.loads(bob_path.read_text())
     document["address"] = "O=Mallory,L=London,C=GB"  # changed after Bob signed it
     bob_path.write_text(json.dumps(document))
-    carol_path = writer.publish(NodeInfo(CAROL, CAROL, "q", public_key=carol.public_key_hex))
+    carol_path = writer.publish(
+        NodeInfo(
+            CAROL,
+            CAROL,
+            "q",
+            public_key=carol.public_key_hex,
+            agreement_key=carol.agreement_key_hex,
+        )
+    )
     garbage = directory / "0123.json"
     garbage.write_text("{not json")
 
@@ -326,10 +338,33 @@ def test_a_rooted_map_returns_only_verified_nodes_and_lists_the_refused(
     assert set(NetworkMap(directory).nodes()) == {ALICE, BOB, CAROL}
 
 
-def test_old_unsigned_node_info_files_still_read(tmp_path: Path) -> None:
+def test_unsigned_node_info_files_still_read(tmp_path: Path) -> None:
     directory = tmp_path / "network-map"
     directory.mkdir()
-    old = {
+    unsigned = {
+        "name": BOB,
+        "node_key": NodeInfo(BOB, BOB, "q").node_key,
+        "address": BOB,
+        "transport": "sqlite:///queue.db",
+        "public_key": "9c" * 32,
+        "agreement_key": "5a" * 32,
+        "platform_version": 1,
+        "updated_at": "2026-11-22T19:30:00+00:00",
+    }
+    (directory / f"{unsigned['node_key']}.json").write_text(json.dumps(unsigned))
+    info = NetworkMap(directory).lookup(BOB)
+    assert info is not None and info.certificate is None and info.signature is None
+    assert info.to_json() == unsigned
+    path = NetworkMap(directory).publish(info)  # an unsigned publish keeps the shape
+    assert set(json.loads(path.read_text())) == set(unsigned)
+
+
+def test_a_node_info_without_a_usable_agreement_key_is_refused_naming_the_field(
+    tmp_path: Path, authority: RootAuthority, root: NetworkRoot
+) -> None:
+    directory = tmp_path / "network-map"
+    directory.mkdir()
+    old = {  # as a fiberflow that signed each message with Ed25519 published it
         "name": BOB,
         "node_key": NodeInfo(BOB, BOB, "q").node_key,
         "address": BOB,
@@ -338,12 +373,33 @@ def test_old_unsigned_node_info_files_still_read(tmp_path: Path) -> None:
         "platform_version": 1,
         "updated_at": "2026-11-22T19:30:00+00:00",
     }
-    (directory / f"{old['node_key']}.json").write_text(json.dumps(old))
-    info = NetworkMap(directory).lookup(BOB)
-    assert info is not None and info.certificate is None and info.signature is None
-    assert info.to_json() == old
-    path = NetworkMap(directory).publish(info)  # an unsigned publish keeps the old shape
-    assert set(json.loads(path.read_text())) == set(old)
+    old_path = directory / f"{old['node_key']}.json"
+    old_path.write_text(json.dumps(old))
+    unrooted = NetworkMap(directory)
+    assert unrooted.lookup(BOB) is None and unrooted.nodes() == {}
+    ((path, reason),) = unrooted.rejected()
+    assert path == old_path and reason.startswith(f"{BOB}: no agreement_key: ")
+    keys = NetworkMapPeerKeys(unrooted)
+    assert keys.agreement_key(BOB) is None and keys.public_key(BOB) is None
+    assert (keys.refusal(BOB) or "").startswith(f"{BOB}: no agreement_key")
+    # Not hex, or not 32 bytes: refused too.
+    for bad in ("zz" * 32, "5a" * 31):
+        old_path.write_text(json.dumps({**old, "agreement_key": bad}))
+        ((_, reason),) = unrooted.rejected()
+        assert reason == f"{BOB}: agreement_key is not 32 bytes of hex"
+    # Signed and certified, but by a node that published no agreement key: refused as well.
+    alice = NodeIdentity.generate(ALICE)
+    certified = signed_info(alice, issue(authority, alice))
+    without = attrs.evolve(certified, agreement_key=None)
+    without = attrs.evolve(without, signature=alice.sign_bytes(without.signed_bytes()).hex())
+    root.verify_node_info(without)  # the root has nothing against it...
+    (directory / f"{without.node_key}.json").write_text(json.dumps(without.to_json()))
+    rooted = NetworkMap(directory, root)
+    assert rooted.lookup(ALICE) is None  # ... but no message could be authenticated
+    reasons = dict(rooted.rejected())
+    assert reasons[directory / f"{without.node_key}.json"].startswith(
+        f"{ALICE}: no agreement_key: "
+    )
 
 
 def test_publish_signs_after_stamping_the_time(
@@ -376,18 +432,26 @@ def test_peer_keys_over_a_rooted_map_know_no_node_whose_info_is_refused(
     assert rooted_keys.public_key(ALICE) == alice.public_key
     assert rooted_keys.public_key(BOB) is None
     assert NetworkMapPeerKeys(NetworkMap(directory)).public_key(BOB) == bob.public_key
-    # So a message signed by Bob fails authentication at a node trusting the root.
-    verifier = MessageVerifier(CAROL, rooted_keys)
-    message = bob.sign(Message("N-s-0", "session", BOB, b"hello"), CAROL)
+    # So a message tagged by Bob fails authentication at a node trusting the root.
+    carol = NodeIdentity.generate(CAROL)
+    senders_view = StaticPeerKeys()  # what the senders know: everyone's keys
+    for identity in (alice, bob, carol):
+        senders_view.add(identity.name, identity.public_key, identity.agreement_key)
+
+    def tagged(sender: NodeIdentity, message: Message, target: str) -> Message:
+        return MessageAuthenticator.of(sender, senders_view).authenticate(message, target)
+
+    verifier = MessageVerifier.of(carol, rooted_keys)
+    message = tagged(bob, Message("N-s-0", "session", BOB, b"hello"), CAROL)
     refusal = rooted_keys.refusal(BOB)
     assert refusal is not None and "issued by another root" in refusal
     assert verifier.problem(message) == (
         f"unknown sender {BOB!r}: its node-info is refused: {refusal}"
     )
-    genuine = alice.sign(Message("N-s-0", "session", ALICE, b"hello"), CAROL)
+    genuine = tagged(alice, Message("N-s-0", "session", ALICE, b"hello"), CAROL)
     assert verifier.problem(genuine) is None
-    unknown = NodeIdentity.generate(CAROL).sign(Message("N-t-0", "session", CAROL, b"x"), ALICE)
-    assert MessageVerifier(ALICE, rooted_keys).problem(unknown) == (
+    unknown = tagged(carol, Message("N-t-0", "session", CAROL, b"x"), ALICE)
+    assert MessageVerifier.of(alice, rooted_keys).problem(unknown) == (
         f"unknown sender {CAROL!r}: not in the network map"
     )
 
