@@ -46,7 +46,8 @@ class _FiberRuntime:
         payloads: Serializer,
         max_payload_bytes: int,
     ) -> None:
-        self._fiber = fiber
+        self._fiber: GreenletFiber | None = fiber
+        """None once the flow has ended (see :meth:`GreenletFiber._run`)."""
         self.flow_id = flow_id
         self.our_identity = our_identity
         self.clock_now = clock_now
@@ -60,13 +61,18 @@ class _FiberRuntime:
 
     def suspend(self, request: IORequest) -> Plain:
         """Switch to the scheduler with ``request``; return (or raise) what it sends back."""
+        if self._fiber is None:
+            raise RuntimeError(
+                f"flow {self.flow_id} has ended: its sessions and operations cannot be used"
+            )
         return self._fiber.suspend(request)
 
     def register_effect(self, label: str, effect: FlowEffect) -> int:
         """Keep ``effect`` for the transaction of this step; returns its ordinal."""
         ordinal = self._next_effect
         self._next_effect += 1
-        self._effects.register(self.flow_id, ordinal, label, effect, self._fiber.flow_class)
+        flow_class = "" if self._fiber is None else self._fiber.flow_class
+        self._effects.register(self.flow_id, ordinal, label, effect, flow_class)
         return ordinal
 
 
@@ -100,13 +106,16 @@ class GreenletFiber:
         self._monitor = monitor
         self.flow_class = flow_class
         """The flow's class name (for the busy-flow watchdog's messages)."""
-        self._build = build
+        self._build: Callable[[_FiberRuntime], FlowLogic[Any]] | None = build
         self._greenlet = greenlet.greenlet(self._run)
         self._resumer: greenlet.greenlet | None = None
 
     def _run(self, _: Plain) -> FiberOutcome:
+        build, self._build = self._build, None
         try:
-            flow = self._build(self._runtime)
+            assert build is not None, "a fiber runs once"
+            flow = build(self._runtime)
+            del build  # its closure refers to the flow instance a local start made
             result = flow.call()
             return Returned(self._runtime.payloads.encode(result))
         except greenlet.GreenletExit:
@@ -114,6 +123,11 @@ class GreenletFiber:
         except Exception as error:
             log.debug("flow %s raised", self._runtime.flow_id, exc_info=True)
             return Failed(error_from_exception(error))
+        finally:
+            # The flow, its runtime and this fiber refer to each other: break the circle, so
+            # that an ended flow is freed by reference counting at once, not by a collection
+            # of the cyclic garbage collector (which walks every live object of the node).
+            self._runtime._fiber = None
 
     def suspend(self, request: IORequest) -> Plain:
         """Called from inside the flow: hand ``request`` to the scheduler."""
