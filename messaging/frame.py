@@ -86,10 +86,11 @@ def encode_frame(message: Message) -> bytes:
     return frame
 
 
-def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES, receipt: object = None) -> Message:
     """Parse a frame; raises :class:`MalformedFrameError` naming what is wrong with it.
 
-    A frame over ``max_bytes`` is refused on its length, before it is decoded.
+    A frame over ``max_bytes`` is refused on its length, before it is decoded. ``receipt``
+    is the transport's handle of this delivery (see :class:`~messaging.service.Message`).
     """
     if not isinstance(raw, bytes | bytearray | memoryview):
         raise MalformedFrameError(f"a frame is bytes, not {type(raw).__name__}")
@@ -120,7 +121,7 @@ def decode_frame(raw: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
         raise MalformedFrameError("undecodable frame: field data is not bytes")
     if not isinstance(tag, bytes):
         raise MalformedFrameError("undecodable frame: field tag is not bytes")
-    return Message(message_id, topic, sender, data, tag)
+    return Message(message_id, topic, sender, data, tag, receipt)
 
 
 def peek_message_id(raw: bytes) -> str | None:

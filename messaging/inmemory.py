@@ -225,18 +225,19 @@ class InMemoryNetwork:
             reason = f"{oversized_problem(len(raw), self.max_frame_bytes)}; "
             self._dead_letter(address, kept, f"{reason}only its first {len(kept)} bytes are kept")
             return False
+        receipt = self._receipts + 1
         try:
-            message = decode_frame(raw, self.max_frame_bytes)
+            message = decode_frame(raw, self.max_frame_bytes, receipt)
         except MalformedFrameError as error:
             self._dead_letter(address, raw, str(error))
             return False
         if not endpoint.handles(message.topic):
             self._dead_letter(address, raw, f"no handler for topic {message.topic!r} at {address}")
             return False
-        self._receipts += 1
-        queue.in_flight[self._receipts] = raw
+        self._receipts = receipt
+        queue.in_flight[receipt] = raw
         self.statistics.delivered += 1
-        endpoint._dispatch(attrs.evolve(message, receipt=self._receipts))
+        endpoint._dispatch(message)
         return True
 
     def _dead_letter(self, address: str, raw: bytes, reason: str) -> None:

@@ -31,6 +31,7 @@ from statemachine.session_messages import (
     SessionReject,
 )
 from statemachine.state import (
+    NO_VALUE,
     EarlyMessage,
     FlowState,
     InboxItem,
@@ -206,7 +207,7 @@ def send_payloads(
         item = payloads[0]
         session = _session(state, item.session_id)
         state, _ = _queue_outbound(state, session, SessionData(item.payload), item.payload)
-        return state, Value(None)
+        return state, NO_VALUE
     queued: list[tuple[OutboundSessionMessage, SessionState]] = []
     latest: dict[str, SessionState] = {}  # a payload list may name a session twice
     for item in payloads:
@@ -215,7 +216,7 @@ def send_payloads(
             session, SessionData(item.payload), item.payload
         )
         queued.append((message, latest[item.session_id]))
-    return _queue_many(state, queued), Value(None)
+    return _queue_many(state, queued), NO_VALUE
 
 
 def _refuse_send(session: SessionState) -> Raised | None:
@@ -325,7 +326,7 @@ def close_sessions(state: FlowState, session_ids: tuple[str, ...]) -> tuple[Flow
         closed[session_id] = session
     checkpoint = state.checkpoint.with_sessions(closed.values())
     outbound = state.unsent_outbound.extend(messages)
-    return replace(state, checkpoint=checkpoint, unsent_outbound=outbound), Value(None)
+    return replace(state, checkpoint=checkpoint, unsent_outbound=outbound), NO_VALUE
 
 
 def end_all_sessions(

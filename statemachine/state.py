@@ -96,6 +96,9 @@ class Raised:
     error: FlowError
 
 
+NO_VALUE = Value(None)
+"""The outcome of a request that returns nothing (shared: values are immutable)."""
+
 Outcome = Union[Value, Raised]
 """How a request completed."""
 

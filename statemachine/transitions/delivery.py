@@ -9,7 +9,7 @@ from statemachine.iorequests import Receive, Sleep
 from statemachine.result import ProcessEvents, TransitionResult
 from statemachine.session_messages import InboundRecord
 from statemachine.session_ops import receive_after_delivery, take_in
-from statemachine.state import FlowState, FlowStatus, Raised, Value
+from statemachine.state import NO_VALUE, FlowState, FlowStatus, Raised
 from statemachine.transitions.committing import commit, complete
 
 FLOW_TIMEOUT_EXCEPTION = "flows.errors.FlowTimeoutException"
@@ -52,7 +52,7 @@ def wake_up(state: FlowState, event: WakeUp) -> TransitionResult:
         )
         return complete(state, request, Raised(error), event.at)
     assert isinstance(request, Sleep)
-    return complete(state, request, Value(None), event.at)
+    return complete(state, request, NO_VALUE, event.at)
 
 
 def drop_late_message(state: FlowState, event: DeliverSessionMessage) -> TransitionResult:

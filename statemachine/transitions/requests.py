@@ -30,7 +30,7 @@ from statemachine.session_ops import (
     send_payloads,
     try_receive,
 )
-from statemachine.state import FlowState, Outcome, Pending, Value
+from statemachine.state import NO_VALUE, FlowState, Outcome, Pending, Value
 from statemachine.transitions.committing import block, complete
 from statemachine.values import replace
 
@@ -66,7 +66,7 @@ def receive(
 def sleep(state: FlowState, request: Sleep, at: float, deadline: float) -> TransitionResult:
     """Resume at once if ``deadline`` has passed, else block until it does."""
     if at >= deadline:
-        return complete(state, request, Value(None), at)
+        return complete(state, request, NO_VALUE, at)
     return block(state, Pending(request, deadline), at)
 
 
@@ -104,11 +104,11 @@ def _close(state: FlowState, request: CloseSessions) -> tuple[FlowState, Outcome
 
 def _progress(state: FlowState, request: SetProgress) -> tuple[FlowState, Outcome]:
     checkpoint = replace(state.checkpoint, progress_step=request.step)
-    return replace(state, checkpoint=checkpoint), Value(None)
+    return replace(state, checkpoint=checkpoint), NO_VALUE
 
 
 def _effect(state: FlowState, request: RunInTransaction) -> tuple[FlowState, Outcome]:
-    return replace(state, unrun_effects=state.unrun_effects.append(request.ordinal)), Value(None)
+    return replace(state, unrun_effects=state.unrun_effects.append(request.ordinal)), NO_VALUE
 
 
 def _value(state: FlowState, request: RecordValue) -> tuple[FlowState, Outcome]:
