@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import msgpack
 
 from persistence.serialization import (
@@ -103,9 +104,16 @@ _KINDS = {kind.value: kind for kind in ErrorKind}
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The blob stored in ``node_checkpoint_blobs`` (format 2, or 1 if 2 cannot carry it)."""
+    """The blob stored in ``node_checkpoint_blobs`` (format 2, or 1 if 2 cannot carry it).
+
+    A long journal is not packed again at every commit: what was packed of it before is
+    reused (see :class:`JournalCache`), so a commit packs the entries added since.
+    """
     try:
-        packed: bytes = msgpack.packb(_checkpoint(checkpoint), use_bin_type=True)
+        if len(checkpoint.journal) >= JournalCache.MIN_ENTRIES:
+            packed = _JOURNALS.encode(checkpoint)
+        else:
+            packed = msgpack.packb(_checkpoint(checkpoint), use_bin_type=True)
     except (OverflowError, TypeError):  # an integer over 64 bits, say: format 1 carries it
         return encode_checkpoint_format_1(checkpoint)
     if len(packed) > CHECKPOINT_LIMITS.max_bytes:
@@ -156,6 +164,10 @@ _FORMAT_2_PREFIX = bytes([0x90 + _FIELDS, CHECKPOINT_FORMAT])
 
 
 def _checkpoint(c: Checkpoint) -> list[Any]:
+    return [*_before_journal(c), [_entry(entry) for entry in c.journal], *_after_journal(c)]
+
+
+def _before_journal(c: Checkpoint) -> list[Any]:
     origin = c.origin
     return [
         CHECKPOINT_FORMAT,
@@ -173,7 +185,11 @@ def _checkpoint(c: Checkpoint) -> list[Any]:
         c.status.value,
         c.created_at,
         [_session(s) for s in c.sessions],
-        [[entry.signature, _outcome(entry.outcome)] for entry in c.journal],
+    ]
+
+
+def _after_journal(c: Checkpoint) -> list[Any]:
+    return [
         None if c.pending is None else _pending(c.pending),
         c.next_session_index,
         None if c.error is None else _error(c.error),
@@ -181,6 +197,102 @@ def _checkpoint(c: Checkpoint) -> list[Any]:
         c.session_tag,
         c.version,
     ]
+
+
+def _entry(entry: JournalEntry) -> list[Any]:
+    return [entry.signature, _outcome(entry.outcome)]
+
+
+@attrs.frozen
+class _PackedJournal:
+    """A flow's journal entries ``[0, count)`` packed, and two of them to know them by."""
+
+    count: int
+    first: JournalEntry
+    last: JournalEntry
+    packed: bytes
+
+
+class JournalCache:
+    """What was packed of long journals, so that a commit packs only the entries it adds.
+
+    A journal only grows, and its entries are immutable values shared by every later
+    version of it: if a checkpoint's journal holds, at the positions a packed prefix covers,
+    the very entry objects that prefix was packed from (its first and its last, compared by
+    identity), the prefix's bytes are those entries' bytes. A journal built apart (read back
+    from a blob, after a restart or a retry) holds other objects and is packed whole. The
+    blob is byte for byte what packing the whole checkpoint at once makes (msgpack packs an
+    array as its header followed by its items).
+
+    Only journals of at least :data:`MIN_ENTRIES` entries are kept (a short one packs in
+    microseconds), at most :data:`MAX_BYTES` in all, the least recently used dropped first.
+    """
+
+    MIN_ENTRIES = 64
+    """Journals shorter than this are packed whole each time."""
+    MAX_BYTES = 64 * 1024 * 1024
+    """The most packed bytes kept, over every flow of the process."""
+
+    def __init__(self) -> None:
+        self._journals: dict[str, _PackedJournal] = {}
+        self._bytes = 0
+
+    def encode(self, checkpoint: Checkpoint) -> bytes:
+        """``checkpoint`` packed in format 2, reusing what was packed of its journal.
+
+        Raises what msgpack raises for a value it cannot pack.
+        """
+        journal = checkpoint.journal
+        count = len(journal)
+        known = self._journals.pop(checkpoint.flow_id, None)
+        if known is not None:
+            self._bytes -= len(known.packed)
+            if not (
+                known.count <= count
+                and journal[0] is known.first
+                and journal[known.count - 1] is known.last
+            ):
+                known = None
+        done, packed = (0, b"") if known is None else (known.count, known.packed)
+        added = [_entry(entry) for entry in journal[done:]]
+        if added:
+            packed += msgpack.packb(added, use_bin_type=True)[_array_header_size(len(added)) :]
+        self._remember(checkpoint.flow_id, _PackedJournal(count, journal[0], journal[-1], packed))
+        before = msgpack.packb(_before_journal(checkpoint), use_bin_type=True)
+        after = msgpack.packb(_after_journal(checkpoint), use_bin_type=True)
+        return b"".join(
+            (
+                _FORMAT_2_PREFIX[:1],
+                before[1:],  # both are arrays of under 16 items: a one-byte header
+                _array_header(count),
+                packed,
+                after[1:],
+            )
+        )
+
+    def _remember(self, flow_id: str, packed: _PackedJournal) -> None:
+        self._journals[flow_id] = packed
+        self._bytes += len(packed.packed)
+        while self._bytes > self.MAX_BYTES and self._journals:
+            oldest = next(iter(self._journals))
+            self._bytes -= len(self._journals.pop(oldest).packed)
+
+
+_JOURNALS = JournalCache()
+"""The process's cache of packed journals (keyed by flow id; see :class:`JournalCache`)."""
+
+
+def _array_header(count: int) -> bytes:
+    """Msgpack's header of an array of ``count`` items."""
+    if count < 16:
+        return bytes([0x90 + count])
+    if count < 0x10000:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _array_header_size(count: int) -> int:
+    return 1 if count < 16 else 3 if count < 0x10000 else 5
 
 
 def _session(s: SessionState) -> list[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
+import attrs
 import msgpack
 import pytest
 
@@ -143,3 +144,60 @@ def test_what_format_2_cannot_carry_is_written_in_format_1() -> None:
 def test_a_broken_blob_of_format_2_is_refused_with_a_reason(blob: bytes) -> None:
     with pytest.raises(SerializationError, match="not a checkpoint blob of format 2"):
         decode_checkpoint(blob)
+
+
+def long_flow(entries: int, flow_id: str = "long") -> Checkpoint:
+    return Checkpoint(
+        flow_id,
+        StartedLocally("app.Looping", b""),
+        FlowStatus.SUSPENDED,
+        1.0,
+        journal=[JournalEntry(("Sleep", 0.05), Value(None)) for _ in range(entries)],
+        pending=Pending(Sleep(0.05), 2.0),
+    )
+
+
+@pytest.mark.parametrize("added", [0, 1, 15, 16, 70_000])
+def test_a_long_journal_is_packed_once_and_the_blob_is_what_packing_it_whole_makes(
+    added: int,
+) -> None:
+    from persistence import checkpoint_codec
+
+    cache = checkpoint_codec.JournalCache()
+    first = long_flow(checkpoint_codec.JournalCache.MIN_ENTRIES + 3, f"long-{added}")
+    assert cache.encode(first) == msgpack.packb(checkpoint_codec._checkpoint(first))
+    grown = attrs.evolve(
+        first,
+        journal=first.journal.extend(
+            JournalEntry(("Receive", f"s{i}"), Value((b"x", i))) for i in range(added)
+        ),
+        version=first.version + 1,
+    )
+    blob = cache.encode(grown)  # reuses the first's packed entries
+    assert blob == msgpack.packb(checkpoint_codec._checkpoint(grown))
+    assert decode_checkpoint(blob) == grown
+
+
+def test_a_journal_built_apart_is_packed_whole() -> None:
+    from persistence import checkpoint_codec
+
+    cache = checkpoint_codec.JournalCache()
+    flow = long_flow(100)
+    cache.encode(flow)
+    # Read back from its blob (a restart, a retry): equal entries, other objects. A journal
+    # that differs where the cache was made must not reuse it either.
+    again = decode_checkpoint(encode_checkpoint(flow))
+    changed = attrs.evolve(again, journal=[JournalEntry(("Other",), Value(1))] * 100)
+    assert cache.encode(changed) == msgpack.packb(checkpoint_codec._checkpoint(changed))
+    assert decode_checkpoint(cache.encode(changed)) == changed
+
+
+def test_the_cache_keeps_at_most_its_byte_limit() -> None:
+    from persistence import checkpoint_codec
+
+    cache = checkpoint_codec.JournalCache()
+    cache.MAX_BYTES = 5_000  # type: ignore[misc]
+    for index in range(20):
+        cache.encode(long_flow(100, f"f{index}"))
+    assert 0 < cache._bytes <= 5_000
+    assert len(cache._journals) < 20 and "f19" in cache._journals
