@@ -39,11 +39,11 @@ class FlowRuntime:
     """When a flow that failed is resumed from its last checkpoint (None: not waiting)."""
     indexed_sessions: int = 0
     """How many of the flow's sessions (which only ever grow, in order) are indexed."""
+    flow_id: str = attrs.field(init=False)
+    """The flow's id (its state's, which never changes: kept here, it is read at every step)."""
 
-    @property
-    def flow_id(self) -> str:
-        """The flow's id."""
-        return self.state.flow_id
+    def __attrs_post_init__(self) -> None:
+        self.flow_id = self.state.flow_id
 
     def kill_queued(self) -> bool:
         """True if a kill waits among the flow's events."""
