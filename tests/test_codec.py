@@ -9,6 +9,8 @@ from typing import Annotated
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from messaging.codec import ENVELOPE_HEADROOM, SessionCodec
 from persistence.serialization import PAYLOADS, SerializationError, SerializationLimits
@@ -21,6 +23,7 @@ from statemachine.session_messages import (
     SessionErrorBody,
 )
 from statemachine.wire_fields import InvalidFieldError, Text, WirePart, field_rules
+from tests.malformed import anything, bodies, sequences, session_ids
 
 SMALL = SerializationLimits(max_bytes=2 * ENVELOPE_HEADROOM, max_bytes_length=3 * ENVELOPE_HEADROOM)
 
@@ -79,3 +82,21 @@ def test_text_from_outside_must_declare_its_limit() -> None:
         field_rules(Unbounded)
     (rule,) = field_rules(Bounded)
     assert rule.types == (str,) and rule.text == Text(10)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.builds(ExistingSessionMessage, session_ids | anything, sequences, bodies)
+    | st.builds(InitialSessionMessage, anything, anything, anything, anything, anything)
+)
+def test_the_compiled_check_agrees_with_the_rules_read_one_by_one(message: WirePart) -> None:
+    # validate() runs a check compiled per class and, only when it says no, the rules one
+    # by one (which name the broken rule): both must agree on every message.
+    from statemachine.wire_fields import _check, _fast_check
+
+    try:
+        _check(message, "m")
+        valid = True
+    except InvalidFieldError:
+        valid = False
+    assert _fast_check(type(message))(message) is valid
