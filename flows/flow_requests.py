@@ -145,13 +145,19 @@ def encode_arguments(flow: FlowLogic[Any], payloads: Serializer = PAYLOADS) -> b
     records the request uses the default limits).
     """
     args, kwargs = flow._ff_args
-    named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
-    named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-    for label, value in named:
-        try:
-            payloads.encode(value)
-        except SerializationError as error:
-            raise FlowArgumentError(
-                f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
-            ) from None
-    return payloads.encode((list(args), kwargs))
+    try:
+        return payloads.encode((list(args), kwargs))
+    except SerializationError as whole:
+        # Name the argument at fault: encode them one by one (only when something failed).
+        named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
+        named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        for label, value in named:
+            try:
+                payloads.encode(value)
+            except SerializationError as error:
+                raise FlowArgumentError(
+                    f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
+                ) from None
+        raise FlowArgumentError(
+            f"{type(flow).__qualname__}: its arguments cannot be checkpointed: {whole}"
+        ) from None
