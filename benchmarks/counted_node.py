@@ -1,0 +1,118 @@
+"""Run ``fiberflow`` (a node process) with load-independent counters, for the benchmarks.
+
+``python benchmarks/counted_node.py COUNTS.json node run --config node.toml`` runs the CLI as
+usual and, when the process exits, writes to ``COUNTS.json`` what it did, counted from inside
+the process (the figures do not depend on how busy the machine was):
+
+* ``statements``: SQL statements (an ``executemany`` counts once) and ``commits``, per database
+  (``node`` for the node database, ``queue`` for a SQL queue, by URL);
+* ``round_trips``: PostgreSQL round trips (psycopg waits for the server), per thread;
+* ``amqp_waits``: waits for the RabbitMQ broker (pika's blocking flushes), per thread, and
+  ``amqp_publishes``;
+* ``cpu_seconds``: user + system CPU time of the process.
+
+Nothing here is part of fiberflow: it patches counters in from outside, for measuring.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import resource
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import Engine, event
+
+COUNTS: dict[str, Any] = {
+    "statements": collections.Counter(),
+    "commits": collections.Counter(),
+    "round_trips": collections.Counter(),
+    "amqp_waits": collections.Counter(),
+    "amqp_publishes": 0,
+}
+
+
+def _database(connection: Any) -> str:
+    """``node`` for the node database, ``queue`` for a SQL queue's."""
+    url = str(connection.engine.url)
+    if "queue" in url or "inbound" in url:
+        return "queue"
+    translated = connection.get_execution_options().get("schema_translate_map")
+    if url.startswith("postgresql") and not translated:
+        return "queue"  # the SQL queue on PostgreSQL has no schema of its own
+    return "node"
+
+
+def _thread() -> str:
+    return threading.current_thread().name.split("-")[0]
+
+
+def install() -> None:
+    """Count statements, commits, PostgreSQL round trips and AMQP waits in this process."""
+
+    @event.listens_for(Engine, "before_cursor_execute")
+    def _statement(connection: Any, *_: Any) -> None:
+        COUNTS["statements"][_database(connection)] += 1
+
+    @event.listens_for(Engine, "commit")
+    def _commit(connection: Any) -> None:
+        COUNTS["commits"][_database(connection)] += 1
+
+    try:
+        import psycopg
+
+        original_wait = psycopg.Connection.wait
+
+        def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+            COUNTS["round_trips"][_thread()] += 1
+            return original_wait(self, *args, **kwargs)
+
+        psycopg.Connection.wait = wait  # type: ignore[method-assign]
+    except ImportError:
+        pass
+    try:
+        from pika.adapters import blocking_connection
+        from pika.channel import Channel
+
+        original_flush = blocking_connection.BlockingConnection._flush_output
+        original_publish = Channel.basic_publish
+
+        def flush(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if args:  # waiting for something (a confirm, a reply), not just writing
+                COUNTS["amqp_waits"][_thread()] += 1
+            return original_flush(self, *args, **kwargs)
+
+        def publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+            COUNTS["amqp_publishes"] += 1
+            return original_publish(self, *args, **kwargs)
+
+        blocking_connection.BlockingConnection._flush_output = flush
+        Channel.basic_publish = publish
+    except ImportError:
+        pass
+
+
+def main() -> int:
+    """Install the counters, run the CLI with the remaining arguments, write the counts."""
+    target = Path(sys.argv[1])
+    install()
+
+    def write() -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        COUNTS["cpu_seconds"] = usage.ru_utime + usage.ru_stime
+        target.write_text(json.dumps(COUNTS, indent=1))
+
+    atexit.register(write)
+    from flows.cli import main as cli_main
+
+    return cli_main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
