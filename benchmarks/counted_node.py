@@ -6,7 +6,7 @@ the process (the figures do not depend on how busy the machine was):
 
 * ``statements``: SQL statements (an ``executemany`` counts once) and ``commits``, per database
   (``node`` for the node database, ``queue`` for a SQL queue, by URL);
-* ``round_trips``: PostgreSQL round trips (psycopg waits for the server), per thread;
+* ``round_trips``: PostgreSQL round trips (psycopg waits that do I/O), per thread;
 * ``amqp_waits``: waits for the RabbitMQ broker (pika's blocking flushes), per thread, and
   ``amqp_publishes``;
 * ``cpu_seconds``: user + system CPU time of the process.
@@ -40,13 +40,12 @@ COUNTS: dict[str, Any] = {
 
 def _database(connection: Any) -> str:
     """``node`` for the node database, ``queue`` for a SQL queue's."""
-    url = str(connection.engine.url)
-    if "queue" in url or "inbound" in url:
-        return "queue"
+    url = connection.engine.url
+    if url.get_backend_name() == "sqlite":
+        file_name = Path(url.database or "").name
+        return "queue" if "queue" in file_name or "inbound" in file_name else "node"
     translated = connection.get_execution_options().get("schema_translate_map")
-    if url.startswith("postgresql") and not translated:
-        return "queue"  # the SQL queue on PostgreSQL has no schema of its own
-    return "node"
+    return "node" if translated else "queue"  # the SQL queue has no schema of its own
 
 
 def _thread() -> str:
@@ -69,9 +68,22 @@ def install() -> None:
 
         original_wait = psycopg.Connection.wait
 
-        def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def counted(gen: Any) -> Any:
+            """``gen``, counted as a round trip if it does any I/O (a no-op rollback does not)."""
+            try:
+                state = gen.send(None)
+            except StopIteration as stop:
+                return stop.value
             COUNTS["round_trips"][_thread()] += 1
-            return original_wait(self, *args, **kwargs)
+            while True:
+                reply = yield state
+                try:
+                    state = gen.send(reply)
+                except StopIteration as stop:
+                    return stop.value
+
+        def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
+            return original_wait(self, counted(gen), *args, **kwargs)
 
         psycopg.Connection.wait = wait  # type: ignore[method-assign]
     except ImportError:

@@ -145,6 +145,17 @@ def problem(service: str) -> str | None:
     return None
 
 
+SHORT_NAMES = {
+    "raw sql queue / SQLite": "raw-sqlite",
+    "raw sql queue / PostgreSQL": "raw-pg",
+    "raw amqp": "raw-amqp",
+    "sql queue / SQLite | SQLite": "sqlite",
+    "p2p: SQLite inbound each | SQLite": "p2p",
+    "sql queue / PostgreSQL | PostgreSQL": "sql-pg",
+    "amqp | SQLite": "amqp-sqlite",
+    "amqp | PostgreSQL": "amqp-pg",
+}
+"""What ``--only`` calls each configuration."""
 COUNTED_NODE = Path(__file__).resolve().parent / "counted_node.py"
 
 
@@ -182,9 +193,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        metavar="TEXT",
-        help="run only the configurations whose name holds TEXT (repeatable; 'raw' for the raw "
-        "transports), e.g. --only amqp/PostgreSQL",
+        choices=sorted(SHORT_NAMES.values()),
+        help="run only this configuration (repeatable)",
     )
     args = parser.parse_args()
     down = {s: problem(s) for s in ("postgresql", "rabbitmq")}
@@ -193,7 +203,7 @@ def main() -> None:
     print(f"raw transports move {args.messages} messages; work files in {workroot}")
 
     def wanted(name: str) -> bool:
-        return not args.only or any(text.lower() in name.lower() for text in args.only)
+        return not args.only or SHORT_NAMES[name] in args.only
 
     raw: dict[str, Callable[[], float]] = {
         "sql queue / SQLite": lambda: raw_sql(f"sqlite:///{workroot / 'raw.db'}", args.messages),
@@ -238,7 +248,7 @@ def main() -> None:
     )
     print(header)
     for transport_name, database_name, transport_url, database_url in configs:
-        if not wanted(f"{transport_name}/{database_name}"):
+        if not wanted(f"{transport_name} | {database_name}"):
             continue
         missing = [
             down[s]
