@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -168,21 +170,38 @@ def counted_launcher(workdir: Path) -> Callable[[str], list[str]]:
     return launch
 
 
+def take_readings(phase: str, pids: list[int]) -> None:
+    """Ask each node (benchmarks/counted_node.py) for a reading of its counters."""
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(0.2)  # (the readings are written by the nodes' main threads, between rounds)
+
+
 def per_flow_counts(workdir: Path, flows: int) -> dict[str, float]:
-    """What both nodes counted (benchmarks/counted_node.py), per flow."""
+    """What both nodes counted between the flows' start and end, per flow."""
     total: dict[str, float] = {}
-    for path in sorted(workdir.glob("*.counts.json")):
-        counts = json.loads(path.read_text())
+    for path in sorted(workdir.glob("*.counts.readings")):
+        readings = [json.loads(line) for line in path.read_text().splitlines()]
+        if len(readings) < 2:
+            raise SystemExit(f"{path}: {len(readings)} readings, expected a start and an end")
+        start, end = readings[0], readings[-1]
+
+        def spent(key: str, start: dict[str, Any] = start, end: dict[str, Any] = end) -> Any:
+            if isinstance(end[key], dict):
+                return {k: v - start[key].get(k, 0) for k, v in end[key].items()}
+            return end[key] - start[key]
+
         for key in ("statements", "commits"):
-            for database, value in counts[key].items():
+            for database, value in spent(key).items():
                 name = f"{database} {key}"
                 total[name] = total.get(name, 0) + value
         total["pg round trips"] = total.get("pg round trips", 0) + sum(
-            counts["round_trips"].values()
+            spent("round_trips").values()
         )
-        publishing = {t: n for t, n in counts["amqp_waits"].items() if t != "amqp"}  # not consuming
-        total["amqp waits"] = total.get("amqp waits", 0) + sum(publishing.values())
-        total["cpu ms"] = total.get("cpu ms", 0) + counts["cpu_seconds"] * 1000
+        waits = spent("amqp_waits")
+        publishing = sum(n for thread, n in waits.items() if thread != "amqp")  # not consuming
+        total["amqp waits"] = total.get("amqp waits", 0) + publishing
+        total["cpu ms"] = total.get("cpu ms", 0) + spent("cpu_seconds") * 1000
     return {name: value / flows for name, value in total.items()}
 
 
@@ -273,6 +292,7 @@ def main() -> None:
             show_progress=False,
             topology="p2p" if transport_name.startswith("p2p") else "shared",
             launcher=counted_launcher(workdir),
+            on_phase=take_readings,
         )
         if not run.ok:
             raise SystemExit(f"{transport_name}/{database_name}: flows or nodes failed: {run}")

@@ -245,13 +245,16 @@ def run_pingpong_processes(
     announce: bool = False,
     topology: str = "shared",
     launcher: Launcher | None = None,
+    on_phase: Callable[[str, list[int]], None] | None = None,
 ) -> PingPongRun:
     """Start Alice and Bob as processes, run ``flows`` ping/pongs, stop them; measure.
 
     With ``topology="p2p"`` ``transport`` is ignored: each node gets an inbound of its own
     (a SQL queue file in ``workdir``) and a certificate from a network root made there.
     ``launcher`` gives the command that runs ``fiberflow`` for each node (default: this
-    interpreter, ``-m flows.cli``).
+    interpreter, ``-m flows.cli``); ``on_phase`` is called with ``"start"`` just before the
+    flow requests are committed and ``"end"`` once every outcome is in, with the nodes'
+    process ids (a benchmark takes its counters' readings then).
     """
     if topology == "p2p":
         alice, bob = _p2p_nodes(workdir, database_url, launcher)
@@ -279,6 +282,9 @@ def run_pingpong_processes(
         for node in (alice, bob):
             node.wait_started()
         client = NodeClient(alice.database_url, database_schema=alice.schema)
+        pids = [node.process.pid for node in (alice, bob) if node.process is not None]
+        if on_phase is not None:
+            on_phase("start", pids)
         started = time.perf_counter()
         flow_ids = client.start_flows(demo_flows(flows, Party(BOB)))
         bar = ProgressBar(flows, "flows") if show_progress else None
@@ -291,6 +297,8 @@ def run_pingpong_processes(
 
         outcomes = client.wait(flow_ids, timeout or max(120.0, flows * 0.2), progress)
         elapsed = time.perf_counter() - started
+        if on_phase is not None:
+            on_phase("end", pids)
         if bar is not None:
             bar.finish()
         results = tuple(decode_outcome(outcomes[f]) for f in flow_ids)
