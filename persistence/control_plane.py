@@ -67,7 +67,7 @@ class SqlControlPlane(ControlPlane):
             .order_by(table.c.requested_at, table.c.request_id)
             .limit(limit)
         )
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return [FlowRequest(*row) for row in connection.execute(query)]
 
     def request_operation(self, action: str, flow_id: str | None, at: float) -> str:
@@ -92,7 +92,7 @@ class SqlControlPlane(ControlPlane):
             .where(table.c.done_at.is_(None))
             .order_by(table.c.requested_at, table.c.request_id)
         )
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return [OperatorRequest(*row) for row in connection.execute(query)]
 
     def finish_operation(self, request_id: str, outcome: str, at: float) -> None:
@@ -108,7 +108,7 @@ class SqlControlPlane(ControlPlane):
     def operation_outcome(self, request_id: str) -> str | None:
         """What an operator command did, or None while the node has not done it."""
         table = schema.node_operator_requests
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             row = connection.execute(
                 select(table.c.outcome).where(table.c.request_id == request_id)
             ).first()
@@ -125,7 +125,7 @@ class SqlControlPlane(ControlPlane):
     def paused_flows(self) -> set[str]:
         """The flows operators paused."""
         table = schema.node_paused_flows
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return set(connection.execute(select(table.c.flow_id)).scalars())
 
     def set_setting(self, name: str, value: str | None, at: float) -> None:
@@ -141,7 +141,7 @@ class SqlControlPlane(ControlPlane):
     def setting(self, name: str) -> str | None:
         """A node-wide setting, or None if it is not set."""
         table = schema.node_settings
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             found = connection.execute(select(table.c.value).where(table.c.name == name))
             return found.scalar_one_or_none()
 
@@ -170,6 +170,6 @@ class SqlControlPlane(ControlPlane):
     def busy_flows(self) -> dict[str, tuple[int, str]]:
         """Flow id -> (running since, in ms; location) of the flows noted as running long."""
         table = schema.node_running_flows
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             rows = connection.execute(select(table.c.flow_id, table.c.since, table.c.location))
             return {row.flow_id: (row.since, row.location) for row in rows}

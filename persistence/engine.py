@@ -34,7 +34,9 @@ QUERY_CHUNK = 500
 """Ids per ``IN (...)`` query (well under every backend's bound-parameter limit)."""
 
 SQLITE_BEGIN_OPTION = "fiberflow_sqlite_begin"
-"""Execution option: ``"IMMEDIATE"`` makes a SQLite transaction take the write lock at BEGIN."""
+"""Execution option: ``"IMMEDIATE"`` makes a SQLite transaction take the write lock at BEGIN;
+:data:`NO_BEGIN` issues no BEGIN at all (reads of one statement, :func:`read_engine`)."""
+NO_BEGIN = "NONE"
 
 
 def normalize_url(url: str) -> str:
@@ -77,6 +79,19 @@ def open_engine(
 def write_engine(engine: Engine) -> Engine:
     """``engine`` for transactions that read before they write (IMMEDIATE on SQLite)."""
     return engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+
+
+def read_engine(engine: Engine) -> Engine:
+    """``engine`` for reads of one statement each, on the same connections.
+
+    PostgreSQL: in autocommit mode, so a read costs one round trip (no ``BEGIN``, no
+    ``ROLLBACK`` when the connection goes back to the pool). SQLite: no ``BEGIN`` is issued;
+    the statement runs in SQLite's own implicit transaction (one consistent snapshot). A read
+    of several statements that must agree with each other uses ``engine`` itself.
+    """
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine.execution_options(**{SQLITE_BEGIN_OPTION: NO_BEGIN})
 
 
 def existing_tables(connection: Connection) -> set[str]:
@@ -202,4 +217,5 @@ def configure_sqlite(engine: Engine, synchronous: str) -> None:
         # SQLite cannot upgrade a read lock while another connection writes, and fails
         # at once with "database is locked" instead of waiting.
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
-        connection.exec_driver_sql(f"BEGIN {mode}".strip())
+        if mode != NO_BEGIN:
+            connection.exec_driver_sql(f"BEGIN {mode}".strip())

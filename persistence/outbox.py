@@ -30,7 +30,7 @@ class SqlOutbox:
         query = select(table.c.message_id, table.c.target, table.c.payload).order_by(
             table.c.created_at, table.c.message_id
         )
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return [OutboxRow(*row) for row in connection.execute(query)]
 
     def delete_outbox(self, message_ids: Sequence[str]) -> None:
