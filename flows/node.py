@@ -236,7 +236,6 @@ class Node:
         self.flow_requests = FlowRequestIntake(
             party=self.party,
             control=self.database.control,
-            known_flows=self.database.checkpoints.known_flows,
             manager=self.manager,
             cordapps=self.cordapps,
             clock=self.clock,

@@ -17,13 +17,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, exists, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from persistence import schema
 from persistence.engine import chunks, upsert
 from persistence.fencing import FencedEngine
-from persistence.node_store import ControlPlane, FlowRequest, OperatorRequest
+from persistence.node_store import ControlPlane, FlowRequest, OperatorRequest, PendingFlowRequest
 from persistence.schema import millis
 
 
@@ -69,6 +69,31 @@ class SqlControlPlane(ControlPlane):
         )
         with self._fence.reader.connect() as connection:
             return [FlowRequest(*row) for row in connection.execute(query)]
+
+    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
+        """Requested flows not started yet, oldest first, each with whether its id is a flow's.
+
+        One statement: the pending requests, and for each whether a checkpoint or an outcome
+        already carries its id.
+        """
+        table = schema.node_flow_requests
+        flow_tables = (
+            schema.node_checkpoints,
+            schema.node_flow_results,
+            schema.node_flow_exceptions,
+        )
+        already = or_(*(exists().where(t.c.flow_id == table.c.request_id) for t in flow_tables))
+        query = (
+            select(table.c.request_id, table.c.flow_class, table.c.arguments, already)
+            .where(table.c.started_at.is_(None))
+            .order_by(table.c.requested_at, table.c.request_id)
+            .limit(limit)
+        )
+        with self._fence.reader.connect() as connection:
+            return [
+                PendingFlowRequest(FlowRequest(request_id, flow_class, arguments), bool(known))
+                for request_id, flow_class, arguments, known in connection.execute(query)
+            ]
 
     def request_operation(self, action: str, flow_id: str | None, at: float) -> str:
         """Queue an operator command for the node; returns its request id."""

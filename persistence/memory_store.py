@@ -20,6 +20,7 @@ from persistence.node_store import (
     ControlPlane,
     FlowRequest,
     OperatorRequest,
+    PendingFlowRequest,
     StoredOutcome,
 )
 from statemachine.actions import (
@@ -232,6 +233,10 @@ class NullControlPlane(ControlPlane):
             raise ValueError(NO_REQUESTS)
 
     def pending_flow_requests(self, limit: int) -> list[FlowRequest]:
+        """None."""
+        return []
+
+    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
         """None."""
         return []
 
