@@ -198,7 +198,10 @@ class Node:
             self.relay = relay_factory(self.database.outbox, identity.signer)
         elif background_relay:
             self.relay = BackgroundOutboxRelay(
-                messaging, self.database.outbox, signer=identity.signer
+                messaging,
+                self.database.outbox,
+                signer=identity.signer,
+                deletes=self.database.outbox,  # the rows taken ride in the next transaction
             )
         else:
             self.relay = OutboxRelay(

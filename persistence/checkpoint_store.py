@@ -19,6 +19,7 @@ from persistence.checkpoint_trust import CheckpointSeal, checkpoint_staleness
 from persistence.engine import chunks
 from persistence.fencing import FencedEngine
 from persistence.node_store import CheckpointSummary, StoredOutcome
+from persistence.outbox import WaitingDeletes
 from persistence.schema import millis
 from persistence.sql_transaction import SqlTransaction
 from statemachine.flow_error import ErrorKind, FlowError
@@ -32,9 +33,18 @@ log = logging.getLogger("fiberflow.store")
 class SqlCheckpointStore:
     """The ``CheckpointStore`` port (and the node's reads of outcomes) on SQL tables."""
 
-    def __init__(self, fence: FencedEngine, mac_key: bytes | None) -> None:
-        """With ``mac_key``, checkpoint blobs carry and need a MAC."""
+    def __init__(
+        self,
+        fence: FencedEngine,
+        mac_key: bytes | None,
+        waiting_deletes: WaitingDeletes | None = None,
+    ) -> None:
+        """With ``mac_key``, checkpoint blobs carry and need a MAC.
+
+        Each transaction deletes the outbox rows queued in ``waiting_deletes`` as it commits.
+        """
         self._fence = fence
+        self._waiting_deletes = waiting_deletes
         self._seal = CheckpointSeal(mac_key)
         self.checkpoints_written = 0
         """Checkpoints written (inserted or replaced) through this object."""
@@ -53,7 +63,7 @@ class SqlCheckpointStore:
 
     def begin(self) -> SqlTransaction:
         """Open a write transaction (fenced by the lease, if the node holds one)."""
-        return SqlTransaction(self._fence, self._seal, self.note_checkpoint)
+        return SqlTransaction(self._fence, self._seal, self.note_checkpoint, self._waiting_deletes)
 
     def check_lease(self) -> None:
         """Raise ``LeaseLostError`` unless the node still holds its lease (writes nothing)."""

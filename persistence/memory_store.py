@@ -218,6 +218,14 @@ class MemoryOutbox:
         for message_id in message_ids:
             self.tables.outbox.pop(message_id, None)
 
+    def delete_later(self, message_ids: Sequence[str]) -> None:
+        """Delete outbox rows (at once: this store has no transaction to wait for)."""
+        self.delete_outbox(message_ids)
+
+    def delete_waiting(self, older_than: float = 0.0) -> int:
+        """Nothing waits here (:meth:`delete_later` deletes at once)."""
+        return 0
+
 
 class NullControlPlane(ControlPlane):
     """The control plane of a store nobody else can reach: no requests, no memory.

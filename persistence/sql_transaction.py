@@ -3,7 +3,8 @@
 Everything a group of transitions decided is written here, all or nothing: checkpoints (row
 and sealed blob), dedup ids of consumed messages, outbox rows, finished flows' outcomes, and
 the claims of client flow requests. The transaction's first statement checks the node's lease
-(:mod:`persistence.fencing`).
+(:mod:`persistence.fencing`); its last deletes the outbox rows the relay has handed to the
+transport since the previous transaction (:class:`persistence.outbox.WaitingDeletes`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from persistence.checkpoint_codec import encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.engine import chunks, upsert
 from persistence.fencing import FencedEngine
+from persistence.outbox import WaitingDeletes, delete_rows
 from persistence.schema import millis
 from statemachine.actions import (
     ClaimFlowRequests,
@@ -66,14 +68,16 @@ class SqlTransaction:
         fence: FencedEngine,
         seal: CheckpointSeal,
         note_checkpoint: Callable[[Checkpoint, int], None],
+        waiting_deletes: WaitingDeletes | None = None,
     ) -> None:
         """Begin on a connection of ``fence``'s writer; raises if the lease no longer holds.
 
         ``seal`` makes the blobs' MACs; ``note_checkpoint`` is told of each checkpoint written
-        and its blob size.
+        and its blob size; the outbox rows queued in ``waiting_deletes`` are deleted at commit.
         """
         self._seal = seal
         self._note_checkpoint = note_checkpoint
+        self._waiting_deletes = waiting_deletes
         self._connection = fence.writer.connect()
         self._transaction: Transaction = self._connection.begin()
         try:
@@ -217,9 +221,20 @@ class SqlTransaction:
         return self._connection
 
     def commit(self) -> None:
-        """Commit and return the connection to the pool."""
+        """Delete the outbox rows waiting for a transaction, commit, return the connection.
+
+        If the commit fails, the rows wait for the next transaction.
+        """
+        waiting = self._waiting_deletes
+        taken = waiting.take() if waiting is not None else []
         try:
+            if taken:
+                delete_rows(self._connection, taken)
             self._transaction.commit()
+        except BaseException:
+            if waiting is not None:
+                waiting.give_back(taken)
+            raise
         finally:
             self._connection.close()
 
