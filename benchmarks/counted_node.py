@@ -6,7 +6,7 @@ the process (the figures do not depend on how busy the machine was):
 
 * ``statements``: SQL statements (an ``executemany`` counts once) and ``commits``, per database
   (``node`` for the node database, ``queue`` for a SQL queue, by URL);
-* ``round_trips``: PostgreSQL round trips (psycopg waits that do I/O), per thread;
+* ``round_trips``: PostgreSQL round trips (psycopg waits for a reply from the server), per thread;
 * ``amqp_waits``: waits for the RabbitMQ broker (pika's blocking flushes), per thread, and
   ``amqp_publishes``;
 * ``cpu_seconds``: user + system CPU time of the process.
@@ -57,6 +57,15 @@ def _thread() -> str:
     return threading.current_thread().name.split("-")[0]
 
 
+def _waits_for_reply(state: Any) -> bool:
+    """A psycopg generator's wait state is a wait for the server's reply (read only).
+
+    Queuing in pipeline mode waits for read-or-write; waiting for results reads only.
+    """
+    wait = state[1] if isinstance(state, tuple) else state
+    return int(wait) == 1  # psycopg.waiting.Wait.R
+
+
 def install() -> None:
     """Count statements, commits, PostgreSQL round trips and AMQP waits in this process."""
 
@@ -74,18 +83,18 @@ def install() -> None:
         original_wait = psycopg.Connection.wait
 
         def counted(gen: Any) -> Any:
-            """``gen``, counted as a round trip if it does any I/O (a no-op rollback does not)."""
+            """``gen``, counted as a round trip if it waits for the server's reply."""
+            waited = False  # for the server's reply (a pure read wait)
             try:
                 state = gen.send(None)
+                while True:
+                    if not waited and _waits_for_reply(state):
+                        waited = True
+                        COUNTS["round_trips"][_thread()] += 1
+                    reply = yield state
+                    state = gen.send(reply)
             except StopIteration as stop:
                 return stop.value
-            COUNTS["round_trips"][_thread()] += 1
-            while True:
-                reply = yield state
-                try:
-                    state = gen.send(reply)
-                except StopIteration as stop:
-                    return stop.value
 
         def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
             return original_wait(self, counted(gen), *args, **kwargs)

@@ -8,7 +8,7 @@ asked for as a client asks (a row in ``node_flow_requests``, started by
 
 * SQL statements (an ``executemany`` counts once), by kind (BEGIN, SELECT, INSERT, UPDATE,
   DELETE, COMMIT, ROLLBACK, other), and commits;
-* PostgreSQL round trips (psycopg waits that do I/O).
+* PostgreSQL round trips (psycopg waits for a reply from the server).
 
 Two shapes: ``one`` flow in flight at a time (every round does one flow's work: the fixed
 costs of a round show), and ``wave``s of ``--wave`` flows requested together (what group
@@ -84,6 +84,15 @@ class Counts:
             self.by_node[self.current]["round trips"] += 1
 
 
+def _waits_for_reply(state: Any) -> bool:
+    """A psycopg generator's wait state is a wait for the server's reply (read only).
+
+    Queuing in pipeline mode waits for read-or-write; waiting for results reads only.
+    """
+    wait = state[1] if isinstance(state, tuple) else state
+    return int(wait) == 1  # psycopg.waiting.Wait.R
+
+
 def _count_round_trips(counts: Counts) -> None:
     """Charge every psycopg wait that does I/O to ``counts.current``."""
     try:
@@ -93,17 +102,17 @@ def _count_round_trips(counts: Counts) -> None:
     original = psycopg.Connection.wait
 
     def counted(gen: Any) -> Any:
+        waited = False  # for the server's reply (a pure read wait)
         try:
             state = gen.send(None)
+            while True:
+                if not waited and _waits_for_reply(state):
+                    waited = True
+                    counts.round_trip()
+                reply = yield state
+                state = gen.send(reply)
         except StopIteration as stop:
             return stop.value
-        counts.round_trip()
-        while True:
-            reply = yield state
-            try:
-                state = gen.send(reply)
-            except StopIteration as stop:
-                return stop.value
 
     def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
         return original(self, counted(gen), *args, **kwargs)

@@ -138,20 +138,32 @@ def upsert(connection: Connection, table: Any, rows: Sequence[dict[str, Any]], k
     """Insert ``rows``, replacing existing rows with the same ``key`` (later rows win)."""
     if not rows:
         return
-    module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(connection.dialect.name)
-    if module is None or len({row[key] for row in rows}) != len(rows):
+    statement = upsert_statement(connection.dialect.name, table, key)
+    if statement is None or len({row[key] for row in rows}) != len(rows):
         for row in rows:  # portable, and ordered when a key repeats
             connection.execute(delete(table).where(table.c[key] == row[key]))
             connection.execute(insert(table).values(**row))
         return
-    cache_key = (connection.dialect.name, table, key)
+    connection.execute(statement, rows)
+
+
+def upsert_statement(dialect_name: str, table: Any, key: str) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE`` of every column of ``table``, or None.
+
+    Built once per table (building it makes a proxy of every column); None for a dialect
+    without it (SQLite and PostgreSQL have it).
+    """
+    module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(dialect_name)
+    if module is None:
+        return None
+    cache_key = (dialect_name, table, key)
     statement = _UPSERTS.get(cache_key)
-    if statement is None:  # built once per table: building it makes a proxy of every column
+    if statement is None:
         insert_rows = module.insert(table)
         updates = {c.name: insert_rows.excluded[c.name] for c in table.columns if c.name != key}
         statement = insert_rows.on_conflict_do_update(index_elements=[key], set_=updates)
         _UPSERTS[cache_key] = statement
-    connection.execute(statement, rows)
+    return statement
 
 
 _UPSERTS: dict[tuple[str, Any, str], Any] = {}

@@ -20,6 +20,7 @@ from sqlalchemy.engine.base import RootTransaction
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.service import Message, MessageHandler
 from persistence.engine import drop_schema
+from persistence.pipeline import Pipeline
 from persistence.store import NodeDatabase
 from statemachine.actions import StoreFlowResult
 from statemachine.ports import OutboxRow
@@ -113,12 +114,12 @@ def test_a_failed_commit_gives_them_back(
     transaction = database.checkpoints.begin()
     transaction.store_results([StoreFlowResult("flow-1", FLOW_CLASS, b"\x01", 2.0)])
 
-    def refuse(self: RootTransaction) -> None:
-        self.rollback()
+    def refuse(_: object) -> None:
         raise RuntimeError("the database went away at commit")
 
     with monkeypatch.context() as patched:  # the commit fails after the rows' delete was sent
-        patched.setattr(RootTransaction, "commit", refuse)
+        patched.setattr(RootTransaction, "commit", refuse)  # SQLite
+        patched.setattr(Pipeline, "commit", refuse)  # PostgreSQL
         with pytest.raises(RuntimeError, match="went away"):
             transaction.commit()
     assert database.count("node_outbox") == 2
