@@ -105,10 +105,11 @@ class SqlTransaction:
         """Insert ``rows`` (each with the same columns) into ``table``."""
         if not rows:
             return
+        statement = _insert_statement(table, tuple(rows[0]))
         if self._pipeline is None:
-            self._connection.execute(insert(table), rows)
+            self._connection.execute(statement, rows)
         else:
-            self._pipeline.execute(_insert_statement(table, tuple(rows[0])), rows)
+            self._pipeline.execute(statement, rows)
 
     def _upsert(self, table: Table, rows: Sequence[dict[str, Any]], key: str) -> None:
         """Insert or replace ``rows`` of ``table`` by ``key`` (a later row wins)."""
@@ -123,8 +124,9 @@ class SqlTransaction:
         if not ids:
             return
         if self._pipeline is None:
+            statement = _expanding_delete(table, key)
             for chunk in chunks(ids):
-                self._connection.execute(delete(table).where(table.c[key].in_(chunk)))
+                self._connection.execute(statement, {"ids": chunk})
         else:
             self._pipeline.execute(_delete_statement(table, key), {"ids": list(ids)})
 
@@ -339,7 +341,7 @@ def _check_claimed(request_ids: Sequence[str], claimed: int) -> None:
 
 
 _INSERTS: dict[tuple[Table, tuple[str, ...]], Any] = {}
-_DELETES: dict[tuple[Table, str], Any] = {}
+_DELETES: dict[tuple[Table, str, str], Any] = {}
 
 
 def _insert_statement(table: Table, columns: tuple[str, ...]) -> Any:
@@ -351,13 +353,22 @@ def _insert_statement(table: Table, columns: tuple[str, ...]) -> Any:
     return statement
 
 
+def _expanding_delete(table: Table, key: str) -> Any:
+    """``DELETE FROM table WHERE key IN (:ids)`` (the ids a list), built once."""
+    statement = _DELETES.get((table, key, "in"))
+    if statement is None:
+        statement = delete(table).where(table.c[key].in_(bindparam("ids", expanding=True)))
+        _DELETES[(table, key, "in")] = statement
+    return statement
+
+
 def _delete_statement(table: Table, key: str) -> Any:
     """``DELETE FROM table WHERE key = ANY(:ids)`` (PostgreSQL: the ids in one array)."""
-    statement = _DELETES.get((table, key))
+    statement = _DELETES.get((table, key, "any"))
     if statement is None:
         ids = bindparam("ids", type_=ARRAY(String))
         statement = delete(table).where(table.c[key] == any_(ids))
-        _DELETES[(table, key)] = statement
+        _DELETES[(table, key, "any")] = statement
     return statement
 
 
