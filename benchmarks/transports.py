@@ -263,7 +263,8 @@ def main() -> None:
     print("\nfiberflow ping/pong (two node processes)")
     header = (
         f"  {'transport':<24} {'database':<11} {'flows/s':>9} {'msgs/s':>9} {'x raw':>7} "
-        f"{'commits':>8} {'stmts':>7} {'q stmts':>8} {'pg rt':>7} {'amqp w':>7} {'cpu ms':>7}"
+        f"{'commits':>8} {'stmts':>7} {'q cmts':>7} {'q stmts':>8} {'pg rt':>7} {'amqp w':>7} "
+        f"{'cpu ms':>7}"
     )
     print(header)
     for transport_name, database_name, transport_url, database_url in configs:
@@ -306,7 +307,8 @@ def main() -> None:
         print(
             f"  {transport_name:<24} {database_name:<11} {flows_per_second:9,.0f} "
             f"{messages_per_second:9,.0f} {ratio} {counts.get('node commits', 0):8.2f} "
-            f"{counts.get('node statements', 0):7.2f} {counts.get('queue statements', 0):8.2f} "
+            f"{counts.get('node statements', 0):7.2f} {counts.get('queue commits', 0):7.2f} "
+            f"{counts.get('queue statements', 0):8.2f} "
             f"{counts['pg round trips']:7.2f} {counts['amqp waits']:7.2f} {counts['cpu ms']:7.2f}"
         )
     print(
@@ -314,10 +316,11 @@ def main() -> None:
         " transport's messages/s on the same service (above 1: batching and group commit win)."
     )
     print(
-        "Per flow, both nodes together, counted inside the node processes (they do not depend "
-        "on load):\n'commits' and 'stmts' on the node databases, 'q stmts' on the SQL queue, "
-        "'pg rt' PostgreSQL round trips,\n'amqp w' waits for the RabbitMQ broker while "
-        "publishing, 'cpu ms' CPU time of both processes (start-up and idle polling included)."
+        "Per flow, both nodes together, counted inside the node processes between the flows' "
+        "request and their last outcome\n(they do not depend on load, but batch sizes do): "
+        "'commits' and 'stmts' on the node databases, 'q cmts' and\n'q stmts' on the SQL queue, "
+        "'pg rt' PostgreSQL round trips, 'amqp w' waits for the RabbitMQ broker while\n"
+        "publishing, 'cpu ms' CPU time of both processes (idle polling included)."
     )
 
 

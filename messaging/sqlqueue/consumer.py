@@ -12,8 +12,9 @@ Waking: on PostgreSQL the consumer ``LISTEN``s for the sends' ``NOTIFY`` (with a
 as a safety net); on SQLite it polls adaptively, from 1 ms after a message to 50 ms when
 idle, and a send from the same process wakes it at once.
 
-Acknowledgements are buffered and deleted in batches by the consumer thread: an
-acknowledgement lost in a crash only means a redelivery, which the node drops by its id.
+Acknowledgements are buffered and deleted in batches by the consumer thread, in the
+transaction of its next claim (one commit for both): an acknowledgement lost in a crash only
+means a redelivery, which the node drops by its id.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -230,19 +231,28 @@ class SqlQueueMessaging:
         return all(owner == self._owner and row_id in handed for row_id, owner in rows)
 
     def _flush_acks(self) -> None:
+        with self._acknowledging() as acks:
+            if acks:
+                self.broker.acknowledge(self._address, acks)
+
+    @contextlib.contextmanager
+    def _acknowledging(self) -> Iterator[list[int]]:
+        """The pending acknowledgements, in flight while the block deletes their rows.
+
+        If the block fails they are pending again.
+        """
         with self._acks_lock:
             acks, self._pending_acks = self._pending_acks, []
             self._acks_in_flight = acks
-        if acks:
-            try:
-                self.broker.acknowledge(self._address, acks)
-            except SQLAlchemyError:
-                with self._acks_lock:
-                    self._pending_acks[:0] = acks
-                raise
-            finally:
-                with self._acks_lock:
-                    self._acks_in_flight = []
+        try:
+            yield acks
+        except SQLAlchemyError:
+            with self._acks_lock:
+                self._pending_acks[:0] = acks
+            raise
+        finally:
+            with self._acks_lock:
+                self._acks_in_flight = []
 
     def _room(self) -> tuple[int, int]:
         """How many more deliveries, and frame bytes, the window allows now."""
@@ -257,20 +267,22 @@ class SqlQueueMessaging:
             try:
                 if listener is None and self.broker.dialect == "postgresql":
                     listener = self.broker.listen_connection(self._address)
-                self._flush_acks()
                 room, room_bytes = self._room()
                 if room <= 0 or room_bytes <= 0:
+                    self._flush_acks()
                     self._wait_for_room(listener)
                     continue
                 self.window_full.clear()
-                claim = self.broker.claim(
-                    self._address,
-                    self._owner,
-                    min(CLAIM_BATCH, room),
-                    self._lease_seconds,
-                    max_bytes=min(CLAIM_BYTES, room_bytes),
-                    max_frame_bytes=self._max_frame_bytes,
-                )
+                with self._acknowledging() as acks:  # deleted in the claim's transaction
+                    claim = self.broker.claim(
+                        self._address,
+                        self._owner,
+                        min(CLAIM_BATCH, room),
+                        self._lease_seconds,
+                        max_bytes=min(CLAIM_BYTES, room_bytes),
+                        max_frame_bytes=self._max_frame_bytes,
+                        acknowledged=acks,
+                    )
                 failures = 0
             except Exception as error:  # database unavailable: back off and try again
                 failures += 1
