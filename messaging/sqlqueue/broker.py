@@ -16,8 +16,9 @@ releases that process's leases at once (:meth:`SqlQueueBroker.release_leases`). 
 consumer never takes the leases of a live one.
 
 Waking: on PostgreSQL a send issues ``NOTIFY`` on the queue's channel
-(:func:`notify_channel`); a send from the same process also sets the queue's
-:func:`local_wakeup` event, which a consumer in this process waits on.
+(:func:`notify_channel`); on SQLite it sends a datagram to the queue's consumer in another
+process (:mod:`messaging.sqlqueue.wakeups`); a send from the same process also sets the
+queue's :func:`local_wakeup` event, which a consumer in this process waits on.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from messaging.frame import MAX_FRAME_BYTES, encode_frame, oversized_problem
 from messaging.service import Message, TransportError
 from messaging.sqlqueue.tables import metadata, queue_dead_letters, queue_messages, queues
+from messaging.sqlqueue.wakeups import poke
 from persistence.bounded import bounded_reason, bounded_text
 from persistence.engine import create_tables, normalize_url, open_engine, write_engine
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES, QUEUE_MESSAGE_ID_CHARS
@@ -263,6 +265,8 @@ class SqlQueueBroker:
             raise TransportError(f"queue database refused the messages: {error}") from error
         for target in targets:
             local_wakeup(self.url, target).set()
+            if self.dialect == "sqlite":
+                poke(self.url, target)
 
     def insert_raw(self, queue: str, raw: bytes) -> None:
         """Store raw bytes in ``queue`` as if a broken sender had sent them (tests, tools)."""
@@ -273,6 +277,8 @@ class SqlQueueBroker:
                 )
             )
         local_wakeup(self.url, queue).set()
+        if self.dialect == "sqlite":
+            poke(self.url, queue)
 
     def release_leases(self, queue: str, owners: Sequence[str]) -> int:
         """Make the deliveries ``owners`` hold on ``queue`` visible again; returns how many.

@@ -9,8 +9,10 @@ prefetch) and ``window_bytes`` of frames (64 MiB, plus at most one frame) handed
 not yet acknowledged; it claims nothing more until acknowledgements make room.
 
 Waking: on PostgreSQL the consumer ``LISTEN``s for the sends' ``NOTIFY`` (with a slow poll
-as a safety net); on SQLite it polls adaptively, from 1 ms after a message to 50 ms when
-idle, and a send from the same process wakes it at once.
+as a safety net); on SQLite a send from another process wakes it by a datagram
+(:mod:`messaging.sqlqueue.wakeups`) and one from the same process by an event, and it polls
+every 50 ms as a safety net; where it cannot listen for datagrams it polls adaptively, from
+1 ms after a message to 50 ms when idle.
 
 Acknowledgements are buffered and deleted in batches by the consumer thread, in the
 transaction of its next claim (one commit for both): an acknowledgement lost in a crash only
@@ -33,6 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from messaging.frame import MAX_FRAME_BYTES, MalformedFrameError, decode_frame
 from messaging.service import Message, MessageHandler
 from messaging.sqlqueue.broker import CLAIM_BATCH, CLAIM_BYTES, SqlQueueBroker, local_wakeup
+from messaging.sqlqueue.wakeups import WakeListener
 from persistence.lease import application_name
 
 log = logging.getLogger("fiberflow.sqlqueue")
@@ -92,6 +95,7 @@ class SqlQueueMessaging:
         self._acks_lock = threading.Lock()
         """Guards the pending acks and the outstanding deliveries."""
         self._wakeup = local_wakeup(self.broker.url, address)
+        self._wake_listener = WakeListener(self.broker.url, address, self._wakeup)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.window_full = threading.Event()
@@ -141,6 +145,7 @@ class SqlQueueMessaging:
             raise RuntimeError(f"the consumer of {self._address} is already running")
         self._forget_outstanding()
         self._stopping.clear()
+        self._wake_listener.start()
         self._thread = threading.Thread(
             target=self._consume, name=f"sqlqueue-consumer-{self._address}", daemon=True
         )
@@ -177,6 +182,7 @@ class SqlQueueMessaging:
     def _halt(self) -> None:
         self._stopping.set()
         self._wakeup.set()
+        self._wake_listener.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
             if self._thread.is_alive():
@@ -303,6 +309,8 @@ class SqlQueueMessaging:
             if claim.rows or claim.dead_lettered:
                 interval = MIN_POLL_SECONDS
                 continue
+            if self._wake_listener.listening:
+                interval = MAX_POLL_SECONDS  # sends wake it: the poll is a safety net
             self._wait(listener, interval)
             interval = min(interval * 2, MAX_POLL_SECONDS)
         self.window_full.clear()
