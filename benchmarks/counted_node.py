@@ -7,8 +7,9 @@ the process (the figures do not depend on how busy the machine was):
 * ``statements``: SQL statements (an ``executemany`` counts once) and ``commits``, per database
   (``node`` for the node database, ``queue`` for a SQL queue, by URL);
 * ``round_trips``: PostgreSQL round trips (psycopg waits for a reply from the server), per thread;
-* ``amqp_waits``: waits for the RabbitMQ broker (pika's blocking flushes), per thread, and
-  ``amqp_publishes``;
+* ``amqp_waits``: waits for the RabbitMQ broker when publishing (a transaction's commit, or a
+  publish in confirm mode), per thread,
+  ``amqp_publishes`` and ``amqp_acks`` (ack frames sent);
 * ``cpu_seconds``: user + system CPU time of the process.
 
 On ``SIGUSR1`` the process appends a reading of its counters to ``COUNTS.json.readings``
@@ -40,6 +41,7 @@ COUNTS: dict[str, Any] = {
     "round_trips": collections.Counter(),
     "amqp_waits": collections.Counter(),
     "amqp_publishes": 0,
+    "amqp_acks": 0,
 }
 
 
@@ -106,20 +108,33 @@ def install() -> None:
         from pika.adapters import blocking_connection
         from pika.channel import Channel
 
-        original_flush = blocking_connection.BlockingConnection._flush_output
+        blocking = blocking_connection.BlockingChannel
+        original_commit = blocking.tx_commit
+        original_blocking_publish = blocking.basic_publish
         original_publish = Channel.basic_publish
+        original_ack = Channel.basic_ack
 
-        def flush(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if args:  # waiting for something (a confirm, a reply), not just writing
+        def commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+            COUNTS["amqp_waits"][_thread()] += 1  # a transaction's commit waits for the broker
+            return original_commit(self, *args, **kwargs)
+
+        def blocking_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._delivery_confirmation:  # a confirm-mode publish waits for its confirm
                 COUNTS["amqp_waits"][_thread()] += 1
-            return original_flush(self, *args, **kwargs)
+            return original_blocking_publish(self, *args, **kwargs)
 
         def publish(self: Any, *args: Any, **kwargs: Any) -> Any:
             COUNTS["amqp_publishes"] += 1
             return original_publish(self, *args, **kwargs)
 
-        blocking_connection.BlockingConnection._flush_output = flush
+        def ack(self: Any, *args: Any, **kwargs: Any) -> Any:
+            COUNTS["amqp_acks"] += 1
+            return original_ack(self, *args, **kwargs)
+
+        blocking.tx_commit = commit
+        blocking.basic_publish = blocking_publish
         Channel.basic_publish = publish
+        Channel.basic_ack = ack
     except ImportError:
         pass
 

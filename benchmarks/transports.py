@@ -201,6 +201,7 @@ def per_flow_counts(workdir: Path, flows: int) -> dict[str, float]:
         waits = spent("amqp_waits")
         publishing = sum(n for thread, n in waits.items() if thread != "amqp")  # not consuming
         total["amqp waits"] = total.get("amqp waits", 0) + publishing
+        total["amqp acks"] = total.get("amqp acks", 0) + spent("amqp_acks")
         total["cpu ms"] = total.get("cpu ms", 0) + spent("cpu_seconds") * 1000
     return {name: value / flows for name, value in total.items()}
 
@@ -264,7 +265,7 @@ def main() -> None:
     header = (
         f"  {'transport':<24} {'database':<11} {'flows/s':>9} {'msgs/s':>9} {'x raw':>7} "
         f"{'commits':>8} {'stmts':>7} {'q cmts':>7} {'q stmts':>8} {'pg rt':>7} {'amqp w':>7} "
-        f"{'cpu ms':>7}"
+        f"{'acks':>6} {'cpu ms':>7}"
     )
     print(header)
     for transport_name, database_name, transport_url, database_url in configs:
@@ -309,7 +310,8 @@ def main() -> None:
             f"{messages_per_second:9,.0f} {ratio} {counts.get('node commits', 0):8.2f} "
             f"{counts.get('node statements', 0):7.2f} {counts.get('queue commits', 0):7.2f} "
             f"{counts.get('queue statements', 0):8.2f} "
-            f"{counts['pg round trips']:7.2f} {counts['amqp waits']:7.2f} {counts['cpu ms']:7.2f}"
+            f"{counts['pg round trips']:7.2f} {counts['amqp waits']:7.2f} "
+            f"{counts['amqp acks']:6.2f} {counts['cpu ms']:7.2f}"
         )
     print(
         f"\n'x raw' = fiberflow session messages/s (~{MESSAGES_PER_FLOW} per flow) over the raw"
@@ -320,7 +322,8 @@ def main() -> None:
         "request and their last outcome\n(they do not depend on load, but batch sizes do): "
         "'commits' and 'stmts' on the node databases, 'q cmts' and\n'q stmts' on the SQL queue, "
         "'pg rt' PostgreSQL round trips, 'amqp w' waits for the RabbitMQ broker while\n"
-        "publishing, 'cpu ms' CPU time of both processes (idle polling included)."
+        "publishing, 'acks' AMQP ack frames, 'cpu ms' CPU time of both processes (idle polling "
+        "included)."
     )
 
 
