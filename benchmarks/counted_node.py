@@ -62,7 +62,8 @@ def _thread() -> str:
 def _waits_for_reply(state: Any) -> bool:
     """A psycopg generator's wait state is a wait for the server's reply (read only).
 
-    Queuing in pipeline mode waits for read-or-write; waiting for results reads only.
+    Queuing in pipeline mode waits for read-or-write; waiting for results reads only. (A
+    reply that had already arrived when psycopg looked is not counted: a lower bound.)
     """
     wait = state[1] if isinstance(state, tuple) else state
     return int(wait) == 1  # psycopg.waiting.Wait.R

@@ -43,7 +43,11 @@ def database() -> Iterator[NodeDatabase]:
 
 @pytest.fixture
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each psycopg wait for the server's reply, by the generator's name."""
+    """Each psycopg wait for the server's reply, by the generator's name.
+
+    A wait whose reply had already arrived does not show as one: the count is at most the
+    round trips made, so the tests bound it from above.
+    """
     import psycopg
 
     waits: list[str] = []
@@ -83,7 +87,7 @@ def test_writes_and_commit_cost_one_round_trip_after_the_lease_check(
         [StoreFlowResult(f"f-{n}", FLOW_CLASS, b"\x01", 1.0) for n in range(5)]
     )
     transaction.commit()
-    assert len(round_trips) == 2, round_trips  # the lease check; the writes and COMMIT
+    assert len(round_trips) <= 2, round_trips  # the lease check; the writes and COMMIT
     assert database.count("node_outbox") == 5
     assert database.count("node_flow_results") == 5
 
@@ -94,7 +98,7 @@ def test_recording_consumed_ids_waits_once_more(
     transaction = database.checkpoints.begin()
     write_group(transaction, "a")  # checkpoint, dedup id, outbox row, result, error
     transaction.commit()
-    assert len(round_trips) == 3, round_trips
+    assert len(round_trips) <= 3, round_trips  # (one a statement: 8)
 
 
 def test_claims_are_checked_before_the_commit(
@@ -109,7 +113,7 @@ def test_claims_are_checked_before_the_commit(
     transaction.write_outbox(_outbox(1))
     transaction.claim_flow_requests([ClaimFlowRequests(("r-1",), 2.0)])
     transaction.commit()
-    assert len(round_trips) == 3, round_trips
+    assert len(round_trips) <= 3, round_trips
     transaction = database.checkpoints.begin()
     transaction.write_outbox([(OutboxRow("out-late", "O=Peer,L=Paris,C=FR", b"x"), 3.0)])
     transaction.claim_flow_requests([ClaimFlowRequests(("r-1",), 3.0)])  # claimed before
