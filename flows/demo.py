@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,15 @@ def run_in_process_demo(flows: int, directory: Path | None, verbose: bool) -> in
         return 0 if ok and left == 0 else 1
 
 
+Launcher = Callable[[str], list[str]]
+"""The command that runs ``fiberflow`` for a demo node (given its short name), without the
+``node run --config ...`` that follows: a benchmark may run the node under a wrapper."""
+
+
+def _cli_launcher(_: str) -> list[str]:
+    return [sys.executable, "-m", "flows.cli"]
+
+
 class _DemoNode:
     def __init__(
         self,
@@ -127,6 +137,7 @@ class _DemoNode:
         database_url: str | None,
         transport: str,
         extra_lines: tuple[str, ...] = (),
+        launcher: Launcher | None = None,
     ):
         self.name = name
         self.transport = transport
@@ -153,14 +164,13 @@ class _DemoNode:
         lines.extend(extra_lines)
         self.config_path.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
+        self.launcher = launcher or _cli_launcher
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "flows.cli",
+                    *self.launcher(self.short),
                     "node",
                     "run",
                     "--config",
@@ -234,17 +244,23 @@ def run_pingpong_processes(
     show_progress: bool = True,
     announce: bool = False,
     topology: str = "shared",
+    launcher: Launcher | None = None,
+    on_phase: Callable[[str, list[int]], None] | None = None,
 ) -> PingPongRun:
     """Start Alice and Bob as processes, run ``flows`` ping/pongs, stop them; measure.
 
     With ``topology="p2p"`` ``transport`` is ignored: each node gets an inbound of its own
     (a SQL queue file in ``workdir``) and a certificate from a network root made there.
+    ``launcher`` gives the command that runs ``fiberflow`` for each node (default: this
+    interpreter, ``-m flows.cli``); ``on_phase`` is called with ``"start"`` just before the
+    flow requests are committed and ``"end"`` once every outcome is in, with the nodes'
+    process ids (a benchmark takes its counters' readings then).
     """
     if topology == "p2p":
-        alice, bob = _p2p_nodes(workdir, database_url)
+        alice, bob = _p2p_nodes(workdir, database_url, launcher)
     else:
-        alice = _DemoNode(ALICE, workdir, database_url, transport)
-        bob = _DemoNode(BOB, workdir, database_url, transport)
+        alice = _DemoNode(ALICE, workdir, database_url, transport, launcher=launcher)
+        bob = _DemoNode(BOB, workdir, database_url, transport, launcher=launcher)
     if announce:
         print(f"  directory:  {workdir} (configs, logs, status files)")
         print(
@@ -266,6 +282,9 @@ def run_pingpong_processes(
         for node in (alice, bob):
             node.wait_started()
         client = NodeClient(alice.database_url, database_schema=alice.schema)
+        pids = [node.process.pid for node in (alice, bob) if node.process is not None]
+        if on_phase is not None:
+            on_phase("start", pids)
         started = time.perf_counter()
         flow_ids = client.start_flows(demo_flows(flows, Party(BOB)))
         bar = ProgressBar(flows, "flows") if show_progress else None
@@ -278,6 +297,8 @@ def run_pingpong_processes(
 
         outcomes = client.wait(flow_ids, timeout or max(120.0, flows * 0.2), progress)
         elapsed = time.perf_counter() - started
+        if on_phase is not None:
+            on_phase("end", pids)
         if bar is not None:
             bar.finish()
         results = tuple(decode_outcome(outcomes[f]) for f in flow_ids)
@@ -308,7 +329,9 @@ def run_pingpong_processes(
             purge_queues(node.transport, [node.name])
 
 
-def _p2p_nodes(workdir: Path, database_url: str | None) -> tuple[_DemoNode, _DemoNode]:
+def _p2p_nodes(
+    workdir: Path, database_url: str | None, launcher: Launcher | None = None
+) -> tuple[_DemoNode, _DemoNode]:
     """Alice and Bob of the peer-to-peer demo: own inbounds, certified by a network root."""
     from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -335,7 +358,7 @@ def _p2p_nodes(workdir: Path, database_url: str | None) -> tuple[_DemoNode, _Dem
             f"certificate = {json.dumps(certificate.name)}",
         )
         inbound = f"sqlite:///{workdir / (short + '-inbound.db')}"
-        nodes.append(_DemoNode(name, workdir, database_url, inbound, extra))
+        nodes.append(_DemoNode(name, workdir, database_url, inbound, extra, launcher))
     return nodes[0], nodes[1]
 
 

@@ -6,6 +6,11 @@ its loop. Each request is claimed in the transaction that commits its flow's fir
 checkpoint, or its refusal, so a request is started exactly once. The flow id is the
 request id: a request whose id is already a flow's is only claimed.
 
+A batch of requests costs two statements whatever its size: one query finds the pending
+requests and, for each, whether its id is a flow's already
+(``ControlPlane.flow_requests_to_start``); one update in the transaction that starts them
+claims them all.
+
 :func:`encode_arguments` serializes a flow's constructor arguments for a request (or a local
 start), naming the first argument that cannot be checkpointed.
 """
@@ -13,7 +18,7 @@ start), naming the first argument that cannot be checkpointed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from flows.cordapps import Cordapps
@@ -41,7 +46,6 @@ class FlowRequestIntake:
         *,
         party: Party,
         control: ControlPlane,
-        known_flows: Callable[[Sequence[str]], set[str]],
         manager: StateMachineManager,
         cordapps: Cordapps,
         clock: Clock,
@@ -49,15 +53,12 @@ class FlowRequestIntake:
     ) -> None:
         """Take requests from ``control`` and start them through ``manager``.
 
-        ``known_flows`` tells which of some ids already name a stored flow.
-
         With a ``hospital``, a batch that fails for a reason pinned on one request is
         started again one request per transaction, and the requests that still fail are
         refused (recorded as failed flows); without one the error propagates.
         """
         self._party = party
         self._control = control
-        self._known_flows = known_flows
         self._manager = manager
         self._cordapps = cordapps
         self._clock = clock
@@ -65,16 +66,15 @@ class FlowRequestIntake:
 
     def start_pending(self, limit: int = 500) -> int:
         """Start up to ``limit`` requested flows; returns how many were started."""
-        requests = self._control.pending_flow_requests(limit)
-        if not requests:
+        pending = self._control.flow_requests_to_start(limit)
+        if not pending:
             return 0
-        ids = [r.request_id for r in requests]
-        known = self._known_flows(ids)
-        known |= {i for i in ids if self._manager.flow_state(i)}
+        ids = [p.request.request_id for p in pending]
         to_start: list[FlowToStart] = []
         refused: list[StoreFlowError] = []
-        for request in requests:
-            if request.request_id in known:
+        for found in pending:
+            request = found.request
+            if found.already_a_flow or self._manager.flow_state(request.request_id):
                 continue
             reason = self._refusal(request)
             if reason is not None:

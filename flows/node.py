@@ -205,7 +205,10 @@ class Node:
             self.relay = relay_factory(self.database.outbox, self.authenticator)
         elif background_relay:
             self.relay = BackgroundOutboxRelay(
-                messaging, self.database.outbox, authenticator=self.authenticator
+                messaging,
+                self.database.outbox,
+                authenticator=self.authenticator,
+                deletes=self.database.outbox,  # the rows taken ride in the next transaction
             )
         else:
             self.relay = OutboxRelay(
@@ -243,7 +246,6 @@ class Node:
         self.flow_requests = FlowRequestIntake(
             party=self.party,
             control=self.database.control,
-            known_flows=self.database.checkpoints.known_flows,
             manager=self.manager,
             cordapps=self.cordapps,
             clock=self.clock,

@@ -7,6 +7,10 @@ transport refuses is sent row by row, so one unreachable target does not hold th
 back; each refused row is retried after a jittered, exponentially growing delay (50 ms
 doubling up to 5 s). A crash at any point leaves the undeleted rows in the outbox: the next
 start sends them again and the receiver drops duplicates by id.
+
+Given ``deletes`` (the node database's outbox), the rows taken are not deleted in a
+transaction of their own: they ride in the node's next state machine transaction, and the
+relay deletes only what no transaction took within :data:`DELETE_WAIT_SECONDS`.
 """
 
 from __future__ import annotations
@@ -20,17 +24,25 @@ import time
 from collections.abc import Sequence
 
 from messaging.authentication import MessageAuthenticator
-from messaging.relay import OutboxStore, ThreadedRelayBase
+from messaging.relay import DeferredDeletes, OutboxStore, ThreadedRelayBase
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
 from statemachine.ports import OutboxRow
 
-__all__ = ["BATCH_SIZE", "MAX_BACKOFF_SECONDS", "MIN_BACKOFF_SECONDS", "BackgroundOutboxRelay"]
+__all__ = [
+    "BATCH_SIZE",
+    "DELETE_WAIT_SECONDS",
+    "MAX_BACKOFF_SECONDS",
+    "MIN_BACKOFF_SECONDS",
+    "BackgroundOutboxRelay",
+]
 
 log = logging.getLogger("fiberflow.relay")
 
 BATCH_SIZE = 500
 MIN_BACKOFF_SECONDS = 0.05
 MAX_BACKOFF_SECONDS = 5.0
+DELETE_WAIT_SECONDS = 0.2
+"""How long taken rows wait for a node transaction to delete them before the relay does."""
 
 
 class BackgroundOutboxRelay(ThreadedRelayBase):
@@ -43,15 +55,19 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
         *,
         seed: int | None = None,
         authenticator: MessageAuthenticator | None = None,
+        deletes: DeferredDeletes | None = None,
     ) -> None:
-        """``seed`` seeds the retry jitter; ``authenticator`` tags each message (None: no tag).
+        """A relay from ``store`` to ``transport`` (not started).
 
-        A target the authenticator has no key for yet is retried like one the transport
-        refuses (:class:`~messaging.authentication.CannotAuthenticateError`).
+        ``seed`` seeds the retry jitter; ``authenticator`` tags each message (None: no tag);
+        a target the authenticator has no key for yet is retried like one the transport
+        refuses (:class:`~messaging.authentication.CannotAuthenticateError`). ``deletes``
+        lets the node's transactions delete the rows taken (see the docstring).
         """
         self._transport = transport
         self._authenticator = authenticator
         self._store = store
+        self._deletes = deletes
         self._incoming: queue.SimpleQueue[Sequence[OutboxRow] | None] = queue.SimpleQueue()
         self._retries: list[tuple[float, int, OutboxRow]] = []  # a heap of (due, n, row)
         self._failed_attempts: dict[str, int] = {}
@@ -85,6 +101,11 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
             if self._thread.is_alive():
                 log.error("the outbox relay did not stop within %.0f s", timeout)
             self._thread = None
+        if self._deletes is not None:
+            try:
+                self._deletes.delete_waiting()
+            except Exception as error:  # the database may be gone: the rows are resent
+                log.warning("outbox delete failed at stop (%s); rows resent next start", error)
 
     def hand_off(self, rows: Sequence[OutboxRow]) -> None:
         """Queue committed rows for the relay thread (returns at once)."""
@@ -111,6 +132,8 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
                 rows = self._next_batch()
                 if rows and not self._stopping.is_set():
                     self._send(rows)
+                if self._deletes is not None:
+                    self._deletes.delete_waiting(DELETE_WAIT_SECONDS)
             except Exception:  # never let the thread die: rows stay in the outbox regardless
                 log.exception("outbox relay error; carrying on (unsent rows are resent at start)")
                 time.sleep(MIN_BACKOFF_SECONDS)
@@ -191,6 +214,17 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
             heapq.heappush(self._retries, (time.monotonic() + delay, self._retry_counter, row))
 
     def _delete(self, message_ids: list[str]) -> None:
+        if self._deletes is not None:
+            self._deletes.delete_later(message_ids)  # with the node's next transaction
+        else:
+            self._delete_now(message_ids)
+        for message_id in message_ids:
+            self._failed_attempts.pop(message_id, None)
+        with self._lock:
+            self.handed_off += len(message_ids)
+            self._outstanding -= len(message_ids)
+
+    def _delete_now(self, message_ids: list[str]) -> None:
         delay = MIN_BACKOFF_SECONDS
         while True:
             try:
@@ -203,8 +237,3 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
                 log.warning("outbox delete failed (%s); retry in %.2f s", error, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
-        for message_id in message_ids:
-            self._failed_attempts.pop(message_id, None)
-        with self._lock:
-            self.handed_off += len(message_ids)
-            self._outstanding -= len(message_ids)

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from statemachine.ports import OutboxRow
 
-__all__ = ["OutboxStore", "Relay", "ThreadedRelayBase"]
+__all__ = ["DeferredDeletes", "OutboxStore", "Relay", "ThreadedRelayBase"]
 
 
 class OutboxStore(Protocol):
@@ -31,6 +31,22 @@ class OutboxStore(Protocol):
 
     def delete_outbox(self, message_ids: Sequence[str]) -> None:
         """Delete rows the transport has durably taken."""
+
+
+class DeferredDeletes(Protocol):
+    """Deleting outbox rows with a transaction the node commits anyway.
+
+    The node database's outbox (:class:`persistence.outbox.SqlOutbox`): rows queued by
+    :meth:`delete_later` are deleted by the next state machine transaction, before it
+    commits; :meth:`delete_waiting` deletes, in a transaction of their own, those no
+    transaction has taken (a node with nothing else to commit).
+    """
+
+    def delete_later(self, message_ids: Sequence[str]) -> None:
+        """Delete these rows (taken by the transport) with the node's next transaction."""
+
+    def delete_waiting(self, older_than: float = 0.0) -> int:
+        """Delete the queued rows now if the oldest has waited ``older_than`` s; how many."""
 
 
 class Relay(Protocol):

@@ -19,6 +19,7 @@ from persistence.checkpoint_trust import CheckpointSeal, checkpoint_staleness
 from persistence.engine import chunks
 from persistence.fencing import FencedEngine
 from persistence.node_store import CheckpointSummary, StoredOutcome
+from persistence.outbox import WaitingDeletes
 from persistence.schema import millis
 from persistence.sql_transaction import SqlTransaction
 from statemachine.flow_error import ErrorKind, FlowError
@@ -32,9 +33,18 @@ log = logging.getLogger("fiberflow.store")
 class SqlCheckpointStore:
     """The ``CheckpointStore`` port (and the node's reads of outcomes) on SQL tables."""
 
-    def __init__(self, fence: FencedEngine, mac_key: bytes | None) -> None:
-        """With ``mac_key``, checkpoint blobs carry and need a MAC."""
+    def __init__(
+        self,
+        fence: FencedEngine,
+        mac_key: bytes | None,
+        waiting_deletes: WaitingDeletes | None = None,
+    ) -> None:
+        """With ``mac_key``, checkpoint blobs carry and need a MAC.
+
+        Each transaction deletes the outbox rows queued in ``waiting_deletes`` as it commits.
+        """
         self._fence = fence
+        self._waiting_deletes = waiting_deletes
         self._seal = CheckpointSeal(mac_key)
         self.checkpoints_written = 0
         """Checkpoints written (inserted or replaced) through this object."""
@@ -53,7 +63,7 @@ class SqlCheckpointStore:
 
     def begin(self) -> SqlTransaction:
         """Open a write transaction (fenced by the lease, if the node holds one)."""
-        return SqlTransaction(self._fence, self._seal, self.note_checkpoint)
+        return SqlTransaction(self._fence, self._seal, self.note_checkpoint, self._waiting_deletes)
 
     def check_lease(self) -> None:
         """Raise ``LeaseLostError`` unless the node still holds its lease (writes nothing)."""
@@ -70,7 +80,7 @@ class SqlCheckpointStore:
         """
         table = schema.node_message_ids
         found: set[str] = set()
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             for chunk in chunks(message_ids):
                 query = select(table.c.message_id).where(table.c.message_id.in_(chunk))
                 found.update(connection.execute(query).scalars())
@@ -138,7 +148,7 @@ class SqlCheckpointStore:
     def has_checkpoint(self, flow_id: str) -> bool:
         """True if ``flow_id`` has a stored checkpoint."""
         table = schema.node_checkpoints
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             found = connection.execute(select(table.c.flow_id).where(table.c.flow_id == flow_id))
             return found.first() is not None
 
@@ -148,14 +158,14 @@ class SqlCheckpointStore:
         query = select(table.c.flow_id, table.c.flow_class, table.c.status).order_by(
             table.c.created_at, table.c.flow_id
         )
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return [CheckpointSummary(*row) for row in connection.execute(query)]
 
     def known_flows(self, flow_ids: Sequence[str]) -> set[str]:
         """Those of ``flow_ids`` that have a checkpoint or a stored outcome (one query each)."""
         found: set[str] = set()
         tables = (schema.node_checkpoints, schema.node_flow_results, schema.node_flow_exceptions)
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             for chunk in chunks(flow_ids):
                 for table in tables:
                     query = select(table.c.flow_id).where(table.c.flow_id.in_(chunk))
@@ -165,7 +175,7 @@ class SqlCheckpointStore:
     def stored_outcome(self, flow_id: str) -> StoredOutcome | None:
         """The kept result or error of a finished flow, or None."""
         results, errors = schema.node_flow_results, schema.node_flow_exceptions
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             row = connection.execute(
                 select(results.c.flow_class, results.c.result).where(results.c.flow_id == flow_id)
             ).first()
@@ -181,7 +191,7 @@ class SqlCheckpointStore:
         """The kept outcomes of those of ``flow_ids`` that have finished."""
         results, errors = schema.node_flow_results, schema.node_flow_exceptions
         found: dict[str, StoredOutcome] = {}
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             for chunk in chunks(flow_ids):
                 query = select(results.c.flow_id, results.c.flow_class, results.c.result)
                 for row in connection.execute(query.where(results.c.flow_id.in_(chunk))):

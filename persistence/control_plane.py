@@ -17,13 +17,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, exists, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from persistence import schema
 from persistence.engine import chunks, upsert
 from persistence.fencing import FencedEngine
-from persistence.node_store import ControlPlane, FlowRequest, OperatorRequest
+from persistence.node_store import ControlPlane, FlowRequest, OperatorRequest, PendingFlowRequest
 from persistence.schema import millis
 
 
@@ -67,8 +67,33 @@ class SqlControlPlane(ControlPlane):
             .order_by(table.c.requested_at, table.c.request_id)
             .limit(limit)
         )
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return [FlowRequest(*row) for row in connection.execute(query)]
+
+    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
+        """Requested flows not started yet, oldest first, each with whether its id is a flow's.
+
+        One statement: the pending requests, and for each whether a checkpoint or an outcome
+        already carries its id.
+        """
+        table = schema.node_flow_requests
+        flow_tables = (
+            schema.node_checkpoints,
+            schema.node_flow_results,
+            schema.node_flow_exceptions,
+        )
+        already = or_(*(exists().where(t.c.flow_id == table.c.request_id) for t in flow_tables))
+        query = (
+            select(table.c.request_id, table.c.flow_class, table.c.arguments, already)
+            .where(table.c.started_at.is_(None))
+            .order_by(table.c.requested_at, table.c.request_id)
+            .limit(limit)
+        )
+        with self._fence.reader.connect() as connection:
+            return [
+                PendingFlowRequest(FlowRequest(request_id, flow_class, arguments), bool(known))
+                for request_id, flow_class, arguments, known in connection.execute(query)
+            ]
 
     def request_operation(self, action: str, flow_id: str | None, at: float) -> str:
         """Queue an operator command for the node; returns its request id."""
@@ -92,7 +117,7 @@ class SqlControlPlane(ControlPlane):
             .where(table.c.done_at.is_(None))
             .order_by(table.c.requested_at, table.c.request_id)
         )
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return [OperatorRequest(*row) for row in connection.execute(query)]
 
     def finish_operation(self, request_id: str, outcome: str, at: float) -> None:
@@ -108,7 +133,7 @@ class SqlControlPlane(ControlPlane):
     def operation_outcome(self, request_id: str) -> str | None:
         """What an operator command did, or None while the node has not done it."""
         table = schema.node_operator_requests
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             row = connection.execute(
                 select(table.c.outcome).where(table.c.request_id == request_id)
             ).first()
@@ -125,7 +150,7 @@ class SqlControlPlane(ControlPlane):
     def paused_flows(self) -> set[str]:
         """The flows operators paused."""
         table = schema.node_paused_flows
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             return set(connection.execute(select(table.c.flow_id)).scalars())
 
     def set_setting(self, name: str, value: str | None, at: float) -> None:
@@ -141,7 +166,7 @@ class SqlControlPlane(ControlPlane):
     def setting(self, name: str) -> str | None:
         """A node-wide setting, or None if it is not set."""
         table = schema.node_settings
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             found = connection.execute(select(table.c.value).where(table.c.name == name))
             return found.scalar_one_or_none()
 
@@ -170,6 +195,6 @@ class SqlControlPlane(ControlPlane):
     def busy_flows(self) -> dict[str, tuple[int, str]]:
         """Flow id -> (running since, in ms; location) of the flows noted as running long."""
         table = schema.node_running_flows
-        with self._fence.engine.connect() as connection:
+        with self._fence.reader.connect() as connection:
             rows = connection.execute(select(table.c.flow_id, table.c.since, table.c.location))
             return {row.flow_id: (row.since, row.location) for row in rows}

@@ -34,7 +34,9 @@ QUERY_CHUNK = 500
 """Ids per ``IN (...)`` query (well under every backend's bound-parameter limit)."""
 
 SQLITE_BEGIN_OPTION = "fiberflow_sqlite_begin"
-"""Execution option: ``"IMMEDIATE"`` makes a SQLite transaction take the write lock at BEGIN."""
+"""Execution option: ``"IMMEDIATE"`` makes a SQLite transaction take the write lock at BEGIN;
+:data:`NO_BEGIN` issues no BEGIN at all (reads of one statement, :func:`read_engine`)."""
+NO_BEGIN = "NONE"
 
 
 def normalize_url(url: str) -> str:
@@ -77,6 +79,19 @@ def open_engine(
 def write_engine(engine: Engine) -> Engine:
     """``engine`` for transactions that read before they write (IMMEDIATE on SQLite)."""
     return engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+
+
+def read_engine(engine: Engine) -> Engine:
+    """``engine`` for reads of one statement each, on the same connections.
+
+    PostgreSQL: in autocommit mode, so a read costs one round trip (no ``BEGIN``, no
+    ``ROLLBACK`` when the connection goes back to the pool). SQLite: no ``BEGIN`` is issued;
+    the statement runs in SQLite's own implicit transaction (one consistent snapshot). A read
+    of several statements that must agree with each other uses ``engine`` itself.
+    """
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine.execution_options(**{SQLITE_BEGIN_OPTION: NO_BEGIN})
 
 
 def existing_tables(connection: Connection) -> set[str]:
@@ -123,20 +138,32 @@ def upsert(connection: Connection, table: Any, rows: Sequence[dict[str, Any]], k
     """Insert ``rows``, replacing existing rows with the same ``key`` (later rows win)."""
     if not rows:
         return
-    module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(connection.dialect.name)
-    if module is None or len({row[key] for row in rows}) != len(rows):
+    statement = upsert_statement(connection.dialect.name, table, key)
+    if statement is None or len({row[key] for row in rows}) != len(rows):
         for row in rows:  # portable, and ordered when a key repeats
             connection.execute(delete(table).where(table.c[key] == row[key]))
             connection.execute(insert(table).values(**row))
         return
-    cache_key = (connection.dialect.name, table, key)
+    connection.execute(statement, rows)
+
+
+def upsert_statement(dialect_name: str, table: Any, key: str) -> Any:
+    """``INSERT ... ON CONFLICT (key) DO UPDATE`` of every column of ``table``, or None.
+
+    Built once per table (building it makes a proxy of every column); None for a dialect
+    without it (SQLite and PostgreSQL have it).
+    """
+    module: Any = {"sqlite": sqlite, "postgresql": postgresql}.get(dialect_name)
+    if module is None:
+        return None
+    cache_key = (dialect_name, table, key)
     statement = _UPSERTS.get(cache_key)
-    if statement is None:  # built once per table: building it makes a proxy of every column
+    if statement is None:
         insert_rows = module.insert(table)
         updates = {c.name: insert_rows.excluded[c.name] for c in table.columns if c.name != key}
         statement = insert_rows.on_conflict_do_update(index_elements=[key], set_=updates)
         _UPSERTS[cache_key] = statement
-    connection.execute(statement, rows)
+    return statement
 
 
 _UPSERTS: dict[tuple[str, Any, str], Any] = {}
@@ -202,4 +229,5 @@ def configure_sqlite(engine: Engine, synchronous: str) -> None:
         # SQLite cannot upgrade a read lock while another connection writes, and fails
         # at once with "database is locked" instead of waiting.
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
-        connection.exec_driver_sql(f"BEGIN {mode}".strip())
+        if mode != NO_BEGIN:
+            connection.exec_driver_sql(f"BEGIN {mode}".strip())

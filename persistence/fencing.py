@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from sqlalchemy import Connection, Engine
 
-from persistence.engine import write_engine
+from persistence.engine import read_engine, write_engine
 from persistence.lease import NodeLease, WorkerInfo
 
 
@@ -26,7 +26,11 @@ class FencedEngine:
     def __init__(self, engine: Engine) -> None:
         """Wrap ``engine`` (for PostgreSQL, already translated to the node's schema)."""
         self.engine = engine
-        """For reads, and for the writes that are not the node's (clients, operators)."""
+        """For reads of several statements that must agree, and for the writes that are not
+        the node's (clients, operators)."""
+        self.reader: Engine = read_engine(engine)
+        """For reads of one statement each, on the same connections (on PostgreSQL in
+        autocommit mode: one round trip each; see :func:`persistence.engine.read_engine`)."""
         self.writer: Engine = write_engine(engine)
         """The engine for write transactions (on SQLite they take the write lock at BEGIN)."""
         self.lease: NodeLease | None = None

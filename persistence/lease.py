@@ -52,6 +52,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Integer,
+    bindparam,
     cast,
     delete,
     extract,
@@ -407,15 +408,8 @@ class NodeLease:
             raise LeaseLostError(
                 "this process holds no lease on the node (released or never taken)"
             )
-        partitions = schema.node_partitions
-        query = (
-            select(partitions.c.partition, partitions.c.epoch)
-            .where(partitions.c.holder == self.worker_id)
-            .order_by(partitions.c.partition)  # the lock order of a takeover
-        )
-        if connection.dialect.name == "postgresql":
-            query = query.with_for_update(read=True)
-        found = {row.partition: row.epoch for row in connection.execute(query)}
+        query = _FENCE_QUERIES[connection.dialect.name == "postgresql"]
+        found = {row[0]: row[1] for row in connection.execute(query, {"holder": self.worker_id})}
         if found != self.epochs:
             lost = sorted(p for p, e in self.epochs.items() if found.get(p) != e)
             raise LeaseLostError(
@@ -471,6 +465,24 @@ class NodeLease:
                 connection.execute(delete(workers).where(workers.c.worker_id == self.worker_id))
         finally:
             self.epochs = {}
+
+
+def _fence_query(postgres: bool) -> Any:
+    """The partitions a worker holds, with their epochs, in the lock order of a takeover.
+
+    Built once (per dialect): the worker is a bound parameter, ``holder``.
+    """
+    partitions = schema.node_partitions
+    query = (
+        select(partitions.c.partition, partitions.c.epoch)
+        .where(partitions.c.holder == bindparam("holder"))
+        .order_by(partitions.c.partition)
+    )
+    return query.with_for_update(read=True) if postgres else query
+
+
+_FENCE_QUERIES = {postgres: _fence_query(postgres) for postgres in (False, True)}
+"""The fence's query on SQLite (False) and on PostgreSQL (True, rows locked FOR SHARE)."""
 
 
 def _create_partitions(connection: Connection) -> None:

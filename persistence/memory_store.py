@@ -20,6 +20,7 @@ from persistence.node_store import (
     ControlPlane,
     FlowRequest,
     OperatorRequest,
+    PendingFlowRequest,
     StoredOutcome,
 )
 from statemachine.actions import (
@@ -217,6 +218,14 @@ class MemoryOutbox:
         for message_id in message_ids:
             self.tables.outbox.pop(message_id, None)
 
+    def delete_later(self, message_ids: Sequence[str]) -> None:
+        """Delete outbox rows (at once: this store has no transaction to wait for)."""
+        self.delete_outbox(message_ids)
+
+    def delete_waiting(self, older_than: float = 0.0) -> int:
+        """Nothing waits here (:meth:`delete_later` deletes at once)."""
+        return 0
+
 
 class NullControlPlane(ControlPlane):
     """The control plane of a store nobody else can reach: no requests, no memory.
@@ -232,6 +241,10 @@ class NullControlPlane(ControlPlane):
             raise ValueError(NO_REQUESTS)
 
     def pending_flow_requests(self, limit: int) -> list[FlowRequest]:
+        """None."""
+        return []
+
+    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
         """None."""
         return []
 

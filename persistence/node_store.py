@@ -50,6 +50,16 @@ class FlowRequest:
 
 
 @attrs.frozen
+class PendingFlowRequest:
+    """A flow request not started yet, as the node finds it."""
+
+    request: FlowRequest
+    already_a_flow: bool
+    """True if a flow with the request's id exists already (a checkpoint, or an outcome):
+    the node only claims such a request, it does not start the flow again."""
+
+
+@attrs.frozen
 class OperatorRequest:
     """An operator command queued for the node (``fiberflow flow kill`` and the like)."""
 
@@ -74,6 +84,12 @@ class ControlPlane(Protocol):
         """At most ``limit`` requested flows not started yet, oldest first.
 
         A request is started when a transaction claims it (``claim_flow_requests``).
+        """
+
+    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
+        """What :meth:`pending_flow_requests` returns, each with whether its id is a flow's.
+
+        One query: what the node reads before it starts (or only claims) requested flows.
         """
 
     def request_operation(self, action: str, flow_id: str | None, at: float) -> str:

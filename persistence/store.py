@@ -74,10 +74,11 @@ class NodeDatabase:
         self._fence = FencedEngine(engine)
         self.engine: Engine = engine
         """The engine (for PostgreSQL, translated to the node's schema)."""
-        self.checkpoints = SqlCheckpointStore(self._fence, mac_key)
-        """The state machine's ``CheckpointStore``."""
         self.outbox = SqlOutbox(self._fence)
         """The outbox relays' ``OutboxStore``."""
+        self.checkpoints = SqlCheckpointStore(self._fence, mac_key, self.outbox.waiting)
+        """The state machine's ``CheckpointStore`` (its transactions delete the outbox rows
+        queued by ``outbox.delete_later``)."""
         self.control = SqlControlPlane(self._fence)
         """The operator control plane."""
 

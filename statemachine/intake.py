@@ -1,12 +1,21 @@
 """Taking in inbound messages: check, decode, route, and carry out the routing decision.
 
 :class:`Intake` holds what the transport delivered until the next round, then, for the whole
-batch: decodes the messages, checks in one query which ids were consumed before (the
-messages' own, and the initial messages of the responder sessions they name), asks
+batch: decodes the messages, checks in one query which ids were consumed before, asks
 :func:`statemachine.routing.route` where each goes, and carries that out: a delivery queued
 for its flow, a responder started (by the scheduler), a session rejected, a message held,
 parked, dropped or dead-lettered. Messages waiting for their session are in its
 :class:`~statemachine.parking.ParkingLot`.
+
+The store is asked only about what no live flow can answer for: initial messages, messages
+for sessions no live flow owns (not open yet, or over) and the initial messages of the
+responder sessions those name. A message for a session a live flow owns needs no query: the
+transaction that recorded a message as consumed also checkpointed its session's advanced
+sequence number (or kept it among the session's early messages), and the flow's state is at
+least that far, so a consumed copy is refused by the session itself (its sequence number is
+behind, or already waiting) and settled as a dropped duplicate, after a lease check. The
+primary key of the dedup ids refuses a consumed id in the transaction in any case. A round
+that routes only messages for live flows (an initiator's confirms and replies) reads nothing.
 
 With a :class:`~statemachine.isolation.FailureIsolation`, a message whose handling raises is
 routed again after its own backoff, and quarantined (dead-lettered) when it keeps failing.
@@ -113,15 +122,18 @@ class Intake:
         # popleft, not clear(): a transport thread may append while we drain.
         messages = [self._inbox.popleft() for _ in range(len(self._inbox))]
         decoded: list[SessionMessage | _Undecodable | None] = []
-        ids = [m.message_id for m in messages]
+        ids: list[str] = []
         for message in messages:
             decoded.append(None if message.rejection is not None else self._decode_one(message))
             body = decoded[-1]
             if isinstance(body, ExistingSessionMessage):
+                if self._flows.owner_of(body.recipient_session_id) is not None:
+                    continue  # its live flow's session refuses a consumed copy (see the docstring)
                 initial = initial_message_of(body.recipient_session_id)
                 if initial is not None:
                     ids.append(initial)
-        consumed = self._store.consumed_among(ids)
+            ids.append(message.message_id)
+        consumed = self._store.consumed_among(ids) if ids else set()
         for message, body in zip(messages, decoded, strict=True):
             if self._isolation is None:
                 self._route(message, body, consumed)

@@ -360,6 +360,32 @@ class StoreConformance:
         with pytest.raises(FlowRequestClaimError):
             commit(store, ClaimFlowRequests(("never-requested",), 4.0))
 
+    def test_pending_flow_requests_say_which_ids_are_flows_already(
+        self, harness: StoreHarness
+    ) -> None:
+        store = harness.open()
+        if not store.durable:  # no client can reach this store: nothing is ever pending
+            assert store.control.flow_requests_to_start(10) == []
+            return
+        commit(
+            store,
+            PersistCheckpoint(checkpoint("running"), 1.0),
+            StoreFlowResult("won", FLOW_CLASS, b"\x01result", 1.0),
+            StoreFlowError("lost", FLOW_CLASS, error("it broke"), 1.0),
+        )
+        ids = ["running", "won", "lost", "new"]
+        requests = [FlowRequest(request_id, FLOW_CLASS, b"") for request_id in ids]
+        store.control.request_flows(requests, 2.0)
+        found = store.control.flow_requests_to_start(10)
+        assert [p.request for p in found] == store.control.pending_flow_requests(10)
+        assert {p.request.request_id: p.already_a_flow for p in found} == {
+            "running": True,
+            "won": True,
+            "lost": True,
+            "new": False,
+        }
+        assert len(store.control.flow_requests_to_start(2)) == 2
+
     def test_an_operator_request_is_carried_out_once(self, harness: StoreHarness) -> None:
         store = harness.open()
         control = store.control

@@ -33,8 +33,6 @@ BLOCKED_CONNECTION_SECONDS = 10.0
 
 AMQP_ERRORS = (pika.exceptions.AMQPError, OSError)
 """What pika raises when the broker or the network fails (worth a reconnection)."""
-REFUSALS = (pika.exceptions.UnroutableError, pika.exceptions.NackError)
-"""What a confirmed publish raises when the broker refuses the message (not worth one)."""
 
 
 def safe_url(url: str) -> str:
@@ -74,13 +72,22 @@ def connect(url: str, name: str, tls: TlsContextFactory | None = None) -> Connec
 
 
 def open_channel(
-    url: str, name: str, tls: TlsContextFactory | None = None
+    url: str, name: str, tls: TlsContextFactory | None = None, *, transactional: bool = False
 ) -> tuple[Connection, Channel]:
-    """A new connection to ``url`` (see :func:`connect`) and a confirm-mode channel on it."""
+    """A new connection to ``url`` (see :func:`connect`) and a channel on it.
+
+    The channel is in publisher-confirm mode (each publish waits for its confirm), or with
+    ``transactional``, in transaction mode (``tx.select``: publishes are written without a
+    wait and ``tx_commit`` returns once the broker has taken every one of them; see
+    :mod:`messaging.amqp.publisher`).
+    """
     connection = connect(url, name, tls)
     try:
         channel = connection.channel()
-        channel.confirm_delivery()
+        if transactional:
+            channel.tx_select()
+        else:
+            channel.confirm_delivery()
     except BaseException:
         close_quietly(connection)
         raise

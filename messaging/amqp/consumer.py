@@ -3,9 +3,11 @@
 The consumer runs on a thread with its own connection (``basic_qos(prefetch)``, manual acks).
 ``acknowledge`` may be called from any thread: it queues the delivery's tag (its ``receipt``:
 connection generation and delivery tag) and asks the consumer thread, through
-``add_callback_threadsafe``, to ack it. Delivery tags belong to one connection: an
-acknowledgement of a delivery made on a connection that has since died is dropped, because
-the broker delivers that message again (and the node drops the duplicate by its id).
+``add_callback_threadsafe``, to ack it: one ack with ``multiple=True`` for the run of settled
+deliveries from the oldest (:class:`SettledTags`), single acks above a delivery still held.
+Delivery tags belong to one connection: an acknowledgement of a delivery made on a
+connection that has since died is dropped, because the broker delivers that message again
+(and the node drops the duplicate by its id).
 
 The prefetch window (2,000 by default) bounds what the node holds unacknowledged. A node
 holds a delivery until the transaction that takes it in commits (milliseconds), plus: messages
@@ -78,6 +80,55 @@ POLL_SECONDS = 0.1
 """How long the consumer waits for broker events before it checks whether to stop."""
 
 
+class SettledTags:
+    """Which delivery tags of one channel are settled, to acknowledge them with few frames.
+
+    The broker numbers a channel's deliveries 1, 2, 3, ...; an ack with ``multiple=True``
+    settles every outstanding delivery up to its tag, which must itself be outstanding.
+    :meth:`acks_for` turns tags to acknowledge into one such ack for the run of settled tags
+    from the lowest unsettled one (nothing the node still holds is in it), and single acks
+    for those above a delivery still held. Tags acked alone (those, and dead letters) are
+    remembered: the ``multiple`` ack that later covers their run names the highest tag of the
+    run that was not acked alone.
+    """
+
+    def __init__(self) -> None:
+        self.floor = 0
+        """Every tag up to this one is settled."""
+        self._above: set[int] = set()
+        self._alone: set[int] = set()
+
+    def acked_alone(self, tag: int) -> None:
+        """``tag`` was acknowledged on its own (a dead letter)."""
+        self._alone.add(tag)
+        self._above.add(tag)
+        self._advance()
+
+    def acks_for(self, tags: list[int]) -> list[tuple[int, bool]]:
+        """The (delivery tag, multiple) acks that settle ``tags`` (each once)."""
+        self._above.update(tags)
+        run = self._advance()
+        acks: list[tuple[int, bool]] = []
+        covering = [tag for tag in run if tag not in self._alone]
+        if covering:
+            acks.append((max(covering), True))
+        self._alone.difference_update(run)
+        for tag in sorted(tags):
+            if tag > self.floor:
+                acks.append((tag, False))
+                self._alone.add(tag)
+        return acks
+
+    def _advance(self) -> list[int]:
+        """Raise the floor over the settled tags just above it; returns those tags."""
+        run = []
+        while self.floor + 1 in self._above:
+            self.floor += 1
+            self._above.discard(self.floor)
+            run.append(self.floor)
+        return run
+
+
 class _ConsumerCancelled(Exception):
     """The broker cancelled the consumer (its queue was deleted): reconnect and redeclare."""
 
@@ -116,6 +167,8 @@ class AmqpMessaging:
         self._lock = threading.Lock()
         """Guards the delivery tags, the pending acks and the consumer connection."""
         self._pending_acks: list[tuple[int, int]] = []
+        self._settled = SettledTags()
+        """The current connection's settled delivery tags (the consumer thread's)."""
         self._discard_acks = False
         self._generation = 0
         self._consumer_connection: Connection | None = None
@@ -293,6 +346,7 @@ class AmqpMessaging:
             self._generation += 1
             self._consumer_connection = connection
             self._consumer_channel = channel
+            self._settled = SettledTags()  # delivery tags start again at 1
         return connection, channel
 
     def _serve(self, connection: Connection, channel: Channel) -> None:
@@ -320,9 +374,9 @@ class AmqpMessaging:
             channel = self._consumer_channel
         if channel is None:
             return
-        for ack_generation, tag in acks:
-            if ack_generation == generation:
-                channel.basic_ack(delivery_tag=tag)
+        tags = [tag for ack_generation, tag in acks if ack_generation == generation]
+        for tag, multiple in self._settled.acks_for(tags):
+            channel.basic_ack(delivery_tag=tag, multiple=multiple)
 
     def _on_delivery(self, channel: Channel, method: Any, properties: Any, body: bytes) -> None:
         if self._stopping.is_set():
@@ -368,6 +422,7 @@ class AmqpMessaging:
             exchange=DEAD_LETTER_EXCHANGE,
         )
         channel.basic_ack(delivery_tag=tag)
+        self._settled.acked_alone(tag)
         self.dead_lettered += 1
 
     def dead_letters(self) -> list[tuple[bytes, str]]:

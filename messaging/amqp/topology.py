@@ -15,7 +15,7 @@ Queues (durable, ``x-queue-type: classic``), named after the node key (:func:`no
 
 Both are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
 queue name as routing key. Sending publishes to ``p2p.inbound`` (routing key: the target's
-queue), ``mandatory``, on a channel in publisher-confirm mode.
+queue), ``mandatory``, in AMQP transactions (:mod:`messaging.amqp.publisher`).
 """
 
 from __future__ import annotations
@@ -81,10 +81,13 @@ def publish(
     headers: dict[str, str] | None = None,
     exchange: str = INBOUND_EXCHANGE,
 ) -> None:
-    """Publish ``body`` persistently to ``queue`` through ``exchange``; returns once confirmed.
+    """Publish ``body`` persistently and ``mandatory`` to ``queue`` through ``exchange``.
 
-    Raises ``pika.exceptions.UnroutableError`` if ``queue`` is not bound to the exchange
-    (``channel`` must be in publisher-confirm mode).
+    On a channel in publisher-confirm mode it returns once confirmed, and raises
+    ``pika.exceptions.UnroutableError`` if ``queue`` is not bound to the exchange. On a
+    transactional channel it returns at once: the ``tx_commit`` that follows is the
+    confirmation, and an unroutable message comes back through the channel's return callback
+    (see :mod:`messaging.amqp.publisher`).
     """
     properties = pika.BasicProperties(
         delivery_mode=pika.DeliveryMode.Persistent, message_id=message_id, headers=headers

@@ -16,8 +16,9 @@ releases that process's leases at once (:meth:`SqlQueueBroker.release_leases`). 
 consumer never takes the leases of a live one.
 
 Waking: on PostgreSQL a send issues ``NOTIFY`` on the queue's channel
-(:func:`notify_channel`); a send from the same process also sets the queue's
-:func:`local_wakeup` event, which a consumer in this process waits on.
+(:func:`notify_channel`); on SQLite it sends a datagram to the queue's consumer in another
+process (:mod:`messaging.sqlqueue.wakeups`); a send from the same process also sets the
+queue's :func:`local_wakeup` event, which a consumer in this process waits on.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     LargeBinary,
+    bindparam,
     delete,
     func,
     insert,
@@ -54,6 +56,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from messaging.frame import MAX_FRAME_BYTES, encode_frame, oversized_problem
 from messaging.service import Message, TransportError
 from messaging.sqlqueue.tables import metadata, queue_dead_letters, queue_messages, queues
+from messaging.sqlqueue.wakeups import poke
 from persistence.bounded import bounded_reason, bounded_text
 from persistence.engine import create_tables, normalize_url, open_engine, write_engine
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES, QUEUE_MESSAGE_ID_CHARS
@@ -125,6 +128,43 @@ def _sqlite_blob_prefix(connection: Connection, row_id: int, size: int) -> bytes
     driver: sqlite3.Connection = connection.connection.driver_connection  # type: ignore[assignment]
     with driver.blobopen(queue_messages.name, "frame", row_id, readonly=True) as blob:
         return blob.read(size)
+
+
+def _candidates(postgres: bool) -> Any:
+    """Visible messages of a queue, oldest first: (row id, frame length), built once."""
+    table = queue_messages
+    now: Any = bindparam("now")
+    query = (
+        select(table.c.id, func.length(table.c.frame))
+        .where(
+            table.c.queue == bindparam("queue"),
+            or_(table.c.lease_until.is_(None), table.c.lease_until < now),
+        )
+        .order_by(table.c.id)
+        .limit(bindparam("limit"))
+    )
+    return query.with_for_update(skip_locked=True) if postgres else query
+
+
+_CANDIDATES = {postgres: _candidates(postgres) for postgres in (False, True)}
+"""The claim's candidates on SQLite (False) and on PostgreSQL (True: locked, skipping
+rows another consumer has locked)."""
+_LEASE = (
+    update(queue_messages)
+    .where(queue_messages.c.id.in_(bindparam("ids", expanding=True)))
+    .values(
+        lease_owner=bindparam("owner"),
+        lease_until=bindparam("until"),
+        deliveries=queue_messages.c.deliveries + 1,
+    )
+    .returning(queue_messages.c.id, queue_messages.c.frame)
+)
+"""Lease the chosen rows; returns their frames."""
+_ACKNOWLEDGE = delete(queue_messages).where(
+    queue_messages.c.queue == bindparam("queue"),
+    queue_messages.c.id.in_(bindparam("ids", expanding=True)),
+)
+"""Delete acknowledged deliveries of a queue, by row id."""
 
 
 class SqlQueueBroker:
@@ -225,6 +265,8 @@ class SqlQueueBroker:
             raise TransportError(f"queue database refused the messages: {error}") from error
         for target in targets:
             local_wakeup(self.url, target).set()
+            if self.dialect == "sqlite":
+                poke(self.url, target)
 
     def insert_raw(self, queue: str, raw: bytes) -> None:
         """Store raw bytes in ``queue`` as if a broken sender had sent them (tests, tools)."""
@@ -235,6 +277,8 @@ class SqlQueueBroker:
                 )
             )
         local_wakeup(self.url, queue).set()
+        if self.dialect == "sqlite":
+            poke(self.url, queue)
 
     def release_leases(self, queue: str, owners: Sequence[str]) -> int:
         """Make the deliveries ``owners`` hold on ``queue`` visible again; returns how many.
@@ -262,29 +306,26 @@ class SqlQueueBroker:
         *,
         max_bytes: int = CLAIM_BYTES,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        acknowledged: Sequence[int] = (),
     ) -> Claim:
         """Lease visible messages of ``queue``, oldest first, by count and by bytes.
 
         At most ``limit`` of them and ``max_bytes`` of frames, but at least one if one is
         within ``max_frame_bytes``. Frames are only loaded for the rows leased. A candidate
         over ``max_frame_bytes`` is dead-lettered instead, in the same transaction, without
-        its frame leaving the database (see the module docstring).
+        its frame leaving the database (see the module docstring). The ``acknowledged``
+        deliveries are deleted first, in the same transaction (see :meth:`acknowledge`): a
+        consumer's acknowledgements and its next claim cost one commit.
         """
         now = _ms(time.time())
-        candidates = (
-            select(queue_messages.c.id, func.length(queue_messages.c.frame))
-            .where(
-                queue_messages.c.queue == queue,
-                or_(queue_messages.c.lease_until.is_(None), queue_messages.c.lease_until < now),
-            )
-            .order_by(queue_messages.c.id)
-            .limit(limit)
-        )
-        if self.dialect == "postgresql":
-            candidates = candidates.with_for_update(skip_locked=True)
+        postgres = self.dialect == "postgresql"
         with self._write_engine().begin() as connection:
+            self._delete_acknowledged(connection, queue, acknowledged)
+            found = connection.execute(
+                _CANDIDATES[postgres], {"queue": queue, "now": now, "limit": limit}
+            )
             chosen, oversized = _take_prefix(
-                [(int(row_id), int(size)) for row_id, size in connection.execute(candidates)],
+                [(int(row_id), int(size)) for row_id, size in found],
                 max_bytes,
                 max_frame_bytes,
             )
@@ -292,17 +333,11 @@ class SqlQueueBroker:
                 self._dead_letter_oversized(connection, row_id, size, max_frame_bytes, now)
             rows: list[tuple[int, bytes]] = []
             if chosen:
-                statement = (
-                    update(queue_messages)
-                    .where(queue_messages.c.id.in_(chosen))
-                    .values(
-                        lease_owner=owner,
-                        lease_until=now + _ms(lease_seconds),
-                        deliveries=queue_messages.c.deliveries + 1,
-                    )
-                    .returning(queue_messages.c.id, queue_messages.c.frame)
+                leased = connection.execute(
+                    _LEASE,
+                    {"ids": chosen, "owner": owner, "until": now + _ms(lease_seconds)},
                 )
-                rows = [(int(r[0]), bytes(r[1])) for r in connection.execute(statement)]
+                rows = [(int(r[0]), bytes(r[1])) for r in leased]
         rows.sort()
         return Claim(tuple(rows), len(oversized))
 
@@ -351,13 +386,13 @@ class SqlQueueBroker:
     def acknowledge(self, queue: str, row_ids: Sequence[int]) -> None:
         """Delete acknowledged deliveries (by row: other copies of the same id stay)."""
         with self.engine.begin() as connection:
-            for start in range(0, len(row_ids), 500):
-                chunk = list(row_ids[start : start + 500])
-                connection.execute(
-                    delete(queue_messages).where(
-                        queue_messages.c.queue == queue, queue_messages.c.id.in_(chunk)
-                    )
-                )
+            self._delete_acknowledged(connection, queue, row_ids)
+
+    @staticmethod
+    def _delete_acknowledged(connection: Connection, queue: str, row_ids: Sequence[int]) -> None:
+        for start in range(0, len(row_ids), 500):
+            chunk = list(row_ids[start : start + 500])
+            connection.execute(_ACKNOWLEDGE, {"queue": queue, "ids": chunk})
 
     def dead_letter(
         self, queue: str, row_id: int, raw: bytes, reason: str, message_id: str | None = None

@@ -9,11 +9,14 @@ prefetch) and ``window_bytes`` of frames (64 MiB, plus at most one frame) handed
 not yet acknowledged; it claims nothing more until acknowledgements make room.
 
 Waking: on PostgreSQL the consumer ``LISTEN``s for the sends' ``NOTIFY`` (with a slow poll
-as a safety net); on SQLite it polls adaptively, from 1 ms after a message to 50 ms when
-idle, and a send from the same process wakes it at once.
+as a safety net); on SQLite a send from another process wakes it by a datagram
+(:mod:`messaging.sqlqueue.wakeups`) and one from the same process by an event, and it polls
+every 50 ms as a safety net; where it cannot listen for datagrams it polls adaptively, from
+1 ms after a message to 50 ms when idle.
 
-Acknowledgements are buffered and deleted in batches by the consumer thread: an
-acknowledgement lost in a crash only means a redelivery, which the node drops by its id.
+Acknowledgements are buffered and deleted in batches by the consumer thread, in the
+transaction of its next claim (one commit for both): an acknowledgement lost in a crash only
+means a redelivery, which the node drops by its id.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from messaging.frame import MAX_FRAME_BYTES, MalformedFrameError, decode_frame
 from messaging.service import Message, MessageHandler
 from messaging.sqlqueue.broker import CLAIM_BATCH, CLAIM_BYTES, SqlQueueBroker, local_wakeup
+from messaging.sqlqueue.wakeups import WakeListener
 from persistence.lease import application_name
 
 log = logging.getLogger("fiberflow.sqlqueue")
@@ -91,6 +95,7 @@ class SqlQueueMessaging:
         self._acks_lock = threading.Lock()
         """Guards the pending acks and the outstanding deliveries."""
         self._wakeup = local_wakeup(self.broker.url, address)
+        self._wake_listener = WakeListener(self.broker.url, address, self._wakeup)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.window_full = threading.Event()
@@ -140,6 +145,7 @@ class SqlQueueMessaging:
             raise RuntimeError(f"the consumer of {self._address} is already running")
         self._forget_outstanding()
         self._stopping.clear()
+        self._wake_listener.start()
         self._thread = threading.Thread(
             target=self._consume, name=f"sqlqueue-consumer-{self._address}", daemon=True
         )
@@ -176,6 +182,7 @@ class SqlQueueMessaging:
     def _halt(self) -> None:
         self._stopping.set()
         self._wakeup.set()
+        self._wake_listener.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
             if self._thread.is_alive():
@@ -230,19 +237,28 @@ class SqlQueueMessaging:
         return all(owner == self._owner and row_id in handed for row_id, owner in rows)
 
     def _flush_acks(self) -> None:
+        with self._acknowledging() as acks:
+            if acks:
+                self.broker.acknowledge(self._address, acks)
+
+    @contextlib.contextmanager
+    def _acknowledging(self) -> Iterator[list[int]]:
+        """The pending acknowledgements, in flight while the block deletes their rows.
+
+        If the block fails they are pending again.
+        """
         with self._acks_lock:
             acks, self._pending_acks = self._pending_acks, []
             self._acks_in_flight = acks
-        if acks:
-            try:
-                self.broker.acknowledge(self._address, acks)
-            except SQLAlchemyError:
-                with self._acks_lock:
-                    self._pending_acks[:0] = acks
-                raise
-            finally:
-                with self._acks_lock:
-                    self._acks_in_flight = []
+        try:
+            yield acks
+        except SQLAlchemyError:
+            with self._acks_lock:
+                self._pending_acks[:0] = acks
+            raise
+        finally:
+            with self._acks_lock:
+                self._acks_in_flight = []
 
     def _room(self) -> tuple[int, int]:
         """How many more deliveries, and frame bytes, the window allows now."""
@@ -257,20 +273,22 @@ class SqlQueueMessaging:
             try:
                 if listener is None and self.broker.dialect == "postgresql":
                     listener = self.broker.listen_connection(self._address)
-                self._flush_acks()
                 room, room_bytes = self._room()
                 if room <= 0 or room_bytes <= 0:
+                    self._flush_acks()
                     self._wait_for_room(listener)
                     continue
                 self.window_full.clear()
-                claim = self.broker.claim(
-                    self._address,
-                    self._owner,
-                    min(CLAIM_BATCH, room),
-                    self._lease_seconds,
-                    max_bytes=min(CLAIM_BYTES, room_bytes),
-                    max_frame_bytes=self._max_frame_bytes,
-                )
+                with self._acknowledging() as acks:  # deleted in the claim's transaction
+                    claim = self.broker.claim(
+                        self._address,
+                        self._owner,
+                        min(CLAIM_BATCH, room),
+                        self._lease_seconds,
+                        max_bytes=min(CLAIM_BYTES, room_bytes),
+                        max_frame_bytes=self._max_frame_bytes,
+                        acknowledged=acks,
+                    )
                 failures = 0
             except Exception as error:  # database unavailable: back off and try again
                 failures += 1
@@ -291,6 +309,8 @@ class SqlQueueMessaging:
             if claim.rows or claim.dead_lettered:
                 interval = MIN_POLL_SECONDS
                 continue
+            if self._wake_listener.listening:
+                interval = MAX_POLL_SECONDS  # sends wake it: the poll is a safety net
             self._wait(listener, interval)
             interval = min(interval * 2, MAX_POLL_SECONDS)
         self.window_full.clear()
