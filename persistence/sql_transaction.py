@@ -32,6 +32,7 @@ from persistence.fencing import FencedEngine
 from persistence.outbox import WaitingDeletes
 from persistence.pipeline import Pipeline
 from persistence.schema import millis
+from persistence.sqlite_writes import SqliteWrites
 from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,
@@ -91,12 +92,15 @@ class SqlTransaction:
         self._connection = fence.writer.connect()
         self._transaction: Transaction = self._connection.begin()
         self._pipeline: Pipeline | None = None
+        self._sqlite: SqliteWrites | None = None
         self._claims: list[tuple[Any, list[str]]] = []  # (its cursor, the ids), pipelined
         self._ended = False
         try:
             fence.check_fence(self._connection)
             if self._connection.dialect.name == "postgresql":
                 self._pipeline = Pipeline(self._connection)
+            elif self._connection.dialect.name == "sqlite":
+                self._sqlite = SqliteWrites(self._connection)
         except BaseException:
             self.rollback()
             raise
@@ -106,18 +110,24 @@ class SqlTransaction:
         if not rows:
             return
         statement = _insert_statement(table, tuple(rows[0]))
-        if self._pipeline is None:
-            self._connection.execute(statement, rows)
-        else:
+        if self._pipeline is not None:
             self._pipeline.execute(statement, rows)
+        elif self._sqlite is not None:
+            self._sqlite.execute_many(statement, rows)
+        else:
+            self._connection.execute(statement, rows)
 
     def _upsert(self, table: Table, rows: Sequence[dict[str, Any]], key: str) -> None:
         """Insert or replace ``rows`` of ``table`` by ``key`` (a later row wins)."""
-        if self._pipeline is None:
+        if self._pipeline is None and self._sqlite is None:
             upsert(self._connection, table, rows, key)
             return
         last = list({row[key]: row for row in rows}.values())  # a key once: the last row
-        self._pipeline.execute(upsert_statement("postgresql", table, key), last)
+        statement = upsert_statement(self._connection.dialect.name, table, key)
+        if self._pipeline is not None:
+            self._pipeline.execute(statement, last)
+        elif self._sqlite is not None:
+            self._sqlite.execute_many(statement, last)
 
     def _delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
         """Delete the rows of ``table`` whose ``key`` is one of ``ids``."""
