@@ -19,11 +19,12 @@ import threading
 import time
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, bindparam, delete, select
 
 from persistence import schema
 from persistence.engine import chunks
 from persistence.fencing import FencedEngine
+from persistence.sqlite_writes import SqliteWrites
 from statemachine.ports import OutboxRow
 
 
@@ -67,11 +68,22 @@ class WaitingDeletes:
             return len(self._ids)
 
 
+_DELETE_IN = delete(schema.node_outbox).where(
+    schema.node_outbox.c.message_id.in_(bindparam("ids", expanding=True))
+)
+
+
 def delete_rows(connection: Connection, message_ids: Sequence[str]) -> None:
-    """Delete these outbox rows in ``connection``'s transaction (one statement per chunk)."""
-    table = schema.node_outbox
+    """Delete these outbox rows in ``connection``'s transaction.
+
+    On SQLite, one ``executemany`` of a delete by key on the sqlite3 cursor; elsewhere one
+    ``IN`` statement per chunk of ids.
+    """
+    if connection.dialect.name == "sqlite":
+        SqliteWrites(connection).delete_many(schema.node_outbox, "message_id", message_ids)
+        return
     for chunk in chunks(message_ids):
-        connection.execute(delete(table).where(table.c.message_id.in_(chunk)))
+        connection.execute(_DELETE_IN, {"ids": chunk})
 
 
 class SqlOutbox:

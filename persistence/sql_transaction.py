@@ -133,12 +133,14 @@ class SqlTransaction:
         """Delete the rows of ``table`` whose ``key`` is one of ``ids``."""
         if not ids:
             return
-        if self._pipeline is None:
+        if self._pipeline is not None:
+            self._pipeline.execute(_delete_statement(table, key), {"ids": list(ids)})
+        elif self._sqlite is not None:
+            self._sqlite.delete_many(table, key, ids)
+        else:
             statement = _expanding_delete(table, key)
             for chunk in chunks(ids):
                 self._connection.execute(statement, {"ids": chunk})
-        else:
-            self._pipeline.execute(_delete_statement(table, key), {"ids": list(ids)})
 
     def put_checkpoints(self, actions: Sequence[PersistCheckpoint]) -> None:
         """Insert or replace checkpoint rows and blobs (the last one wins per flow)."""

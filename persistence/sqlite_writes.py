@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table, bindparam, delete
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
@@ -40,6 +40,17 @@ def compiled_positional(
         names = tuple(compiled.positiontup or ())
         known = _COMPILED[statement] = (str(compiled), names)
     return known
+
+
+_DELETES: dict[tuple[Table, str], Executable] = {}
+
+
+def delete_one(table: Table, key: str) -> Executable:
+    """``DELETE FROM table WHERE key = :key``, built once (run once per id by executemany)."""
+    statement = _DELETES.get((table, key))
+    if statement is None:
+        statement = _DELETES[(table, key)] = delete(table).where(table.c[key] == bindparam(key))
+    return statement
 
 
 class SqliteWrites:
@@ -68,3 +79,7 @@ class SqliteWrites:
             raise DBAPIError.instance(
                 sql, parameters[:3], error, sqlite3.Error, dialect=self._connection.dialect
             ) from error
+
+    def delete_many(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        """Delete the rows of ``table`` whose ``key`` is one of ``ids`` (one executemany)."""
+        self.execute_many(delete_one(table, key), [{key: value} for value in ids])

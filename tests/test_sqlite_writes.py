@@ -95,3 +95,16 @@ def test_cursor_listeners_see_each_statement_once(engine: Any) -> None:
     sql, parameters, many = inserts[0]
     assert many and sql.count("?") == 3
     assert sorted(parameters) == [("a", 1, None), ("b", 2, None)]
+
+
+def test_delete_many_removes_exactly_the_ids_given(engine: Any) -> None:
+    """Ids beyond SQLite's bound on variables in one statement are deleted, the rest stay."""
+    keep = [{"key": f"keep{i}", "number": i, "blob": None} for i in range(5)]
+    drop = [{"key": f"drop{i}", "number": i, "blob": None} for i in range(40_000)]
+    with engine.begin() as connection:
+        SqliteWrites(connection).execute_many(insert(_ROWS), keep + drop)
+    with engine.begin() as connection:
+        SqliteWrites(connection).delete_many(_ROWS, "key", [row["key"] for row in drop])
+    with engine.connect() as connection:
+        left = sorted(key for (key,) in connection.execute(select(_ROWS.c.key)))
+    assert left == sorted(row["key"] for row in keep)
