@@ -17,6 +17,7 @@ hold tuples and never lists, so format 2 reads every array inside them back as a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -122,6 +123,15 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             f"max_bytes ({CHECKPOINT_LIMITS.max_bytes})"
         )
     return packed
+
+
+def forget_journals(flow_ids: Iterable[str]) -> None:
+    """Drop the process's packed journals of these flows (see :class:`JournalCache`).
+
+    Called when their checkpoints are removed. Only a cache: if the removal rolls back, the
+    next commit of such a flow packs its journal whole.
+    """
+    _JOURNALS.forget(flow_ids)
 
 
 def encode_checkpoint_format_1(checkpoint: Checkpoint) -> bytes:
@@ -269,6 +279,17 @@ class JournalCache:
                 after[1:],
             )
         )
+
+    def forget(self, flow_ids: Iterable[str]) -> None:
+        """Drop what was packed of these flows' journals (their checkpoints are gone)."""
+        for flow_id in flow_ids:
+            known = self._journals.pop(flow_id, None)
+            if known is not None:
+                self._bytes -= len(known.packed)
+
+    def __len__(self) -> int:
+        """How many flows' journals are kept."""
+        return len(self._journals)
 
     def _remember(self, flow_id: str, packed: _PackedJournal) -> None:
         self._journals[flow_id] = packed

@@ -25,7 +25,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Transaction
 
 from persistence import schema
-from persistence.checkpoint_codec import encode_checkpoint
+from persistence.checkpoint_codec import encode_checkpoint, forget_journals
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.engine import chunks, upsert, upsert_statement
 from persistence.fencing import FencedEngine
@@ -181,6 +181,7 @@ class SqlTransaction:
         flow_ids = [action.flow_id for action in actions]
         for table in (schema.node_checkpoints, schema.node_checkpoint_blobs):
             self._delete(table, "flow_id", flow_ids)
+        forget_journals(flow_ids)
 
     def record_inbound(self, actions: Sequence[RecordInboundMessages]) -> None:
         """Insert dedup ids; the primary key refuses an id consumed twice."""

@@ -4,6 +4,7 @@ back as it was, format 1 is still read, and what format 2 cannot carry is writte
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import attrs
 import msgpack
@@ -201,3 +202,27 @@ def test_the_cache_keeps_at_most_its_byte_limit() -> None:
         cache.encode(long_flow(100, f"f{index}"))
     assert 0 < cache._bytes <= 5_000
     assert len(cache._journals) < 20 and "f19" in cache._journals
+
+
+def test_a_finished_flow_leaves_nothing_in_the_process_cache(tmp_path: Path) -> None:
+    """A long flow's packed journal is kept while it runs and dropped when its checkpoint goes."""
+    from flows.testing import MockNetwork
+    from persistence import checkpoint_codec
+    from tests.cordapp import EchoFlow
+
+    net = MockNetwork(cordapps=["tests.cordapp"], directory=tmp_path, database="sqlite")
+    try:
+        alice = net.create_node("O=Alice,L=London,C=GB")
+        bob = net.create_node("O=Bob,L=New York,C=US")
+        words = [f"w{i}" for i in range(checkpoint_codec.JournalCache.MIN_ENTRIES + 10)]
+        handle = alice.start_flow(EchoFlow(bob.party, words))
+        kept = False
+        for _ in range(10_000):
+            kept = kept or handle.flow_id in checkpoint_codec._JOURNALS._journals
+            if not net.run_once() and not alice.node.manager.live_flows():
+                break
+        assert handle.result() == [word.upper() for word in words]
+        assert kept, "the long journal was never cached while the flow ran"
+        assert handle.flow_id not in checkpoint_codec._JOURNALS._journals
+    finally:
+        net.stop_nodes()
