@@ -5,12 +5,24 @@ operation, sleep and journaled value goes through :meth:`_FiberRuntime.suspend`)
 switches back to the scheduler with a ``Suspended(request)``; the scheduler later switches in
 again with the request's value, or throws the request's error into it. When ``call()``
 returns or raises, the fiber ends with ``Returned`` or ``Failed``.
+
+Greenlets are reused. Starting a greenlet costs its first frame's data stack (CPython maps
+fresh memory for it) and ending one unmaps it: about 5 µs each, two per ping/pong, which
+showed as 5% of a durable ping/pong's time in mmap and munmap. A *carrier* greenlet
+(:func:`_carry`) runs one flow's ``call()`` after another: when a flow ends, its carrier
+hands the outcome back as a finished greenlet would and waits, idle, in its thread's pool
+(:class:`_Carriers`, at most :data:`IDLE_CARRIERS` of them) for the next flow to start. A
+carrier keeps nothing of the flow it ran: the fiber lets go of it when the flow ends, it
+gets a new, empty ``contextvars`` context for each flow, and an abort unwinds only the
+flow's frames.
 """
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +42,53 @@ from statemachine.state import FlowOrigin, InitiatedBy, StartedLocally
 log = logging.getLogger("fiberflow.fiber")
 
 _OUTCOMES = (Suspended, Returned, Failed)
+
+IDLE_CARRIERS = 256
+"""The most idle carrier greenlets a thread keeps for flows to come."""
+
+
+class _Aborted:
+    """What a carrier hands back when an abort has unwound its flow (never a flow outcome)."""
+
+
+_ABORTED = _Aborted()
+
+
+class _Carriers(threading.local):
+    """A thread's idle carrier greenlets (greenlets only ever run in their own thread)."""
+
+    def __init__(self) -> None:
+        self.idle: list[greenlet.greenlet] = []
+
+
+_CARRIERS = _Carriers()
+
+
+def _carry(handed: list[Callable[[], object]]) -> object:
+    """Run the job ``handed`` holds (a fiber's flow), then wait in the pool for the next one.
+
+    Jobs come in one-item lists that the carrier empties: greenlet keeps the arguments of a
+    greenlet's first call for as long as the greenlet lives, and a carrier must not keep the
+    first flow it ran. The outcome of each job goes to the carrier's parent (the fiber's
+    resumer) as the ``switch`` that started or last resumed it returns. A full pool, or a
+    GreenletExit thrown into an idle carrier (its thread or the pool is going away), ends
+    the carrier.
+    """
+    me = greenlet.getcurrent()
+    while True:
+        job = handed.pop()
+        outcome = job()
+        del job
+        idle = _CARRIERS.idle
+        if len(idle) >= IDLE_CARRIERS:
+            return outcome
+        idle.append(me)
+        try:
+            handed = me.parent.switch(outcome)
+        except greenlet.GreenletExit:
+            return None
+        finally:
+            outcome = None
 
 
 class _FiberRuntime:
@@ -107,10 +166,13 @@ class GreenletFiber:
         self.flow_class = flow_class
         """The flow's class name (for the busy-flow watchdog's messages)."""
         self._build: Callable[[_FiberRuntime], FlowLogic[Any]] | None = build
-        self._greenlet = greenlet.greenlet(self._run)
+        self._greenlet: greenlet.greenlet | None = None
+        """The carrier running the flow: None before it starts and once it has ended."""
+        self._ended = False
+        self._aborting = False
         self._resumer: greenlet.greenlet | None = None
 
-    def _run(self, _: Plain) -> FiberOutcome:
+    def _run(self) -> FiberOutcome | _Aborted:
         build, self._build = self._build, None
         try:
             assert build is not None, "a fiber runs once"
@@ -119,15 +181,20 @@ class GreenletFiber:
             result = flow.call()
             return Returned(self._runtime.payloads.encode(result))
         except greenlet.GreenletExit:
-            raise
+            if self._aborting:
+                return _ABORTED  # the flow's frames are unwound; the carrier lives on
+            raise  # the carrier itself is being collected: let it end
         except Exception as error:
             log.debug("flow %s raised", self._runtime.flow_id, exc_info=True)
             return Failed(error_from_exception(error))
         finally:
             # The flow, its runtime and this fiber refer to each other: break the circle, so
             # that an ended flow is freed by reference counting at once, not by a collection
-            # of the cyclic garbage collector (which walks every live object of the node).
+            # of the cyclic garbage collector (which walks every live object of the node);
+            # and let go of the carrier, which goes on to run other flows.
             self._runtime._fiber = None
+            self._greenlet = None
+            self._ended = True
 
     def suspend(self, request: IORequest) -> Plain:
         """Called from inside the flow: hand ``request`` to the scheduler."""
@@ -138,10 +205,19 @@ class GreenletFiber:
         value = self._resumer.switch(Suspended(request))
         return value  # type: ignore[no-any-return]
 
-    def _switch_in(self, method: Callable[..., Any], *args: Any) -> FiberOutcome:
-        if self._greenlet.dead:
+    def _carrier(self) -> greenlet.greenlet:
+        """The greenlet to switch into: the flow's carrier, or one for it to start on."""
+        if self._ended:
             raise RuntimeError(f"flow {self._runtime.flow_id}: its fiber has already ended")
+        if self._greenlet is None:
+            idle = _CARRIERS.idle
+            self._greenlet = idle.pop() if idle else greenlet.greenlet(_carry)
+            self._greenlet.gr_context = contextvars.Context()
+        return self._greenlet
+
+    def _switch_in(self, method: Callable[..., Any], *args: Any) -> FiberOutcome:
         self._resumer = greenlet.getcurrent()
+        assert self._greenlet is not None
         self._greenlet.parent = self._resumer
         outer = self._monitor.enter(self._runtime.flow_id, self.flow_class)
         try:
@@ -157,17 +233,23 @@ class GreenletFiber:
 
     def resume(self, value: Plain) -> FiberOutcome:
         """Start the fiber, or resume it with ``value``."""
-        return self._switch_in(self._greenlet.switch, value)
+        started = self._greenlet is not None
+        carrier = self._carrier()
+        return self._switch_in(carrier.switch, value if started else [self._run])
 
     def throw(self, error: FlowError) -> FiberOutcome:
         """Resume the fiber by raising ``error`` where it suspended."""
-        return self._switch_in(self._greenlet.throw, exception_from_error(error))
+        if self._greenlet is None and not self._ended:
+            raise RuntimeError(f"flow {self._runtime.flow_id}: its fiber has not started")
+        return self._switch_in(self._carrier().throw, exception_from_error(error))
 
     def abort(self) -> None:
-        """Kill the greenlet without running any more flow code (GreenletExit unwinds it)."""
-        if not self._greenlet.dead and self._greenlet:
-            self._greenlet.parent = greenlet.getcurrent()
-            self._greenlet.throw(greenlet.GreenletExit)
+        """Unwind the flow without running any more of its code (GreenletExit unwinds it)."""
+        carrier = self._greenlet
+        if carrier is not None and not self._ended:
+            self._aborting = True
+            carrier.parent = greenlet.getcurrent()
+            carrier.throw(greenlet.GreenletExit)
 
 
 def _import_flow_class(name: str) -> type[FlowLogic[Any]]:

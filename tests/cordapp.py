@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import time
 from typing import Any
@@ -538,3 +539,20 @@ class FragileResponder(FlowLogic[str]):
         self.in_transaction(functools.partial(_broken, False), "broken")
         self.session.send("unreachable")
         return "unreachable"
+
+
+FLOW_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("flow_context", default="unset")
+"""Set by :class:`ContextVarFlow`: no other flow may see what one flow set."""
+
+
+class ContextVarFlow(FlowLogic[tuple[str, str]]):
+    """Read FLOW_CONTEXT, set it, suspend; return what it found and what it sees after."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def call(self) -> tuple[str, str]:
+        found = FLOW_CONTEXT.get()
+        FLOW_CONTEXT.set(self.mark)
+        self.now()  # a suspension: the flow's context must come back with it
+        return found, FLOW_CONTEXT.get()
