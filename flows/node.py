@@ -15,6 +15,7 @@ can share a process.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -383,6 +384,7 @@ class Node:
         if self.manager.draining:
             raise NodeDrainingError(f"node {self.party} is draining: it starts no new flows")
         to_start = []
+        flow_ids = iter(new_flow_ids(len(flows)))
         for flow in flows:
             if not isinstance(flow, FlowLogic):
                 raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
@@ -396,9 +398,8 @@ class Node:
             if problem is not None:
                 raise FlowDefinitionError(f"{cls.__qualname__} cannot be started: {problem}")
             arguments = encode_arguments(flow, self.payloads)
-            to_start.append(FlowToStart(uuid.uuid4().hex, qualified_name(cls), arguments, flow))
-        flow_ids = self.manager.start_flows(to_start)
-        return [FlowHandle(self, flow_id) for flow_id in flow_ids]
+            to_start.append(FlowToStart(next(flow_ids), qualified_name(cls), arguments, flow))
+        return [FlowHandle(self, flow_id) for flow_id in self.manager.start_flows(to_start)]
 
     def start_requested_flows(self, limit: int = 500) -> int:
         """Start flows clients asked for in ``node_flow_requests``; returns how many.
@@ -570,3 +571,9 @@ __all__ = [
     "NodeConfig",
     "SystemClock",
 ]
+
+
+def new_flow_ids(count: int) -> list[str]:
+    """``count`` random (version 4) UUIDs in hex, from one read of the system's randomness."""
+    random = os.urandom(16 * count)
+    return [uuid.UUID(bytes=random[i : i + 16], version=4).hex for i in range(0, 16 * count, 16)]

@@ -38,3 +38,18 @@ def test_one_flow_that_cannot_start_starts_none(net: MockNetwork) -> None:
     assert alice.node.manager.executor.transactions == before
     assert alice.checkpoints() == []
     net.stop_nodes()
+
+
+def test_new_flow_ids_are_distinct_version_4_uuids() -> None:
+    """Flow ids drawn in one read of the system's randomness are still UUID4s, all different."""
+    import uuid
+
+    from flows.node import new_flow_ids
+
+    ids = new_flow_ids(1000)
+    assert len(set(ids)) == 1000
+    for flow_id in ids:
+        parsed = uuid.UUID(flow_id)
+        assert parsed.hex == flow_id
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+    assert new_flow_ids(0) == []
