@@ -557,6 +557,12 @@ class Node:
         return self.manager.next_deadline()
 
 
+def new_flow_ids(count: int) -> list[str]:
+    """``count`` random (version 4) UUIDs in hex, from one read of the system's randomness."""
+    random = os.urandom(16 * count)
+    return [uuid.UUID(bytes=random[i : i + 16], version=4).hex for i in range(0, 16 * count, 16)]
+
+
 __all__ = [
     "DEFAULT_RECEIVE_TIMEOUT",
     "FiberflowError",
@@ -571,9 +577,3 @@ __all__ = [
     "NodeConfig",
     "SystemClock",
 ]
-
-
-def new_flow_ids(count: int) -> list[str]:
-    """``count`` random (version 4) UUIDs in hex, from one read of the system's randomness."""
-    random = os.urandom(16 * count)
-    return [uuid.UUID(bytes=random[i : i + 16], version=4).hex for i in range(0, 16 * count, 16)]
