@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import Engine, event
 
+from benchmarks.round_trips import counting_wait
+
 COUNTS: dict[str, Any] = {
     "statements": collections.Counter(),
     "commits": collections.Counter(),
@@ -59,16 +61,6 @@ def _thread() -> str:
     return threading.current_thread().name.split("-")[0]
 
 
-def _waits_for_reply(state: Any) -> bool:
-    """A psycopg generator's wait state is a wait for the server's reply (read only).
-
-    Queuing in pipeline mode waits for read-or-write; waiting for results reads only. (A
-    reply that had already arrived when psycopg looked is not counted: a lower bound.)
-    """
-    wait = state[1] if isinstance(state, tuple) else state
-    return int(wait) == 1  # psycopg.waiting.Wait.R
-
-
 def install() -> None:
     """Count statements, commits, PostgreSQL round trips and AMQP waits in this process."""
 
@@ -83,25 +75,10 @@ def install() -> None:
     try:
         import psycopg
 
-        original_wait = psycopg.Connection.wait
+        def round_trip(_: Any) -> None:
+            COUNTS["round_trips"][_thread()] += 1
 
-        def counted(gen: Any) -> Any:
-            """``gen``, counted as a round trip if it waits for the server's reply."""
-            waited = False  # for the server's reply (a pure read wait)
-            try:
-                state = gen.send(None)
-                while True:
-                    if not waited and _waits_for_reply(state):
-                        waited = True
-                        COUNTS["round_trips"][_thread()] += 1
-                    reply = yield state
-                    state = gen.send(reply)
-            except StopIteration as stop:
-                return stop.value
-
-        def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
-            return original_wait(self, counted(gen), *args, **kwargs)
-
+        wait = counting_wait(psycopg.Connection.wait, round_trip)
         psycopg.Connection.wait = wait  # type: ignore[method-assign]
     except ImportError:
         pass

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import Engine, event
 
+from benchmarks.round_trips import counting_wait
 from flows.flow_requests import encode_arguments
 from flows.testing import MockNetwork, MockNode
 from persistence.node_store import FlowRequest
@@ -84,40 +85,13 @@ class Counts:
             self.by_node[self.current]["round trips"] += 1
 
 
-def _waits_for_reply(state: Any) -> bool:
-    """A psycopg generator's wait state is a wait for the server's reply (read only).
-
-    Queuing in pipeline mode waits for read-or-write; waiting for results reads only. (A
-    reply that had already arrived when psycopg looked is not counted: a lower bound.)
-    """
-    wait = state[1] if isinstance(state, tuple) else state
-    return int(wait) == 1  # psycopg.waiting.Wait.R
-
-
 def _count_round_trips(counts: Counts) -> None:
     """Charge every psycopg wait that does I/O to ``counts.current``."""
     try:
         import psycopg
     except ImportError:
         return
-    original = psycopg.Connection.wait
-
-    def counted(gen: Any) -> Any:
-        waited = False  # for the server's reply (a pure read wait)
-        try:
-            state = gen.send(None)
-            while True:
-                if not waited and _waits_for_reply(state):
-                    waited = True
-                    counts.round_trip()
-                reply = yield state
-                state = gen.send(reply)
-        except StopIteration as stop:
-            return stop.value
-
-    def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        return original(self, counted(gen), *args, **kwargs)
-
+    wait = counting_wait(psycopg.Connection.wait, lambda _: counts.round_trip())
     psycopg.Connection.wait = wait  # type: ignore[method-assign]
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from sqlalchemy.exc import IntegrityError
 
+from benchmarks.round_trips import counting_wait
 from persistence.engine import drop_schema
 from persistence.lease import WorkerInfo
 from persistence.store import NodeDatabase
@@ -51,25 +51,9 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     import psycopg
 
     waits: list[str] = []
-    original = psycopg.Connection.wait
-
-    def counted(gen: Any) -> Any:
-        waited = False
-        try:
-            state = gen.send(None)
-            while True:
-                wait = state[1] if isinstance(state, tuple) else state
-                if not waited and int(wait) == 1:  # psycopg.waiting.Wait.R: a reply
-                    waited = True
-                    waits.append(getattr(gen, "__name__", "?"))
-                reply = yield state
-                state = gen.send(reply)
-        except StopIteration as stop:
-            return stop.value
-
-    def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        return original(self, counted(gen), *args, **kwargs)
-
+    wait = counting_wait(
+        psycopg.Connection.wait, lambda gen: waits.append(getattr(gen, "__name__", "?"))
+    )
     monkeypatch.setattr(psycopg.Connection, "wait", wait)
     return waits
 
