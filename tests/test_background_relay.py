@@ -2,46 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.frame import MAX_FRAME_BYTES, encode_frame
-from messaging.service import Message, MessageHandler, TransportError
+from messaging.service import Message
 from statemachine.ports import OutboxRow
+from tests.fake_transports import TakingTransport
 from tests.waiting import wait_until
-
-
-class FlakyTransport:
-    """Refuses messages for ``refused_target`` the first ``refusals`` times."""
-
-    def __init__(self, refused_target: str, refusals: int) -> None:
-        self.refused_target = refused_target
-        self.refusals = refusals
-        self.taken: list[str] = []
-        self.lock = threading.Lock()
-
-    @property
-    def my_address(self) -> str:
-        return "O=Sender,L=London,C=GB"
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def add_handler(self, topic: str, callback: MessageHandler) -> None: ...
-
-    def acknowledge(self, delivered: Message) -> None: ...
-
-    def send(self, message: Message, target: str) -> None:
-        self.send_batch([(message, target)])
-
-    def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
-        with self.lock:
-            if any(target == self.refused_target for _, target in items) and self.refusals > 0:
-                self.refusals -= 1
-                raise TransportError(f"{self.refused_target} unreachable")
-            self.taken.extend(message.message_id for message, _ in items)
 
 
 class ListOutbox:
@@ -64,7 +32,7 @@ def wait_idle(relay: BackgroundOutboxRelay) -> None:
 
 def test_refused_rows_are_retried_without_holding_back_the_others() -> None:
     rows = [OutboxRow(f"m{i}", "B" if i % 3 == 0 else "A", b"x") for i in range(9)]
-    transport = FlakyTransport("B", refusals=6)
+    transport = TakingTransport("B", refusals=6)
     outbox = ListOutbox(rows)
     relay = BackgroundOutboxRelay(transport, outbox, seed=1)
     relay.start()
@@ -81,7 +49,7 @@ def test_refused_rows_are_retried_without_holding_back_the_others() -> None:
 
 def test_rows_not_taken_stay_in_the_outbox_after_stop() -> None:
     rows = [OutboxRow("m1", "B", b"x"), OutboxRow("m2", "A", b"y")]
-    transport = FlakyTransport("B", refusals=10**6)
+    transport = TakingTransport("B", refusals=10**6)
     outbox = ListOutbox(rows)
     relay = BackgroundOutboxRelay(transport, outbox, seed=2)
     relay.start()
@@ -92,7 +60,7 @@ def test_rows_not_taken_stay_in_the_outbox_after_stop() -> None:
     assert not relay.idle() and relay.waiting() == 1
 
 
-class FramingTransport(FlakyTransport):
+class FramingTransport(TakingTransport):
     """Frames every message as a real transport does (an oversized one raises)."""
 
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:

@@ -9,51 +9,23 @@ next start sends them again (the receiver drops the copies by id). Nothing is lo
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine.base import RootTransaction
 
 from messaging.background_relay import BackgroundOutboxRelay
-from messaging.service import Message, MessageHandler
 from persistence.engine import drop_schema
 from persistence.pipeline import Pipeline
 from persistence.store import NodeDatabase
 from statemachine.actions import StoreFlowResult
 from statemachine.ports import OutboxRow
+from tests.fake_transports import TakingTransport
 from tests.waiting import wait_until
 
 FLOW_CLASS = "tests.cordapp.EchoFlow"
-
-
-class TakingTransport:
-    """Takes every message (durably, as far as the relay knows)."""
-
-    def __init__(self) -> None:
-        self.taken: list[str] = []
-        self.lock = threading.Lock()
-
-    @property
-    def my_address(self) -> str:
-        return "O=Sender,L=London,C=GB"
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def add_handler(self, topic: str, callback: MessageHandler) -> None: ...
-
-    def acknowledge(self, delivered: Message) -> None: ...
-
-    def send(self, message: Message, target: str) -> None:
-        self.send_batch([(message, target)])
-
-    def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
-        with self.lock:
-            self.taken.extend(message.message_id for message, _ in items)
 
 
 @pytest.fixture
