@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import stat
 import threading
 import time
@@ -110,12 +111,20 @@ def load_or_create_identity(path: Path, name: str) -> NodeIdentity:
             serialization.NoEncryption(),
         )
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a name of its own, then linked to ``path`` (which fails if the
+        # file exists): a process starting at the same moment never reads half a key.
+        draft = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as output:
+                output.write(pem)
+                output.flush()
+                os.fsync(output.fileno())
+            os.link(draft, path)
         except FileExistsError:  # another process created it just now: use theirs
             return load_or_create_identity(path, name)
-        with os.fdopen(descriptor, "wb") as output:
-            output.write(pem)
+        finally:
+            draft.unlink(missing_ok=True)
         return NodeIdentity(name, key)
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -145,6 +147,64 @@ def test_the_key_file_is_created_owner_only_and_reused(tmp_path: Path) -> None:
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     again = load_or_create_identity(path, ALICE)
     assert again.public_key == first.public_key
+
+
+def _identity_in_child(path: Path, start: Any, keys: Any) -> None:
+    start.wait()
+    try:
+        keys.put(load_or_create_identity(path, ALICE).public_key)
+    except Exception as error:  # reported, not raised: the parent asserts
+        keys.put(f"{type(error).__name__}: {error}")
+
+
+def _read_key_file_until(path: Path, stop: Any, partial: Any) -> None:
+    """Read ``path`` as fast as it can; count the reads that found less than a whole key."""
+    seen = 0
+    while not stop.is_set():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        if not data.rstrip().endswith(b"-----END PRIVATE KEY-----"):
+            seen += 1
+    partial.put(seen)
+
+
+def test_processes_creating_the_key_at_once_all_get_the_same_whole_key(tmp_path: Path) -> None:
+    """Node processes started together: one writes the key, the others read it, never half of it.
+
+    A third process reads the file all the while: a key file that could be seen before it is
+    whole (created, then written) shows up there as partial reads.
+    """
+    context = multiprocessing.get_context("fork")
+    partial_reads = 0
+    for attempt in range(40):
+        path = tmp_path / f"race{attempt}" / "alice.key.pem"
+        path.parent.mkdir()
+        start, stop, keys, partial = (
+            context.Event(),
+            context.Event(),
+            context.Queue(),
+            context.Queue(),
+        )
+        reader = context.Process(target=_read_key_file_until, args=(path, stop, partial))
+        reader.start()
+        writers = [
+            context.Process(target=_identity_in_child, args=(path, start, keys)) for _ in range(2)
+        ]
+        for writer in writers:
+            writer.start()
+        start.set()
+        seen = [keys.get(timeout=60) for _ in writers]
+        for writer in writers:
+            writer.join(60)
+        stop.set()
+        partial_reads += partial.get(timeout=60)
+        reader.join(60)
+        assert all(isinstance(key, bytes) for key in seen), seen
+        assert len(set(seen)) == 1
+        assert sorted(p.name for p in path.parent.iterdir()) == ["alice.key.pem"]
+    assert partial_reads == 0
 
 
 def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
