@@ -40,6 +40,19 @@ class FlowTimeoutException(FlowException):
     """A receive waited longer than its timeout (``receive(type, timeout=...)``)."""
 
 
+class OperationFailedException(FlowException):
+    """An external operation (``FlowLogic.call_external``) failed for good.
+
+    Its message names the exception the operation raised and the attempt it was. Raised where
+    the flow called the operation; a flow that does not catch it is kept in the hospital with
+    the operation pending again (an operator's retry runs it afresh).
+    """
+
+
+class OperationTimeoutException(OperationFailedException):
+    """The last attempt of an external operation outlived its ``timeout``."""
+
+
 class FlowKilledException(FiberflowError):
     """The flow was killed by an operator (``Node.kill_flow``)."""
 

@@ -24,7 +24,7 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import greenlet
 
@@ -35,9 +35,12 @@ from flows.flow_logic import FlowInfo, FlowLogic, FlowSession
 from flows.party import Party
 from persistence.serialization import Serializer
 from statemachine.flow_error import FlowError
-from statemachine.iorequests import IORequest, Plain
+from statemachine.iorequests import IORequest, Plain, RetryPolicy
 from statemachine.ports import Failed, FiberOutcome, Returned, Suspended
 from statemachine.state import FlowOrigin, InitiatedBy, StartedLocally
+
+if TYPE_CHECKING:
+    from flows.external import ExternalOperations
 
 log = logging.getLogger("fiberflow.fiber")
 
@@ -104,6 +107,7 @@ class _FiberRuntime:
         default_receive_timeout: float | None,
         payloads: Serializer,
         max_payload_bytes: int,
+        operations: ExternalOperations | None = None,
     ) -> None:
         self._fiber: GreenletFiber | None = fiber
         """None once the flow has ended (see :meth:`GreenletFiber._run`)."""
@@ -117,6 +121,8 @@ class _FiberRuntime:
         """The largest payload that fits in one of the node's session messages."""
         self._effects = effects
         self._next_effect = 0
+        self._operations = operations
+        self._next_operation = 0
 
     def suspend(self, request: IORequest) -> Plain:
         """Switch to the scheduler with ``request``; return (or raise) what it sends back."""
@@ -132,6 +138,17 @@ class _FiberRuntime:
         self._next_effect += 1
         flow_class = "" if self._fiber is None else self._fiber.flow_class
         self._effects.register(self.flow_id, ordinal, label, effect, flow_class)
+        return ordinal
+
+    def register_operation(
+        self, operation: Callable[[Any], Any], label: str, policy: RetryPolicy
+    ) -> int:
+        """Hand ``operation`` to the node's runner (it runs when asked); returns its ordinal."""
+        if self._operations is None:
+            raise RuntimeError(f"flow {self.flow_id}: this node runs no external operations")
+        ordinal = self._next_operation
+        self._next_operation += 1
+        self._operations.register(self.flow_id, ordinal, operation, label, policy)
         return ordinal
 
 
@@ -151,6 +168,7 @@ class GreenletFiber:
         *,
         payloads: Serializer,
         max_payload_bytes: int,
+        operations: ExternalOperations | None = None,
     ) -> None:
         self._runtime = _FiberRuntime(
             self,
@@ -161,6 +179,7 @@ class GreenletFiber:
             default_receive_timeout,
             payloads,
             max_payload_bytes,
+            operations,
         )
         self._monitor = monitor
         self.flow_class = flow_class
@@ -288,9 +307,11 @@ class GreenletFiberFactory:
         *,
         payloads: Serializer,
         max_payload_bytes: int,
+        operations: ExternalOperations | None = None,
     ) -> None:
         self._payloads = payloads
         self._max_payload_bytes = max_payload_bytes
+        self._operations = operations
         self._effects = effects if effects is not None else FlowEffectRegistry()
         self.monitor = monitor or BusyMonitor()
         """Which flow's code runs now (read by the node process's watchdog)."""
@@ -335,4 +356,5 @@ class GreenletFiberFactory:
             origin.flow_class,
             payloads=self._payloads,
             max_payload_bytes=self._max_payload_bytes,
+            operations=self._operations,
         )

@@ -31,7 +31,9 @@ from statemachine.iorequests import (
     Plain,
     Receive,
     RecordValue,
+    RetryPolicy,
     RunInTransaction,
+    RunOperation,
     Send,
     SessionPayload,
     SetProgress,
@@ -65,6 +67,21 @@ class FlowRuntime(Protocol):
 
     def register_effect(self, label: str, effect: Callable[[Any], None]) -> int:
         """Keep a side effect for the transaction of the current step; returns its ordinal."""
+
+    def register_operation(
+        self, operation: Callable[[Any], Any], label: str, policy: RetryPolicy
+    ) -> int:
+        """Hand an external operation to the node (run when asked); returns its ordinal."""
+
+
+def operation_name(operation: Callable[..., Any]) -> str:
+    """The name an external operation is journaled under (a partial's or an object's too)."""
+    target: Any = operation
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not hasattr(target, "__qualname__"):
+        target = type(target)
+    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
 FOREVER = math.inf
@@ -217,6 +234,43 @@ class FlowLogic(Generic[T]):
         """
         ordinal = self._runtime().register_effect(label, effect)
         self._runtime().suspend(RunInTransaction(label, ordinal))
+
+    def call_external(
+        self,
+        operation: Callable[[Any], Any],
+        *,
+        label: str | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Any:
+        """Run ``operation`` off the flow (an HTTP call, a slow computation) and return its result.
+
+        The flow suspends; the node runs ``operation(context)`` on its pool of threads (a
+        coroutine function on its event loop), so other flows keep running meanwhile. The
+        ``context`` (:class:`flows.external.OperationContext`) carries an ``idempotency_key``,
+        the same on every attempt and every re-run of this step: pass it to the service you
+        call. The guarantee is **at least once**: if the node dies after the operation ended
+        but before the flow's next checkpoint, it runs again with the same key. The result
+        must be a payload (the allow-list applies); it is journaled, so a replay returns it
+        without calling again.
+
+        ``timeout`` (seconds) abandons an attempt that runs longer; ``retry``
+        (:class:`RetryPolicy`) tries again after failures it names and timeouts, with backoff
+        and jitter, the count kept in the checkpoint. A failure for good raises
+        :class:`~flows.errors.OperationFailedException` here (``OperationTimeoutException``
+        for a timeout); if the flow lets it escape, the flow is kept in the hospital with the
+        operation pending again. ``label`` names the operation in errors (default: its name).
+        """
+        if not callable(operation):
+            raise TypeError(f"call_external needs a callable, not {operation!r}")
+        name = operation_name(operation)
+        policy = retry if retry is not None else RetryPolicy()
+        shown = label if label is not None else name.rpartition(".")[2]
+        runtime = self._runtime()
+        ordinal = runtime.register_operation(operation, shown, policy)
+        value = runtime.suspend(RunOperation(shown, ordinal, name, timeout, policy))
+        assert isinstance(value, bytes)
+        return runtime.payloads.decode(value)
 
     def progress(self, step: str) -> None:
         """Report that the flow reached ``step`` (its progress tracker).

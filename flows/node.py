@@ -32,6 +32,7 @@ from flows.errors import (
     FlowStillRunningError,
     exception_from_error,
 )
+from flows.external import ExternalOperations
 from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
 from flows.flow_requests import FlowRequestIntake, encode_arguments
@@ -220,6 +221,13 @@ class Node:
         self.busy = busy or BusyMonitor()
         """Which flow's code runs now (the node process's watchdog reads it)."""
         self.effects = FlowEffectRegistry(self.busy)
+        self.operations = ExternalOperations(
+            self.payloads,
+            threads=config.operation_threads,
+            max_result_bytes=self.codec.max_payload_bytes,
+            wake=self.wakeup.set,
+        )
+        """Runs flows' external operations off the scheduler (``FlowLogic.call_external``)."""
         fibers = GreenletFiberFactory(
             self.party,
             self.clock.now,
@@ -229,6 +237,7 @@ class Node:
             self.busy,
             payloads=self.payloads,
             max_payload_bytes=self.codec.max_payload_bytes,
+            operations=self.operations,
         )
         self.manager = StateMachineManager(
             our_identity=config.name,
@@ -242,6 +251,7 @@ class Node:
             on_boundary=on_boundary,
             effects=self.effects,
             failures=hospital,
+            operations=self.operations,
         )
         self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
         self.flow_requests = FlowRequestIntake(
@@ -352,6 +362,7 @@ class Node:
         Every unfinished flow stays checkpointed.
         """
         self._stopped = True
+        self.operations.close()
         try:
             self.messaging.stop()
         finally:

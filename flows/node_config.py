@@ -29,8 +29,19 @@ class NodeConfig:
     :mod:`persistence.lease`)."""
     limits: SerializationLimits = DEFAULT_LIMITS
     """What payloads and session messages may be (size, depth, lengths), both ways."""
+    operation_threads: int = 16
+    """Threads running flows' external operations at once (``FlowLogic.call_external``)."""
 
     def __attrs_post_init__(self) -> None:
+        if (
+            not isinstance(self.operation_threads, int)
+            or isinstance(self.operation_threads, bool)
+            or self.operation_threads < 1
+        ):
+            raise ValueError(
+                f"node {self.name}: operation_threads must be a whole number of at least 1, "
+                f"not {self.operation_threads!r}"
+            )
         if not self.lease_seconds > 0:
             raise ValueError(
                 f"node {self.name}: lease_seconds must be positive, not {self.lease_seconds!r}"

@@ -14,6 +14,7 @@
     log_level = "INFO"                       # optional
     key_file = "alice.key.pem"               # optional: the node's Ed25519 key pair
     receive_timeout = 3600                   # optional: seconds, or "forever"
+    operation_threads = 16                   # optional: threads for external operations
     limits = { max_bytes = 16777216, max_depth = 64 }   # optional: payload/message limits
     lease_seconds = 20                       # optional: the node lease's length
     database_wait_seconds = 60               # optional: wait this long for the database
@@ -78,6 +79,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "log_level": str,
     "key_file": str,
     "receive_timeout": (int, float, str),
+    "operation_threads": int,
     "limits": dict,
     "lease_seconds": (int, float),
     "database_wait_seconds": (int, float),
@@ -125,6 +127,8 @@ class RuntimeConfig:
     """Seconds a receive waits when the flow gives no timeout (None: forever)."""
     limits: SerializationLimits = DEFAULT_LIMITS
     """What payloads and session messages may be (size, depth, lengths), both ways."""
+    operation_threads: int = 16
+    """Threads running flows' external operations at once."""
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     """How long the node lease lasts without renewal (renewed every third of it)."""
     database_wait_seconds: float = DEFAULT_DATABASE_WAIT_SECONDS
@@ -185,6 +189,7 @@ class RuntimeConfig:
             receive_timeout=self.receive_timeout,
             lease_seconds=self.lease_seconds,
             limits=self.limits,
+            operation_threads=self.operation_threads,
         )
 
 
@@ -260,6 +265,9 @@ def config_from_mapping(
             receive_timeout = float(value)
         else:
             raise fail("receive_timeout", 'must be positive seconds or "forever"')
+    operation_threads = document.get("operation_threads", 16)
+    if isinstance(operation_threads, bool) or operation_threads < 1:
+        raise fail("operation_threads", "must be a whole number of at least 1")
     limits = DEFAULT_LIMITS
     if "limits" in document:
         known = {f.name for f in attrs.fields(SerializationLimits)}
@@ -322,6 +330,7 @@ def config_from_mapping(
         log_level=level,
         key_file=key_file,
         receive_timeout=receive_timeout,
+        operation_threads=operation_threads,
         limits=limits,
         lease_seconds=float(lease_seconds),
         database_wait_seconds=float(database_wait),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -332,11 +333,18 @@ class MockNetwork:
                 busy = True
         return busy
 
-    def run_network(self, max_rounds: int = 100_000, advance_clock: bool = True) -> int:
+    def run_network(
+        self,
+        max_rounds: int = 100_000,
+        advance_clock: bool = True,
+        operation_wait: float = 30.0,
+    ) -> int:
         """Run until no node and no message has anything left to do; returns the rounds run.
 
-        When only timers are left, the mock clock jumps to the earliest one (unless
-        ``advance_clock`` is False, in which case the network stops there).
+        While flows' external operations run (on real threads), it waits up to
+        ``operation_wait`` real seconds for one to end before it looks at timers. When only
+        timers are left, the mock clock jumps to the earliest one (unless ``advance_clock``
+        is False, in which case the network stops there).
         """
         for round_number in range(1, max_rounds + 1):
             if self.run_once():
@@ -344,6 +352,8 @@ class MockNetwork:
             if self.messaging.flush_delayed():
                 continue
             if any(mock.node.relay.retry_all_now() for mock in self.nodes):
+                continue
+            if self._wait_for_operations(operation_wait):
                 continue
             deadlines = [d for m in self.nodes if (d := m.node.next_deadline()) is not None]
             if advance_clock and deadlines:
@@ -354,6 +364,18 @@ class MockNetwork:
             f"the network was still busy after {max_rounds} rounds (a flow loop that never "
             "blocks, or messages bouncing forever?)"
         )
+
+    def _wait_for_operations(self, timeout: float) -> bool:
+        """Wait (real time) until an external operation of some node ends; True if one did."""
+        running = [m.node.operations for m in self.nodes if m.node.operations.busy()]
+        if not running or timeout <= 0:
+            return False
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            for operations in running:
+                if operations.wait_for_end(min(left, 0.01)):
+                    return True
+        return False
 
     def stop_nodes(self) -> None:
         """Stop every node and, if the network made its directory, delete it."""

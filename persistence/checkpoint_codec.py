@@ -31,7 +31,7 @@ from persistence.serialization import (
 )
 from statemachine import flow_error, iorequests, session_messages, state
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.iorequests import Plain, Receive, Sleep
+from statemachine.iorequests import Plain, Receive, RetryPolicy, RunOperation, Sleep
 from statemachine.persistent import VECTOR_TYPE
 from statemachine.session_messages import (
     ConfirmSession,
@@ -53,6 +53,7 @@ from statemachine.state import (
     StartedLocally,
     Value,
 )
+from statemachine.values import replace
 
 CHECKPOINT_FORMAT = 2
 """Version of the checkpoint blob layout written; bumped when a stored field changes meaning."""
@@ -76,6 +77,8 @@ CHECKPOINT_TYPES = TypeRegistry(
         flow_error.FlowError,
         iorequests.Receive,
         iorequests.Sleep,
+        iorequests.RunOperation,
+        iorequests.RetryPolicy,
         session_messages.ConfirmSession,
         session_messages.SessionData,
         session_messages.SessionEnd,
@@ -364,6 +367,12 @@ def _pending(pending: Pending) -> list[Any]:
     request = pending.request
     if isinstance(request, Receive):
         return [[0, list(request.session_ids), request.timeout], pending.deadline]
+    if isinstance(request, RunOperation):
+        policy = request.policy
+        waits = [policy.backoff, policy.multiplier, policy.max_backoff, policy.jitter]
+        retry = [policy.attempts, *waits, list(policy.retry_on)]
+        operation = [2, request.label, request.ordinal, request.name, request.timeout]
+        return [[*operation, retry, request.attempt, request.backing_off], pending.deadline]
     return [[1, request.seconds], pending.deadline]
 
 
@@ -462,6 +471,12 @@ def _read_pending(items: list[Any]) -> Pending:
     request, deadline = items
     if request[0] == 0:
         return Pending(Receive(tuple(request[1]), request[2]), deadline)
+    if request[0] == 2:
+        _, label, ordinal, name, timeout, retry, attempt, backing_off = request
+        attempts, backoff, multiplier, max_backoff, jitter, retry_on = retry
+        policy = RetryPolicy(attempts, backoff, multiplier, max_backoff, jitter, tuple(retry_on))
+        operation = RunOperation(label, ordinal, name, timeout, policy)
+        return Pending(replace(operation, attempt=attempt, backing_off=backing_off), deadline)
     return Pending(Sleep(request[1]), deadline)
 
 

@@ -42,7 +42,7 @@ from statemachine.actions import (
     StoreFlowError,
     StoreFlowResult,
 )
-from statemachine.iorequests import Receive, Sleep
+from statemachine.iorequests import Receive, RunOperation, Sleep
 from statemachine.ports import OutboxRow
 from statemachine.state import Checkpoint
 
@@ -58,6 +58,16 @@ def _waiting_for(checkpoint: Checkpoint) -> tuple[str | None, str | None]:
         return None, None
     if isinstance(pending.request, Sleep):
         return "Sleep", json.dumps({"until": millis(pending.deadline or 0)})
+    if isinstance(pending.request, RunOperation):
+        request = pending.request
+        waits_for = {
+            "operation": request.name,
+            "label": request.label,
+            "attempt": request.attempt,
+            "state": "backing off" if request.backing_off else "running",
+            "until": None if pending.deadline is None else millis(pending.deadline),
+        }
+        return "Operation", json.dumps(waits_for)
     assert isinstance(pending.request, Receive)
     waits = []
     for session_id in pending.request.session_ids:

@@ -148,6 +148,21 @@ class ScheduleWakeUp:
     deadline: float
 
 
+@attrs.frozen
+class StartOperation:
+    """Start attempt ``attempt`` of the flow's external operation ``ordinal`` (after commit).
+
+    ``key`` is the operation's idempotency key: the same for every attempt and every re-run
+    of that step of the flow.
+    """
+
+    phase: ClassVar[Phase] = Phase.AFTER_COMMIT
+    flow_id: str
+    ordinal: int
+    attempt: int
+    key: str
+
+
 Action = Union[
     PersistCheckpoint,
     RemoveCheckpoint,
@@ -161,5 +176,6 @@ Action = Union[
     AcknowledgeMessages,
     HandOffMessages,
     ScheduleWakeUp,
+    StartOperation,
 ]
 """Every action kind."""

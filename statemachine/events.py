@@ -16,7 +16,7 @@ from statemachine.session_messages import (
     InitialSessionMessage,
     SessionBody,
 )
-from statemachine.state import Checkpoint, StartedLocally, StoredFlow
+from statemachine.state import Checkpoint, Raised, StartedLocally, StoredFlow, Value
 
 
 @attrs.frozen
@@ -90,6 +90,21 @@ class WakeUp:
 
 
 @attrs.frozen
+class OperationEnded:
+    """An attempt of the flow's external operation ``ordinal`` ended, with ``outcome``.
+
+    ``retryable`` says whether the operation's retry policy retries the exception it raised
+    (decided where the exception was); the transition decides whether an attempt is left.
+    """
+
+    ordinal: int
+    attempt: int
+    outcome: Value | Raised
+    retryable: bool
+    at: float
+
+
+@attrs.frozen
 class KillFlow:
     """An operator ends the flow wherever it is; its counterparties see an unexpected end."""
 
@@ -139,6 +154,7 @@ Event = Union[
     Suspend,
     DeliverSessionMessage,
     WakeUp,
+    OperationEnded,
     FlowFinished,
     FlowFailed,
     KillFlow,

@@ -35,6 +35,7 @@ from statemachine.actions import (
     RemoveCheckpoint,
     RunFlowEffects,
     ScheduleWakeUp,
+    StartOperation,
     StoreFlowError,
     StoreFlowResult,
     WriteOutbox,
@@ -44,6 +45,7 @@ from statemachine.ports import (
     CheckpointStore,
     FlowEffects,
     MessageCodec,
+    OperationRunner,
     Outbound,
     OutboxRow,
     StoreTransaction,
@@ -65,7 +67,12 @@ IN_TRANSACTION_ORDER: tuple[type, ...] = (
     RecordStatus,
     ClaimFlowRequests,
 )
-AFTER_COMMIT_ORDER: tuple[type, ...] = (AcknowledgeMessages, HandOffMessages, ScheduleWakeUp)
+AFTER_COMMIT_ORDER: tuple[type, ...] = (
+    AcknowledgeMessages,
+    HandOffMessages,
+    ScheduleWakeUp,
+    StartOperation,
+)
 
 
 class ActionExecutor:
@@ -80,8 +87,10 @@ class ActionExecutor:
         schedule_wake_up: Callable[[str, float], None],
         on_boundary: BoundaryHook | None = None,
         effects: FlowEffects | None = None,
+        operations: OperationRunner | None = None,
     ) -> None:
         self._store = store
+        self._operations = operations
         self._effects = effects
         self._codec = codec
         self._outbound = outbound
@@ -186,5 +195,9 @@ class ActionExecutor:
         elif kind is ScheduleWakeUp:
             for action in actions:
                 self._schedule_wake_up(action.flow_id, action.deadline)
+        elif kind is StartOperation:
+            if self._operations is None:
+                raise RuntimeError("a flow called an external operation but the node runs none")
+            self._operations.start(actions)
         else:
             raise TypeError(f"{kind.__name__} is not an after-commit action")

@@ -170,6 +170,111 @@ class RunInTransaction:
         return f"in_transaction({self.label!r}, #{self.ordinal})"
 
 
+def _positive_or_none(_: object, attribute: attrs.Attribute[float | None], value: object) -> None:
+    if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
+        raise ValueError(f"{attribute.name} must be a positive number of seconds, not {value!r}")
+
+
+def _exception_names(classes: object) -> tuple[str, ...]:
+    """``classes`` (exception classes or qualified names, or one of them) as names."""
+    items = classes if isinstance(classes, tuple | list) else (classes,)
+    names = []
+    for item in items:
+        if isinstance(item, str) and item:
+            names.append(item)
+        elif isinstance(item, type) and issubclass(item, BaseException):
+            names.append(f"{item.__module__}.{item.__qualname__}")
+        else:
+            raise ValueError(f"retry_on takes exception classes or their names, not {item!r}")
+    return tuple(names)
+
+
+@attrs.frozen
+class RetryPolicy:
+    """How often an external operation is tried, and how long to wait between tries.
+
+    Attempt ``n`` (from 1) that fails with an exception the policy retries is followed, after
+    ``min(max_backoff, backoff * multiplier ** (n - 1))`` seconds spread by up to ``jitter``
+    of themselves either way, by attempt ``n + 1``, up to ``attempts`` in all. ``retry_on``
+    names the exception classes retried (classes or their qualified names; subclasses count):
+    any other failure reaches the flow at once. An attempt that outlives its timeout is
+    retried like a failure the policy retries.
+    """
+
+    attempts: int = 1
+    """Attempts in all, the first included (1: never retried)."""
+    backoff: float = 1.0
+    """Seconds before the second attempt."""
+    multiplier: float = 2.0
+    """Each further wait is this many times the one before."""
+    max_backoff: float = 60.0
+    """No wait is longer than this (before the jitter)."""
+    jitter: float = 0.2
+    """The share of a wait it may be made shorter or longer by (0 to 1)."""
+    retry_on: tuple[str, ...] = attrs.field(
+        default=("builtins.Exception",), converter=_exception_names
+    )
+    """Qualified names of the exception classes retried."""
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool):
+            raise ValueError(f"attempts must be an integer, not {self.attempts!r}")
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, not {self.attempts}")
+        for name in ("backoff", "max_backoff"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 <= value < float("inf")):
+                raise ValueError(f"{name} must be a non-negative number of seconds, not {value!r}")
+        if not (isinstance(self.multiplier, int | float) and 1 <= self.multiplier < float("inf")):
+            raise ValueError(f"multiplier must be at least 1, not {self.multiplier!r}")
+        if not (isinstance(self.jitter, int | float) and 0 <= self.jitter <= 1):
+            raise ValueError(f"jitter must be between 0 and 1, not {self.jitter!r}")
+
+    def retries(self, error_type: type[BaseException]) -> bool:
+        """True if a failure with an exception of ``error_type`` is retried (attempts left)."""
+        names = {f"{cls.__module__}.{cls.__qualname__}" for cls in error_type.__mro__}
+        return not names.isdisjoint(self.retry_on)
+
+    def delay(self, attempt: int, spread: float) -> float:
+        """Seconds to wait after failed attempt ``attempt``; ``spread`` in [0, 1) picks jitter."""
+        base = min(self.max_backoff, self.backoff * self.multiplier ** (attempt - 1))
+        return max(0.0, base * (1 + self.jitter * (2 * spread - 1)))
+
+
+NO_RETRIES = RetryPolicy()
+"""One attempt: a failure reaches the flow at once."""
+
+
+@attrs.frozen
+class RunOperation:
+    """Run the flow's ``ordinal``-th external operation off the flow, and wait for its result.
+
+    The callable stays with the node (its operation runner); the checkpoint keeps what the
+    transition needs: the timeout, the retry policy, and how far the tries have got
+    (``attempt``; ``backing_off`` while waiting before it). Those two are progress, not part
+    of the signature.
+    """
+
+    label: str
+    ordinal: int
+    name: str
+    """The callable's qualified name: a replay that calls another one is caught."""
+    timeout: float | None = attrs.field(default=None, validator=_positive_or_none)
+    """Seconds one attempt may run before it counts as failed (None: no limit)."""
+    policy: RetryPolicy = NO_RETRIES
+    attempt: int = 1
+    """The attempt running, or (``backing_off``) the one waited for."""
+    backing_off: bool = False
+
+    def signature(self) -> tuple[Plain, ...]:
+        """The journal signature: kind, label, ordinal and the callable's name."""
+        return ("RunOperation", self.label, self.ordinal, self.name)
+
+    def describe(self) -> str:
+        """Human-readable form for error messages."""
+        return f"call_external({self.name}, label {self.label!r}, #{self.ordinal})"
+
+
 @attrs.frozen
 class SetProgress:
     """The flow reached a named step of its progress tracker (stored in the checkpoint)."""
@@ -186,9 +291,17 @@ class SetProgress:
 
 
 IORequest = Union[
-    InitiateSession, Send, Receive, CloseSessions, Sleep, RecordValue, RunInTransaction, SetProgress
+    InitiateSession,
+    Send,
+    Receive,
+    CloseSessions,
+    Sleep,
+    RecordValue,
+    RunInTransaction,
+    RunOperation,
+    SetProgress,
 ]
 """Every kind of request a flow can suspend with."""
 
-BLOCKING_REQUESTS = (Receive, Sleep)
+BLOCKING_REQUESTS = (Receive, Sleep, RunOperation)
 """Request kinds that may leave the flow waiting (and so become a checkpoint's pending request)."""

@@ -37,6 +37,7 @@ from statemachine.events import (
     Hospitalize,
     KillFlow,
     LoadFlow,
+    OperationEnded,
     RetryFlow,
     StartFlow,
     StartInitiatedFlow,
@@ -57,6 +58,7 @@ from statemachine.ports import (
     FlowEffects,
     InboundMessage,
     MessageCodec,
+    OperationRunner,
     Outbound,
     ResponderRegistry,
 )
@@ -112,8 +114,10 @@ class StateMachineManager:
         on_boundary: BoundaryHook | None = None,
         effects: FlowEffects | None = None,
         failures: FailurePolicy | None = None,
+        operations: OperationRunner | None = None,
     ) -> None:
         self.our_identity = our_identity
+        self._operations = operations
         self._session_tag = identity_tag(our_identity)
         self._store = store
         self._driver = FiberDriver(fibers, clock, on_boundary)
@@ -132,6 +136,7 @@ class StateMachineManager:
             self._wake_ups.schedule,
             on_boundary,
             effects,
+            operations,
         )
         self._isolation = (
             None
@@ -243,6 +248,8 @@ class StateMachineManager:
             runtime.fiber.abort()
             runtime.fiber = None
         self._wake_ups.forget(flow_id)
+        if self._operations is not None:
+            self._operations.abandon(flow_id)
         return runtime
 
     # --- inbound ------------------------------------------------------------------------
@@ -281,6 +288,19 @@ class StateMachineManager:
         self._deliveries.settle(message_ids, fenced, self.executor.transactions)
 
     # --- timers and retries -----------------------------------------------------------------
+
+    def _take_ended_operations(self) -> bool:
+        """Queue each ended attempt of an external operation as its flow's event."""
+        ended = [] if self._operations is None else self._operations.take_ended()
+        now = self._clock.now()
+        for attempt in ended:
+            if attempt.flow_id not in self._flows:
+                continue  # the flow ended, or was restored, meanwhile: nothing waits for it
+            event = OperationEnded(
+                attempt.ordinal, attempt.attempt, attempt.outcome, attempt.retryable, now
+            )
+            self._flows.queue_event(attempt.flow_id, event)
+        return bool(ended)
 
     def _fire_due_timers(self) -> bool:
         now = self._clock.now()
@@ -324,6 +344,7 @@ class StateMachineManager:
     def run_once(self) -> bool:
         """One round: route, transition, commit once, continue fibers. True if it did work."""
         did_work = self._fire_due_timers()
+        did_work = self._take_ended_operations() or did_work
         did_work = self._retry_due() or did_work
         did_work = self._intake.expire_parked() or did_work
         did_work = self._intake.route_all() or did_work

@@ -20,13 +20,14 @@ from statemachine.actions import (
     RecordStatus,
     RemoveCheckpoint,
     RunFlowEffects,
+    StartOperation,
     StoreFlowError,
     StoreFlowResult,
 )
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
 from statemachine.session_messages import SessionMessage
-from statemachine.state import FlowOrigin, StoredFlow
+from statemachine.state import FlowOrigin, Raised, StoredFlow, Value
 
 
 @attrs.frozen
@@ -97,6 +98,36 @@ class FlowEffects(Protocol):
 
     def committed(self, actions: Sequence[RunFlowEffects]) -> None:
         """The transaction that ran ``actions`` committed: forget their effects."""
+
+
+@attrs.frozen
+class EndedAttempt:
+    """An attempt of a flow's external operation ended (what the runner hands back)."""
+
+    flow_id: str
+    ordinal: int
+    attempt: int
+    outcome: Value | Raised
+    """The serialized result as a value, or the failure."""
+    retryable: bool
+    """Whether the operation's retry policy retries the exception it raised."""
+
+
+class OperationRunner(Protocol):
+    """Runs flows' external operations off the scheduler (``FlowLogic.call_external``).
+
+    :meth:`start` must not block: attempts run elsewhere (threads, an event loop) and their
+    ends are collected by :meth:`take_ended`, which the manager calls every round.
+    """
+
+    def start(self, actions: Sequence[StartOperation]) -> None:
+        """Start each attempt (after the commit that made it durable)."""
+
+    def abandon(self, flow_id: str) -> None:
+        """The flow is gone from this node (ended, killed, restored): drop its attempts."""
+
+    def take_ended(self) -> list[EndedAttempt]:
+        """The attempts that ended since the last call, taken off."""
 
 
 class CheckpointStore(Protocol):

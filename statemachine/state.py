@@ -23,7 +23,7 @@ import attrs
 from pyrsistent import PVector
 
 from statemachine.flow_error import FlowError
-from statemachine.iorequests import Plain, Receive, Sleep
+from statemachine.iorequests import Plain, Receive, RunOperation, Sleep
 from statemachine.persistent import vector_of
 from statemachine.session_messages import (
     InboundRecord,
@@ -155,7 +155,7 @@ class SessionState:
         return any(not isinstance(item, SessionData) for item in self.inbox)
 
 
-PendingRequest = Union[Receive, Sleep]
+PendingRequest = Union[Receive, Sleep, RunOperation]
 """A request the flow is blocked on."""
 
 

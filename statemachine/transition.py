@@ -30,6 +30,7 @@ from statemachine.events import (
     Hospitalize,
     KillFlow,
     LoadFlow,
+    OperationEnded,
     RestoreFlow,
     RetryFlow,
     StartFlow,
@@ -53,6 +54,7 @@ from statemachine.transitions.delivery import (
 )
 from statemachine.transitions.ending import FLOW_KILLED_EXCEPTION, fail, finish, kill
 from statemachine.transitions.hospital import hospitalize, retry
+from statemachine.transitions.operations import operation_ended
 from statemachine.transitions.replay import finish_replaying, suspend_replaying
 from statemachine.transitions.requests import suspend_live
 from statemachine.transitions.starting import (
@@ -107,6 +109,12 @@ TRANSITIONS: dict[tuple[FlowStatus | None, type], Handler] = {
     **{(status, WakeUp): ignore for status in (_S.RUNNABLE, _S.REPLAYING, _S.HOSPITALIZED)},
     **{(status, WakeUp): ignore for status in _ENDED},
     **{(status, DeliverSessionMessage): drop_late_message for status in _ENDED},
+    # external operations (statemachine.transitions.operations)
+    (_S.SUSPENDED, OperationEnded): operation_ended,
+    **{
+        (status, OperationEnded): ignore
+        for status in (_S.RUNNABLE, _S.REPLAYING, _S.HOSPITALIZED, *_ENDED)
+    },
     # the hospital
     **{(status, Hospitalize): hospitalize for status in (*_LIVE, _S.HOSPITALIZED)},
     (_S.HOSPITALIZED, RetryFlow): retry,

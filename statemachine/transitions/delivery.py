@@ -5,12 +5,13 @@ from __future__ import annotations
 from statemachine.actions import AcknowledgeMessages
 from statemachine.events import DeliverSessionMessage, Event, WakeUp
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.iorequests import Receive, Sleep
+from statemachine.iorequests import Receive, RunOperation, Sleep
 from statemachine.result import ProcessEvents, TransitionResult
 from statemachine.session_messages import InboundRecord
 from statemachine.session_ops import receive_after_delivery, take_in
 from statemachine.state import NO_VALUE, FlowState, FlowStatus, Raised
 from statemachine.transitions.committing import commit, complete
+from statemachine.transitions.operations import operation_wake_up
 
 FLOW_TIMEOUT_EXCEPTION = "flows.errors.FlowTimeoutException"
 """The exception a flow gets when a receive outlives its timeout."""
@@ -38,11 +39,13 @@ def deliver(state: FlowState, event: DeliverSessionMessage) -> TransitionResult:
 
 
 def wake_up(state: FlowState, event: WakeUp) -> TransitionResult:
-    """A deadline passed: a sleep ends, a receive times out (if still pending)."""
+    """A deadline passed: a sleep ends, a receive or an operation times out, a retry is due."""
     pending = state.checkpoint.pending
     if pending is None or pending.deadline is None or event.at < pending.deadline:
         return TransitionResult(state, (), ProcessEvents())
     request = pending.request
+    if isinstance(request, RunOperation):
+        return operation_wake_up(state, request, event)
     if isinstance(request, Receive):
         sessions = ", ".join(request.session_ids)
         error = FlowError(

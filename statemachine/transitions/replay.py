@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from statemachine.events import FlowFailed, FlowFinished, Suspend
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.iorequests import Plain, Receive, Sleep
+from statemachine.iorequests import Plain, Receive, RunOperation, Sleep
 from statemachine.result import Abort, TransitionResult, continuation_for
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import commit, with_status
+from statemachine.transitions.operations import resume_operation
 from statemachine.transitions.requests import receive, sleep
 from statemachine.values import replace
 
@@ -35,6 +36,8 @@ def suspend_replaying(state: FlowState, event: Suspend) -> TransitionResult:
     if isinstance(request, Sleep):
         assert pending.deadline is not None
         return sleep(state, request, event.at, pending.deadline)
+    if isinstance(request, RunOperation):
+        return resume_operation(state, request, pending, event.at)
     assert isinstance(request, Receive) and isinstance(pending.request, Receive)
     # The deadline is the one first set (durable), not one counted again from now.
     return receive(state, pending.request, event.at, pending.deadline)

@@ -18,6 +18,7 @@ from statemachine.iorequests import (
     Receive,
     RecordValue,
     RunInTransaction,
+    RunOperation,
     Send,
     SetProgress,
     Sleep,
@@ -32,6 +33,7 @@ from statemachine.session_ops import (
 )
 from statemachine.state import NO_VALUE, FlowState, Outcome, Pending, Value
 from statemachine.transitions.committing import block, complete
+from statemachine.transitions.operations import run_operation
 from statemachine.values import replace
 
 RequestRule = Callable[[FlowState, Any, float], TransitionResult]
@@ -118,6 +120,7 @@ def _value(state: FlowState, request: RecordValue) -> tuple[FlowState, Outcome]:
 REQUESTS: dict[type, RequestRule] = {
     Receive: _receive,
     Sleep: _sleep,
+    RunOperation: run_operation,
     InitiateSession: _journaled(_open),
     Send: _journaled(_send),
     CloseSessions: _journaled(_close),
