@@ -167,6 +167,11 @@ class ExternalOperations:
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
+            if not thread.is_alive():
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()  # coroutines still waiting: they end with the loop
+                loop.run_until_complete(asyncio.sleep(0))
+                loop.close()
 
     # --- running ----------------------------------------------------------------------------
 

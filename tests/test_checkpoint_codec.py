@@ -19,7 +19,7 @@ from persistence.checkpoint_codec import (
 )
 from persistence.serialization import SerializationError
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.iorequests import Receive, Sleep
+from statemachine.iorequests import Receive, RetryPolicy, RunOperation, Sleep
 from statemachine.session_messages import (
     ConfirmSession,
     SessionData,
@@ -226,3 +226,26 @@ def test_a_finished_flow_leaves_nothing_in_the_process_cache(tmp_path: Path) -> 
         assert handle.flow_id not in checkpoint_codec._JOURNALS._journals
     finally:
         net.stop_nodes()
+
+
+def waiting_on_an_operation(backing_off: bool) -> Checkpoint:
+    """A flow suspended on an external operation, its policy and progress all set."""
+    policy = RetryPolicy(5, 0.5, 3.0, 30.0, 0.25, retry_on=(ConnectionError, "app.Busy"))
+    request = RunOperation("charge", 2, "app.gateway.charge", 7.5, policy, 3, backing_off)
+    return Checkpoint(
+        "f-op",
+        StartedLocally("app.Flow", b""),
+        FlowStatus.SUSPENDED,
+        1.0,
+        journal=(JournalEntry(("RunOperation", "quote", 0, "app.gateway.quote"), Value(b"\x01")),),
+        pending=Pending(request, 1240.0),
+    )
+
+
+@pytest.mark.parametrize("backing_off", [False, True], ids=["running", "backing-off"])
+def test_a_flow_waiting_on_an_operation_comes_back_as_it_was(backing_off: bool) -> None:
+    checkpoint = waiting_on_an_operation(backing_off)
+    blob = encode_checkpoint(checkpoint)
+    assert msgpack.unpackb(blob)[0] == CHECKPOINT_FORMAT
+    assert decode_checkpoint(blob) == checkpoint
+    assert decode_checkpoint(encode_checkpoint_format_1(checkpoint)) == checkpoint
