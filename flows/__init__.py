@@ -23,13 +23,17 @@ from flows.errors import (
     FlowNonDeterminismError,
     FlowStillRunningError,
     FlowTimeoutException,
+    OperationFailedException,
+    OperationTimeoutException,
     UnexpectedFlowEndException,
 )
 from flows.flow_logic import FOREVER, FlowLogic, FlowSession
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
+from statemachine.iorequests import RetryPolicy
 
 if TYPE_CHECKING:
+    from flows.external import OperationContext
     from flows.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
 
 _LAZY = {
@@ -37,6 +41,7 @@ _LAZY = {
     "FlowHospitalizedError": "flows.node",
     "Node": "flows.node",
     "NodeConfig": "flows.node",
+    "OperationContext": "flows.external",
 }
 """Names that need the node's heavy dependencies, and the module that defines each."""
 
@@ -73,7 +78,11 @@ __all__ = [
     "FlowTimeoutException",
     "Node",
     "NodeConfig",
+    "OperationContext",
+    "OperationFailedException",
+    "OperationTimeoutException",
     "Party",
+    "RetryPolicy",
     "UnexpectedFlowEndException",
     "UntrustworthyData",
     "initiated_by",

@@ -21,6 +21,8 @@ from flows.external import OperationContext
 from flows.node import FlowHospitalizedError
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
+from samples.quotes import QuoteFlow
+from samples.quotes.service import QuoteService
 from statemachine.flow_error import ErrorKind
 from statemachine.iorequests import RetryPolicy
 from statemachine.state import FlowStatus
@@ -354,3 +356,17 @@ def test_retry_policies_refuse_nonsense() -> None:
         RetryPolicy(retry_on=(42,))
     assert RetryPolicy(retry_on=OSError).retries(ConnectionError)
     assert not RetryPolicy(retry_on=OSError).retries(ValueError)
+
+
+def test_the_quotes_sample_calls_its_http_service_once_per_key(network: MockNetwork) -> None:
+    service = QuoteService(seed=1).start()
+    try:
+        alice = network.create_node(ALICE)
+        handles = [alice.start_flow(QuoteFlow(symbol, service.url)) for symbol in ("AB", "CD")]
+        network.run_network()
+        quotes = [handle.result() for handle in handles]
+    finally:
+        service.stop()
+    assert [quote["symbol"] for quote in quotes] == ["AB", "CD"]
+    assert service.effective == {f"{h.flow_id}:op:0": 1 for h in handles}
+    assert service.calls == service.effective
