@@ -262,6 +262,7 @@ class MockNetwork:
         database: str = "sqlite",
         receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT,
         hospital: bool = False,
+        operation_threads: int = 16,
     ) -> None:
         if database not in ("sqlite", "memory") and not database.startswith("postgres"):
             raise ValueError(
@@ -270,6 +271,8 @@ class MockNetwork:
             )
         self.database = database
         self.receive_timeout = receive_timeout
+        self.operation_threads = operation_threads
+        """Each node's threads for external operations (``NodeConfig.operation_threads``)."""
         self.hospital = hospital
         """With True each node has a flow hospital, as a node process does: failures pinned
         on a flow or a message are retried, kept or quarantined (on the mock clock) while
@@ -320,6 +323,7 @@ class MockNetwork:
             synchronous=self.synchronous,
             receive_timeout=self.receive_timeout,
             limits=limits,
+            operation_threads=self.operation_threads,
         )
         node = MockNode(self, config)
         self.nodes.append(node)
