@@ -39,7 +39,7 @@ from flows.gc_tuning import tune_collector
 from flows.node import FlowHandle
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
-from statemachine.manager import FlowEnd
+from statemachine.flow_end import FlowEnd
 
 CONFIGS: dict[str, tuple[str, str]] = {
     "off": ("memory", "NORMAL"),

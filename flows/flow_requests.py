@@ -28,8 +28,9 @@ from flows.party import Party
 from persistence.node_store import ControlPlane, FlowRequest
 from persistence.serialization import PAYLOADS, SerializationError, Serializer
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
+from statemachine.flow_end import FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.manager import FlowToStart, StateMachineManager
+from statemachine.manager import StateMachineManager
 from statemachine.ports import Clock, FailurePolicy
 
 log = logging.getLogger("fiberflow.node")

@@ -56,8 +56,9 @@ from persistence.serialization import (
     qualified_name,
 )
 from persistence.store import NodeDatabase
+from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.manager import FlowEnd, FlowToStart, StateMachineManager
+from statemachine.manager import StateMachineManager
 from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 

@@ -45,6 +45,7 @@ from statemachine.events import (
 )
 from statemachine.executor import ActionExecutor, BoundaryHook
 from statemachine.fiber_driver import FiberDriver
+from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.flow_table import FlowRuntime, FlowTable
 from statemachine.intake import Intake
@@ -74,27 +75,6 @@ from statemachine.timers import WakeUps
 from statemachine.transition import KEPT_IN_HOSPITAL, transition
 
 log = logging.getLogger("fiberflow.statemachine")
-
-
-@attrs.frozen
-class FlowEnd:
-    """How a flow ended: a serialized result, or an error."""
-
-    flow_id: str
-    flow_class: str
-    status: FlowStatus
-    result: bytes | None = None
-    error: FlowError | None = None
-
-
-@attrs.frozen
-class FlowToStart:
-    """A flow to start: its id, class name, encoded arguments, and instance (or None)."""
-
-    flow_id: str
-    flow_class: str
-    arguments: bytes
-    instance: object = None
 
 
 class StateMachineManager:
