@@ -49,6 +49,12 @@ def _waiting_on(suspended_on: str | None, waiting_for: str | None) -> str:
     if suspended_on == "Sleep":
         until = datetime.datetime.fromtimestamp(detail["until"] / 1000, tz=datetime.UTC)
         return f"sleep until {until:%H:%M:%S}"
+    if suspended_on == "Operation":
+        name = detail["operation"].rpartition(".")[2]
+        if detail["state"] == "backing off" and detail["until"] is not None:
+            until = datetime.datetime.fromtimestamp(detail["until"] / 1000, tz=datetime.UTC)
+            return f"operation {name}: attempt {detail['attempt']} at {until:%H:%M:%S}"
+        return f"operation {name} (attempt {detail['attempt']})"
     names = sorted({w["counterparty"] or "?" for w in detail})
     return "receive from " + ", ".join(n.split(",")[0].removeprefix("O=") for n in names)
 

@@ -19,6 +19,8 @@ from flows import FlowLogic
 from flows.errors import OperationFailedException, OperationTimeoutException
 from flows.external import OperationContext
 from flows.node import FlowHospitalizedError
+from flows.operator import list_flows
+from flows.runtime_config import RuntimeConfig
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
 from samples.quotes import QuoteFlow
@@ -370,3 +372,14 @@ def test_the_quotes_sample_calls_its_http_service_once_per_key(network: MockNetw
     assert [quote["symbol"] for quote in quotes] == ["AB", "CD"]
     assert service.effective == {f"{h.flow_id}:op:0": 1 for h in handles}
     assert service.calls == service.effective
+
+
+def test_flow_list_shows_the_operation_a_flow_waits_for(network: MockNetwork) -> None:
+    alice = network.create_node(ALICE)
+    handle = alice.start_flow(BlockingFlow())
+    network.run_network(operation_wait=0)
+    assert STARTED.wait(5)
+    config = RuntimeConfig(ALICE, alice.node.config.database_url, "sqlite:///unused.db")
+    (shown,) = [f for f in list_flows(config) if f["flow_id"] == handle.flow_id]
+    assert shown["status"] == "SUSPENDED"
+    assert shown["waiting_on"] == "operation blocks (attempt 1)"
