@@ -8,6 +8,7 @@ flow id the node will give the flow (the request id: asking twice starts it once
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,7 +17,9 @@ from typing import Any
 from flows.errors import FiberflowError, exception_from_error
 from flows.flow_logic import FlowLogic
 from flows.node import encode_arguments
+from flows.schedules import make_schedule
 from persistence.node_store import FlowRequest, StoredOutcome
+from persistence.schedule_store import ScheduleRow
 from persistence.serialization import PAYLOADS, qualified_name
 from persistence.store import NodeDatabase
 from statemachine.limits import FLOW_ID_CHARS
@@ -93,6 +96,55 @@ class NodeClient:
         if outcome is None:
             raise KeyError(f"flow {flow_id} has not finished (or does not exist)")
         return decode_outcome(outcome)
+
+    # --- schedules (flows.schedules) --------------------------------------------------------
+
+    def schedule_flow(
+        self,
+        flow: FlowLogic[Any],
+        *,
+        at: datetime.datetime | float | None = None,
+        every: float | None = None,
+        cron: str | None = None,
+        schedule_id: str | None = None,
+        missed: str = "skip",
+        start: datetime.datetime | float | None = None,
+    ) -> str:
+        """Have the node start ``flow`` on a schedule; returns the schedule's id.
+
+        Exactly one of ``at`` (a time), ``every`` (seconds) and ``cron`` (five fields, UTC)
+        says when; ``missed`` (``skip`` or ``catch-up``) what to do with slots the node
+        missed; ``start`` when an ``every`` or ``cron`` schedule begins (default: now). The
+        flow class must be ``@startable_by_rpc``. Raises ``ScheduleError`` naming a problem,
+        ``ScheduleExistsError`` if ``schedule_id`` is taken.
+        """
+        row = make_schedule(
+            flow,
+            at=at,
+            every=every,
+            cron=cron,
+            schedule_id=schedule_id,
+            missed=missed,
+            start=start,
+        )
+        self.database.schedules.add(row)
+        return row.schedule_id
+
+    def schedules(self) -> list[ScheduleRow]:
+        """The node's schedules, by id."""
+        return self.database.schedules.all()
+
+    def pause_schedule(self, schedule_id: str) -> None:
+        """Fire no slot of the schedule until it is resumed (KeyError if unknown)."""
+        self.database.schedules.set_paused(schedule_id, True)
+
+    def resume_schedule(self, schedule_id: str) -> None:
+        """Let a paused schedule fire again; slots missed meanwhile follow its policy."""
+        self.database.schedules.set_paused(schedule_id, False)
+
+    def remove_schedule(self, schedule_id: str) -> None:
+        """Remove the schedule (KeyError if unknown); flows it started are not touched."""
+        self.database.schedules.remove(schedule_id)
 
     def close(self) -> None:
         """Release the database connections."""

@@ -40,6 +40,7 @@ from flows.identity import NodeIdentity, PeerKeys
 from flows.node_config import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.operations import OperatorCommands
 from flows.party import Party
+from flows.schedules import FlowScheduler
 from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import SessionCodec
@@ -279,6 +280,9 @@ class Node:
             refusals=(KeyError, UntrustedCheckpointError),
         )
         """Carries out the operator commands queued in the database."""
+        schedules = self.database.schedules
+        self.scheduler = None if schedules is None else FlowScheduler(schedules, self.clock.now)
+        """Fires the due slots of the node's schedules (None on the non-durable store)."""
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
         self.incompatible_flows: dict[str, str] = {}
@@ -412,6 +416,15 @@ class Node:
             arguments = encode_arguments(flow, self.payloads)
             to_start.append(FlowToStart(next(flow_ids), qualified_name(cls), arguments, flow))
         return [FlowHandle(self, flow_id) for flow_id in self.manager.start_flows(to_start)]
+
+    def fire_schedules(self) -> int:
+        """Turn the due slots of the node's schedules into flow requests; returns how many.
+
+        :meth:`start_requested_flows` then starts them, each exactly once
+        (:mod:`flows.schedules`).
+        """
+        self._check_running()
+        return 0 if self.scheduler is None else self.scheduler.fire_due()
 
     def start_requested_flows(self, limit: int = 500) -> int:
         """Start flows clients asked for in ``node_flow_requests``; returns how many.

@@ -462,6 +462,9 @@ class NodeProcess:
         if now >= self._next_poll:
             if node.process_operator_requests():
                 worked = True
+            fired = node.fire_schedules()
+            if fired:
+                log.info("%s: %d scheduled flow(s) due", self.config.name, fired)
             started = node.start_requested_flows()
             if started:
                 log.info("%s: started %d requested flow(s)", self.config.name, started)

@@ -304,6 +304,8 @@ class InMemoryStore:
         """The outbox relays' ``OutboxStore``."""
         self.control = NullControlPlane()
         """The operator control plane: null."""
+        self.schedules = None
+        """Schedules need a database: a node on this store has none."""
         self.lease: NodeLease | None = None
         """Fences nothing: a non-durable store is never shared (kept for the node to read)."""
 

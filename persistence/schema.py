@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Index,
     Integer,
@@ -150,6 +151,26 @@ node_paused_flows = Table(
     Column("paused_at", BigInteger, nullable=False),
 )
 """Flows an operator paused: they keep their place and messages but do not run."""
+
+node_schedules = Table(
+    "node_schedules",
+    metadata,
+    Column("schedule_id", String(64), primary_key=True),
+    Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
+    Column("arguments", LargeBinary, nullable=False),
+    Column("kind", String(10), nullable=False),
+    Column("spec", String(200), nullable=False),
+    Column("missed", String(10), nullable=False),
+    Column("next_slot", BigInteger, nullable=True, index=True),
+    Column("paused", Boolean, nullable=False),
+    Column("fired", BigInteger, nullable=False),
+    Column("last_slot", BigInteger, nullable=True),
+    Column("created_at", BigInteger, nullable=False),
+)
+"""Flows started on a schedule (:mod:`flows.schedules`): once at a time, every so many seconds,
+or by a cron expression (UTC). ``next_slot`` (ms) is the next slot not yet fired (null: a
+one-off schedule that has fired); each slot fired is a flow request whose id is derived from
+the schedule and the slot, so it starts exactly once."""
 
 node_settings = Table(
     "node_settings",

@@ -35,6 +35,7 @@ from persistence.engine import (
 from persistence.fencing import FencedEngine
 from persistence.lease import NodeLease, WorkerInfo
 from persistence.outbox import SqlOutbox
+from persistence.schedule_store import SqlSchedules
 from persistence.schema import millis
 
 
@@ -81,6 +82,8 @@ class NodeDatabase:
         queued by ``outbox.delete_later``)."""
         self.control = SqlControlPlane(self._fence)
         """The operator control plane."""
+        self.schedules = SqlSchedules(self._fence)
+        """Flows started on a schedule (:mod:`flows.schedules`)."""
 
     @property
     def lease(self) -> NodeLease | None:
