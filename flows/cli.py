@@ -11,6 +11,7 @@ from pathlib import Path
 from flows.demo import run_in_process_demo, run_process_demo
 from flows.network_cli import add_network_arguments, run_network_command
 from flows.runtime import run_node
+from flows.schedule_cli import add_schedule_arguments
 from persistence.analytics.command import add_analyze_arguments, run_analyze
 
 
@@ -90,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "its config; verify checks a network map against the root.",
     )
     add_network_arguments(network)
+    schedule = commands.add_parser(
+        "schedule", help="start flows on a schedule: add, list, pause, resume, remove"
+    )
+    add_schedule_arguments(schedule)
     analyze = commands.add_parser("analyze", help="Spark analytics of node databases (report)")
     add_analyze_arguments(analyze)
     args = parser.parse_args(argv)
@@ -97,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_analyze(args)
     if args.command == "network":
         return run_network_command(args)
+    if args.command == "schedule":
+        from flows.schedule_cli import run_schedule_command
+
+        return run_schedule_command(args)
     if args.command == "peer-account":
         from flows.peer_setup import run_peer_account
 

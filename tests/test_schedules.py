@@ -7,11 +7,14 @@ rest runs on the test network's nodes, on SQLite and PostgreSQL, with the mock c
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from flows import FlowLogic, Party
+from flows.cli import main
 from flows.client import NodeClient
 from flows.schedules import (
     GRACE_SECONDS,
@@ -182,3 +185,32 @@ def test_a_schedule_that_cannot_be_made_says_why(
 def test_only_flows_startable_by_rpc_can_be_scheduled(client: NodeClient) -> None:
     with pytest.raises(ScheduleError, match="not marked @startable_by_rpc"):
         client.schedule_flow(NotStartable(), every=60)
+
+
+def test_the_schedule_command_adds_lists_pauses_and_removes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "alice.toml"
+    config.write_text(
+        f'name = "{ALICE}"\ndatabase_url = "sqlite:///alice.db"\n'
+        'transport_url = "sqlite:///queue.db"\n'
+    )
+    add = ["schedule", "add", "--config", str(config), "--flow", "samples.pingpong.PingFlow"]
+    bob = json.dumps([{"party": BOB}])
+    assert main([*add, "--args", bob, "--every", "60", "--id", "ping-bob"]) == 0
+    assert "schedule ping-bob: PingFlow every 60 s, next " in capsys.readouterr().out
+    assert main([*add, "--args", bob, "--cron", "0 6 * * *", "--missed", "catch-up"]) == 0
+    assert main(["schedule", "pause", "ping-bob", "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["schedule", "list", "--config", str(config)]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split() == ["SCHEDULE", "FLOW", "WHEN", "NEXT", "STATE", "FIRED", "MISSED"]
+    assert "paused" in listed[2] and listed[2].startswith("ping-bob")
+    assert "cron '0 6 * * *' (UTC)" in listed[1] and "catch-up" in listed[1]
+    assert main(["schedule", "remove", "ping-bob", "--config", str(config)]) == 0
+    assert main(["schedule", "remove", "ping-bob", "--config", str(config)]) == 2
+    assert "no schedule named 'ping-bob'" in capsys.readouterr().err
+    assert main([*add, "--every", "60"]) == 2  # PingFlow needs its recipient
+    assert "PingFlow cannot be made with those arguments" in capsys.readouterr().err
+    assert main([*add, "--args", bob, "--at", "2030-01-01T06:00:00"]) == 2
+    assert "needs a timezone" in capsys.readouterr().err
