@@ -9,10 +9,10 @@ id is derived from the schedule and the slot (:func:`slot_request_id`). The requ
 started like any client's request: exactly once. A crash between the two parts is
 impossible (one transaction), and firing the same slot twice makes the same request id.
 
-A node that was down when slots were due (or a slot seen more than :data:`GRACE_SECONDS`
-after its time) follows the schedule's ``missed`` policy: ``skip`` starts nothing for missed
-slots, ``catch-up`` starts one flow for all of them (the latest). Either way the schedule then
-goes on from its next slot after now.
+When several slots of a schedule are due at once (the node was down, or the schedule was
+paused), the earlier ones are missed and at most one flow starts, for the latest: with the
+``skip`` policy only if that slot is at most :data:`GRACE_SECONDS` late, with ``catch-up``
+however late. Either way the schedule goes on from its first slot after now.
 """
 
 from __future__ import annotations
