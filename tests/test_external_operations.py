@@ -21,7 +21,7 @@ from flows.external import OperationContext
 from flows.node import FlowHospitalizedError
 from flows.operator import list_flows
 from flows.runtime_config import RuntimeConfig
-from flows.testing import MockNetwork
+from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 from samples.quotes import QuoteFlow
 from samples.quotes.service import QuoteService
@@ -383,3 +383,42 @@ def test_flow_list_shows_the_operation_a_flow_waits_for(network: MockNetwork) ->
     (shown,) = [f for f in list_flows(config) if f["flow_id"] == handle.flow_id]
     assert shown["status"] == "SUSPENDED"
     assert shown["waiting_on"] == "operation blocks (attempt 1)"
+
+
+def test_a_crash_at_every_boundary_runs_each_operation_at_least_once_and_the_flow_once(
+    tmp_path: Path,
+) -> None:
+    def run(crash: tuple[str, int] | None) -> tuple[MockNode, str, Counter[str]]:
+        CALLS.clear()
+        net = MockNetwork(cordapps=CORDAPPS, directory=tmp_path / f"run-{len(crashes)}")
+        networks.append(net)
+        alice = net.create_node(ALICE)
+        handle = alice.start_flow(LookupFlow())
+        alice.boundary_counts.clear()  # count from here, as crash_at does
+        if crash is not None:
+            alice.crash_at(*crash)
+        net.run_network()
+        assert handle.result()[0] == {"key": f"{handle.flow_id}:op:0", "label": "lookup"}
+        assert alice.node.database.count("node_flow_results") == 1
+        return alice, handle.flow_id, Counter(CALLS)
+
+    networks: list[MockNetwork] = []
+    crashes: list[tuple[str, int]] = []
+    try:
+        clean, _, calls = run(None)
+        assert sorted(calls.values()) == [1, 1]
+        points = [
+            (point, nth)
+            for point, count in clean.boundary_counts.items()
+            for nth in range(1, count + 1)
+        ]
+        assert len(points) >= 10
+        for point in points:
+            crashes.append(point)
+            alice, flow_id, calls = run(point)
+            assert alice.crashes == 1, point
+            for ordinal in (0, 1):  # at least once, and at most once more after one crash
+                assert calls[f"{flow_id}:op:{ordinal}"] in (1, 2), (point, calls)
+    finally:
+        for net in networks:
+            net.stop_nodes()
