@@ -35,6 +35,7 @@ from flows.markings import is_startable_by_rpc
 from persistence.node_store import FlowRequest
 from persistence.schedule_store import ScheduleRow, SqlSchedules
 from persistence.serialization import PAYLOADS, Serializer, qualified_name
+from statemachine.limits import SCHEDULE_ID_CHARS, SCHEDULE_SPEC_CHARS
 
 KINDS = ("once", "every", "cron")
 """How a schedule repeats."""
@@ -42,7 +43,7 @@ MISSED_POLICIES = ("skip", "catch-up")
 """What a schedule does with the slots a node missed."""
 GRACE_SECONDS = 60.0
 """A slot fired at most this late counts as on time; later, it was missed."""
-_SCHEDULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+_SCHEDULE_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{SCHEDULE_ID_CHARS - 1}}}$")
 
 
 class ScheduleError(ValueError):
@@ -179,6 +180,8 @@ def make_schedule(
         first = begin if start is not None else created + float(every)
     else:
         assert cron is not None
+        if len(str(cron)) > SCHEDULE_SPEC_CHARS:
+            raise ScheduleError(f"a cron expression has at most {SCHEDULE_SPEC_CHARS} characters")
         if not isinstance(cron, str) or not croniter.is_valid(cron) or len(cron.split()) != 5:
             raise ScheduleError(
                 f"cron {cron!r} is not a cron expression of five fields (minute hour "
@@ -191,8 +194,8 @@ def make_schedule(
     name = schedule_id or f"{cls.__name__}-{int(created * 1000)}"
     if not _SCHEDULE_ID.match(name):
         raise ScheduleError(
-            f"schedule id {name!r}: 1 to 64 letters, digits and . _ : -, starting with a letter "
-            "or digit"
+            f"schedule id {name!r}: 1 to {SCHEDULE_ID_CHARS} letters, digits and . _ : -, "
+            "starting with a letter or digit"
         )
     return ScheduleRow(
         schedule_id=name,

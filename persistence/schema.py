@@ -30,6 +30,8 @@ from statemachine.limits import (
     MESSAGE_ID_CHARS,
     PARTY_NAME_CHARS,
     PROGRESS_STEP_CHARS,
+    SCHEDULE_ID_CHARS,
+    SCHEDULE_SPEC_CHARS,
     SESSION_ID_CHARS,
 )
 
@@ -155,11 +157,11 @@ node_paused_flows = Table(
 node_schedules = Table(
     "node_schedules",
     metadata,
-    Column("schedule_id", String(64), primary_key=True),
+    Column("schedule_id", String(SCHEDULE_ID_CHARS), primary_key=True),
     Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("arguments", LargeBinary, nullable=False),
     Column("kind", String(10), nullable=False),
-    Column("spec", String(200), nullable=False),
+    Column("spec", String(SCHEDULE_SPEC_CHARS), nullable=False),
     Column("missed", String(10), nullable=False),
     Column("next_slot", BigInteger, nullable=True, index=True),
     Column("paused", Boolean, nullable=False),

@@ -116,3 +116,9 @@ def text_problem(name: str, value: object, limit: int, *, may_be_empty: bool = F
     if "\x00" in value:
         return f"field {name} contains a NUL character"
     return None
+
+
+SCHEDULE_ID_CHARS = 64
+"""A schedule's name (``node_schedules.schedule_id``), checked where a schedule is made."""
+SCHEDULE_SPEC_CHARS = 200
+"""A schedule's time, interval or cron expression as stored (``node_schedules.spec``)."""

@@ -76,6 +76,7 @@ INBOUND_COLUMNS = {
     ("node_dead_letters", "sender"): limits.PARTY_NAME_CHARS,
     ("node_flow_requests", "request_id"): limits.FLOW_ID_CHARS,
     ("node_flow_requests", "flow_class"): limits.FLOW_CLASS_CHARS,
+    ("node_schedules", "flow_class"): limits.FLOW_CLASS_CHARS,
     ("node_operator_requests", "flow_id"): limits.FLOW_ID_CHARS,
     ("node_paused_flows", "flow_id"): limits.FLOW_ID_CHARS,
     ("node_running_flows", "flow_id"): limits.FLOW_ID_CHARS,
@@ -94,6 +95,8 @@ LOCAL_COLUMNS = {
     ("node_operator_requests", "request_id"),
     ("node_operator_requests", "action"),
     ("node_settings", "name"),
+    ("node_schedules", "kind"),  # fixed vocabularies, checked where a schedule is made
+    ("node_schedules", "missed"),
     ("ff_queue_messages", "lease_owner"),
     ("node_workers", "worker_id"),  # the node lease: the node's own process facts
     ("node_workers", "host"),
@@ -102,8 +105,13 @@ LOCAL_COLUMNS = {
 }
 """Bounded text columns only the node itself writes (fixed vocabularies, its own uuids)."""
 
-LOCAL_LIMITED_COLUMNS = {("node_checkpoints", "progress_step"): limits.PROGRESS_STEP_CHARS}
-"""Columns the node's own flows write, bounded by a limit checked where they are set."""
+LOCAL_LIMITED_COLUMNS = {
+    ("node_checkpoints", "progress_step"): limits.PROGRESS_STEP_CHARS,
+    ("node_schedules", "schedule_id"): limits.SCHEDULE_ID_CHARS,
+    ("node_schedules", "spec"): limits.SCHEDULE_SPEC_CHARS,
+}
+"""Columns the node's own flows (or its operators' commands) write, bounded by a limit checked
+where they are set."""
 
 
 def bounded_columns() -> dict[tuple[str, str], int]:

@@ -214,3 +214,8 @@ def test_the_schedule_command_adds_lists_pauses_and_removes(
     assert "PingFlow cannot be made with those arguments" in capsys.readouterr().err
     assert main([*add, "--args", bob, "--at", "2030-01-01T06:00:00"]) == 2
     assert "needs a timezone" in capsys.readouterr().err
+
+
+def test_a_cron_expression_longer_than_its_column_is_refused(client: NodeClient) -> None:
+    with pytest.raises(ScheduleError, match="at most 200 characters"):
+        client.schedule_flow(PingFlow(Party(BOB)), cron="0 " + "1," * 120 + "1 * * *")
