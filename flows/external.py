@@ -93,8 +93,11 @@ class ExternalOperations:
         self._max_result_bytes = max_result_bytes
         self.wake = wake
         """Called (from any thread) whenever an attempt ends."""
-        self._registered: dict[tuple[str, int], _Registered] = {}
-        self._running: dict[tuple[str, int], tuple[int, concurrent.futures.Future[Any]]] = {}
+        self._registered: dict[str, dict[int, _Registered]] = {}
+        """By flow, by ordinal: a flow's end drops its own entries, whatever else is held."""
+        self._running: dict[str, dict[int, tuple[int, concurrent.futures.Future[Any]]]] = {}
+        """By flow, by ordinal: the attempt running and its future."""
+        self._in_flight = 0
         self._ended: list[EndedAttempt] = []
         self._changed = threading.Condition()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -113,7 +116,7 @@ class ExternalOperations:
         policy: RetryPolicy,
     ) -> None:
         """Keep the flow's ``ordinal``-th operation until the flow is gone from the node."""
-        self._registered[(flow_id, ordinal)] = _Registered(operation, label, policy)
+        self._registered.setdefault(flow_id, {})[ordinal] = _Registered(operation, label, policy)
 
     # --- OperationRunner --------------------------------------------------------------------
 
@@ -127,13 +130,14 @@ class ExternalOperations:
 
         A thread already running an attempt finishes it, but its end is dropped.
         """
+        self._registered.pop(flow_id, None)
+        if flow_id not in self._running:
+            return
         with self._changed:
-            keys = [key for key in self._running if key[0] == flow_id]
-            running = [self._running.pop(key)[1] for key in keys]
-        for future in running:
+            running = self._running.pop(flow_id, {})
+            self._in_flight -= len(running)
+        for _, future in running.values():
             future.cancel()
-        for key in [key for key in self._registered if key[0] == flow_id]:
-            del self._registered[key]
 
     def take_ended(self) -> list[EndedAttempt]:
         """The attempts that ended since the last call."""
@@ -146,12 +150,12 @@ class ExternalOperations:
     def in_flight(self) -> int:
         """Attempts started and not yet ended (nor abandoned)."""
         with self._changed:
-            return len(self._running)
+            return self._in_flight
 
     def busy(self) -> bool:
         """True while an attempt runs or an ended one waits to be taken."""
         with self._changed:
-            return bool(self._running or self._ended)
+            return bool(self._in_flight or self._ended)
 
     def wait_for_end(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until an ended attempt is waiting to be taken."""
@@ -176,8 +180,7 @@ class ExternalOperations:
     # --- running ----------------------------------------------------------------------------
 
     def _start(self, action: StartOperation) -> None:
-        key = (action.flow_id, action.ordinal)
-        registered = self._registered.get(key)
+        registered = self._registered.get(action.flow_id, {}).get(action.ordinal)
         if registered is None:
             message = (
                 f"external operation #{action.ordinal} of flow {action.flow_id} is not known to "
@@ -196,8 +199,10 @@ class ExternalOperations:
         else:
             future = self._thread_pool().submit(registered.operation, context)
         with self._changed:
-            previous = self._running.get(key)
-            self._running[key] = (action.attempt, future)
+            attempts = self._running.setdefault(action.flow_id, {})
+            previous = attempts.get(action.ordinal)
+            attempts[action.ordinal] = (action.attempt, future)
+            self._in_flight += previous is None
         if previous is not None:
             previous[1].cancel()
         future.add_done_callback(lambda done: self._done(action, registered, done))
@@ -208,12 +213,15 @@ class ExternalOperations:
         registered: _Registered,
         future: concurrent.futures.Future[Any],
     ) -> None:
-        key = (action.flow_id, action.ordinal)
         with self._changed:
-            current = self._running.get(key)
+            attempts = self._running.get(action.flow_id, {})
+            current = attempts.get(action.ordinal)
             if current is None or current[1] is not future:
                 return  # abandoned, or a later attempt replaced it
-            del self._running[key]
+            del attempts[action.ordinal]
+            if not attempts:
+                del self._running[action.flow_id]
+            self._in_flight -= 1
         if future.cancelled():
             return
         error = future.exception()
