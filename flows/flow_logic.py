@@ -15,17 +15,18 @@ import math
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar, cast
 
 import attrs
 
-from flows.errors import FlowException
+from flows.errors import FlowArgumentError, FlowException
 from flows.markings import InitiatingInfo, initiating_info
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
 from persistence.serialization import SerializationError, Serializer
 from statemachine.iorequests import (
     CloseSessions,
+    ContinueAsNew,
     InitiateSession,
     IORequest,
     Plain,
@@ -195,6 +196,21 @@ class FlowLogic(Generic[T]):
     def sleep(self, seconds: float) -> None:
         """Suspend for ``seconds``. The wake-up time is checkpointed: it survives restarts."""
         self._runtime().suspend(Sleep(float(seconds)))
+
+    def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """End this run of ``call()`` and run the flow again, as new, built with these arguments.
+
+        For flows that loop for ever: the journal starts empty, so the checkpoint stays small
+        and a restart (or a wake-up after hibernation) replays only the current run. The flow
+        keeps its id (its handle waits on); sessions it still talks on are ended as if it had
+        finished; ``call()`` runs on a new instance, ``type(self)(*args, **kwargs)``, in the
+        same commit. Only a flow started on its node can (a responder gets
+        ``FlowDefinitionError``). Never returns.
+        """
+        runtime = self._runtime()
+        arguments = encode_arguments(type(self)(*args, **kwargs), runtime.payloads)
+        runtime.suspend(ContinueAsNew(arguments))
+        raise AssertionError("a flow that continued as new is never resumed")
 
     def receive_all(
         self,
@@ -401,3 +417,28 @@ class FlowSession:
 
     def __repr__(self) -> str:
         return f"FlowSession({self.session_id} with {self._counterparty})"
+
+
+def encode_arguments(flow: FlowLogic[Any], payloads: Serializer) -> bytes:
+    """Serialize a flow's constructor arguments, naming the first one that cannot be.
+
+    ``payloads`` is the serializer of the node that will run the flow (a client that only
+    records the request uses the default limits).
+    """
+    args, kwargs = flow._ff_args
+    try:
+        return payloads.encode((list(args), kwargs))
+    except SerializationError as whole:
+        # Name the argument at fault: encode them one by one (only when something failed).
+        named: list[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
+        named += [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        for label, value in named:
+            try:
+                payloads.encode(value)
+            except SerializationError as error:
+                raise FlowArgumentError(
+                    f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
+                ) from None
+        raise FlowArgumentError(
+            f"{type(flow).__qualname__}: its arguments cannot be checkpointed: {whole}"
+        ) from None

@@ -18,15 +18,14 @@ start), naming the first argument that cannot be checkpointed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from flows.cordapps import Cordapps
-from flows.errors import FlowArgumentError
 from flows.flow_logic import FlowLogic
+from flows.flow_logic import encode_arguments as encode_flow_arguments
 from flows.party import Party
 from persistence.node_store import ControlPlane, FlowRequest
-from persistence.serialization import PAYLOADS, SerializationError, Serializer
+from persistence.serialization import PAYLOADS, Serializer
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_end import FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
@@ -75,7 +74,7 @@ class FlowRequestIntake:
         refused: list[StoreFlowError] = []
         for found in pending:
             request = found.request
-            if found.already_a_flow or self._manager.flow_state(request.request_id):
+            if found.already_a_flow or self._manager.holds(request.request_id):
                 continue
             reason = self._refusal(request)
             if reason is not None:
@@ -140,25 +139,5 @@ class FlowRequestIntake:
 
 
 def encode_arguments(flow: FlowLogic[Any], payloads: Serializer = PAYLOADS) -> bytes:
-    """Serialize a flow's constructor arguments, naming the first one that cannot be.
-
-    ``payloads`` is the serializer of the node that will run the flow (a client that only
-    records the request uses the default limits).
-    """
-    args, kwargs = flow._ff_args
-    try:
-        return payloads.encode((list(args), kwargs))
-    except SerializationError as whole:
-        # Name the argument at fault: encode them one by one (only when something failed).
-        named: Sequence[tuple[str, Any]] = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
-        named = list(named) + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-        for label, value in named:
-            try:
-                payloads.encode(value)
-            except SerializationError as error:
-                raise FlowArgumentError(
-                    f"{type(flow).__qualname__}: {label} cannot be checkpointed: {error}"
-                ) from None
-        raise FlowArgumentError(
-            f"{type(flow).__qualname__}: its arguments cannot be checkpointed: {whole}"
-        ) from None
+    """Serialize a flow's constructor arguments (see :func:`flows.flow_logic.encode_arguments`)."""
+    return encode_flow_arguments(flow, payloads)

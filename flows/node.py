@@ -14,6 +14,7 @@ can share a process.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -21,6 +22,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
+
+import attrs
 
 from flows.busy import BusyMonitor
 from flows.cordapps import Cordapps
@@ -40,6 +43,7 @@ from flows.identity import NodeIdentity, PeerKeys
 from flows.node_config import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.operations import OperatorCommands
 from flows.party import Party
+from flows.resident_memory import resident_bytes
 from flows.schedules import FlowScheduler
 from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.background_relay import BackgroundOutboxRelay
@@ -59,7 +63,8 @@ from persistence.serialization import (
 from persistence.store import NodeDatabase
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.manager import StateMachineManager
+from statemachine.hibernation import HibernationPolicy
+from statemachine.manager import FlowCounts, StateMachineManager
 from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 
@@ -70,7 +75,6 @@ RelayFactory = Callable[[OutboxStore, MessageAuthenticator], Relay]
 
 log = logging.getLogger("fiberflow.node")
 
-INCOMPATIBLE_CHECKPOINT = "flows.errors.IncompatibleCheckpointError"
 """The error class recorded for a flow whose checkpoint the installed code cannot resume."""
 
 
@@ -254,6 +258,14 @@ class Node:
             effects=self.effects,
             failures=hospital,
             operations=self.operations,
+            hibernation=HibernationPolicy(
+                idle_seconds=config.hibernate_after,
+                memory_budget_bytes=(
+                    None if config.memory_budget_mb is None else config.memory_budget_mb << 20
+                ),
+                resident_bytes=resident_bytes,
+            ),
+            compatibility=self.cordapps.compatibility_problem,
         )
         self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
         self.flow_requests = FlowRequestIntake(
@@ -285,10 +297,10 @@ class Node:
         """Fires the due slots of the node's schedules (None on the non-durable store)."""
         messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
-        self.incompatible_flows: dict[str, str] = {}
-        """Flows found at start that the installed CorDapps cannot resume, with why."""
+        """How many checkpoints the node found at start (restored lazily)."""
         self.resent_messages = 0
         self._stopped = False
+        self._published_counts: FlowCounts | None = None
 
     def _check_running(self) -> None:
         if self._stopped:
@@ -323,10 +335,9 @@ class Node:
                 self._lease.acquire()
         self.database.lease = self._lease
         self.restored_flows = self.manager.restore()
-        self.incompatible_flows = self._check_compatibility()
         control = self.database.control
         for flow_id in control.paused_flows():
-            if self.manager.flow_state(flow_id) is not None:
+            if self.manager.holds(flow_id):
                 self.manager.pause_flow(flow_id)
         if control.setting("draining") is not None:
             self.manager.draining = True
@@ -339,27 +350,14 @@ class Node:
             )
         self.messaging.start()
 
-    def _check_compatibility(self) -> dict[str, str]:
-        """Hospitalize restored flows the installed CorDapps cannot resume; report them."""
-        found: dict[str, str] = {}
-        for state in self.manager.live_flows():
-            if state.status is FlowStatus.HOSPITALIZED:
-                continue
-            problem = self.cordapps.compatibility_problem(state.checkpoint)
-            if problem is None:
-                continue
-            found[state.flow_id] = problem
-            error = FlowError(ErrorKind.INTERNAL, INCOMPATIBLE_CHECKPOINT, problem)
-            self.manager.hospitalize(state.flow_id, error)  # its row says so too
-        if found:
-            log.error(
-                "%s: %d checkpoint(s) cannot be resumed by the installed CorDapps and are kept "
-                "in the hospital: %s",
-                self.party,
-                len(found),
-                "; ".join(f"{flow_id}: {problem}" for flow_id, problem in found.items()),
-            )
-        return found
+    @property
+    def incompatible_flows(self) -> dict[str, str]:
+        """Restored flows the installed CorDapps cannot resume, with why (kept in the hospital).
+
+        Flows are restored lazily (see :mod:`statemachine.manager`): a flow is checked when
+        it is restored, not all at start.
+        """
+        return self.manager.incompatible
 
     def stop(self) -> None:
         """Stop receiving and relaying, release a lease of its own, close the database.
@@ -480,7 +478,7 @@ class Node:
             "draining", "true" if draining else None, self.clock.now()
         )
         self.manager.draining = draining
-        left = len(self.manager.live_flows())
+        left = self.manager.flow_counts().live
         log.info(
             "%s: %s; %d flow(s) left",
             self.party,
@@ -489,13 +487,24 @@ class Node:
         )
         return left
 
+    def publish_flow_counts(self) -> None:
+        """Store how many flows are in memory, hibernated and restoring, for ``flow list``.
+
+        In the node-wide setting :data:`FLOW_COUNTS_SETTING` (JSON, with when it was taken).
+        """
+        counts = self.manager.flow_counts()
+        document = {**attrs.asdict(counts), "at": self.clock.now()}
+        self.database.control.set_setting(
+            FLOW_COUNTS_SETTING, json.dumps(document), self.clock.now()
+        )
+
     def process_operator_requests(self) -> int:
         """Carry out the operator commands queued in the database; returns how many."""
         return self.operator_commands.process()
 
     def keep_in_hospital(self, flow_id: str, reason: str) -> None:
         """Keep a live flow for observation (it does not run until retried or killed)."""
-        if self.manager.flow_state(flow_id) is None:
+        if not self.manager.holds(flow_id):
             return
         error = FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason)
         self.manager.hospitalize(flow_id, error)  # its row says so too (logged there)
@@ -532,6 +541,8 @@ class Node:
         state = self.manager.flow_state(flow_id)
         if state is not None:
             return state.status
+        if self.manager.is_dormant(flow_id):
+            return self._dormant_status(flow_id)
         stored = self.database.checkpoints.stored_outcome(flow_id)
         if stored is not None:
             return FlowStatus.COMPLETED if stored.error is None else FlowStatus.FAILED
@@ -541,6 +552,11 @@ class Node:
         """The result of a finished flow (raises its error, or FlowStillRunningError)."""
         self._check_running()
         state = self.manager.flow_state(flow_id)
+        if state is None and self.manager.is_dormant(flow_id):
+            raise FlowStillRunningError(
+                f"flow {flow_id} has not finished (status "
+                f"{self._dormant_status(flow_id).value}, hibernated); run the network until it does"
+            )
         if state is not None:
             if state.status is FlowStatus.HOSPITALIZED:
                 reason = state.checkpoint.error.message if state.checkpoint.error else "unknown"
@@ -556,6 +572,12 @@ class Node:
             raise exception_from_error(stored.error)
         assert stored.result is not None
         return self.payloads.decode(stored.result)
+
+    def _dormant_status(self, flow_id: str) -> FlowStatus:
+        """A dormant flow's status, as its row shows it (it is not in memory)."""
+        for summary in self.database.checkpoints.checkpoint_summaries([flow_id]):
+            return FlowStatus(summary.status)
+        return FlowStatus.SUSPENDED
 
     def checkpoints(self) -> list[tuple[str, str, str]]:
         """(flow id, flow class, status) of every flow with a stored checkpoint."""
@@ -580,6 +602,10 @@ class Node:
     def next_deadline(self) -> float | None:
         """The earliest timer a flow waits for, or None."""
         return self.manager.next_deadline()
+
+
+FLOW_COUNTS_SETTING = "flow_counts"
+"""The node-wide setting a node process keeps its flow counts in (every report)."""
 
 
 def new_flow_ids(count: int) -> list[str]:

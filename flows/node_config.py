@@ -12,6 +12,9 @@ from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 DEFAULT_RECEIVE_TIMEOUT = 3600.0
 """A receive waits at most an hour unless the flow or the node config says otherwise."""
 
+DEFAULT_HIBERNATE_AFTER = 60.0
+"""A node process's flows give up their memory after waiting this long (seconds)."""
+
 
 @attrs.frozen
 class NodeConfig:
@@ -31,6 +34,13 @@ class NodeConfig:
     """What payloads and session messages may be (size, depth, lengths), both ways."""
     operation_threads: int = 16
     """Threads running flows' external operations at once (``FlowLogic.call_external``)."""
+    hibernate_after: float | None = DEFAULT_HIBERNATE_AFTER
+    """Seconds a flow waits (on a receive or a sleep) before it gives up its memory and
+    keeps only its id; a message, its timer or an operator wakes it (None: never; 0: as soon
+    as it suspends). See :mod:`statemachine.hibernation`."""
+    memory_budget_mb: int | None = None
+    """While the process's resident memory is above this many MiB, every waiting flow
+    hibernates, however briefly it has waited (None: no budget)."""
 
     def __attrs_post_init__(self) -> None:
         if (
@@ -42,6 +52,15 @@ class NodeConfig:
                 f"node {self.name}: operation_threads must be a whole number of at least 1, "
                 f"not {self.operation_threads!r}"
             )
+        for name in ("hibernate_after", "memory_budget_mb"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+            ):
+                raise ValueError(
+                    f"node {self.name}: {name} must be a number of at least 0 or None, "
+                    f"not {value!r}"
+                )
         if not self.lease_seconds > 0:
             raise ValueError(
                 f"node {self.name}: lease_seconds must be positive, not {self.lease_seconds!r}"

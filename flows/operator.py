@@ -19,6 +19,7 @@ import attrs
 from sqlalchemy import select
 
 from flows.identity import KeyFileError, load_or_create_identity
+from flows.node import FLOW_COUNTS_SETTING
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
@@ -107,8 +108,46 @@ def print_flow_list(config: RuntimeConfig) -> int:
     hospitalized = [f for f in flows if f["status"] == "HOSPITALIZED"]
     for flow in hospitalized:
         print(f"{flow['flow_id']} is in the hospital: {flow['error']}")
-    print(f"{len(flows)} flow(s) with a checkpoint on {config.name}")
+    print(f"{len(flows)} flow(s) with a checkpoint on {config.name}{_by_kind(flows)}")
+    counts = _published_counts(config)
+    if counts is not None:
+        print(counts)
     return 0
+
+
+def _by_kind(flows: list[dict[str, Any]]) -> str:
+    """How many flows wait on what (and the others' statuses), for the list's last line."""
+    kinds: dict[str, int] = {}
+    for flow in flows:
+        kind = str(flow["status"]).lower()
+        if flow["status"] == "SUSPENDED":
+            kind = "waiting on " + _WAITS.get(str(flow["waiting_on"]).split(" ", 1)[0], "?")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return ""
+    return ": " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+
+
+_WAITS = {"receive": "a receive", "sleep": "a sleep", "operation": "an operation"}
+
+
+def _published_counts(config: RuntimeConfig) -> str | None:
+    """What the running node last said of its flows in memory and hibernated, or None."""
+    database = _database(config)
+    try:
+        text = database.control.setting(FLOW_COUNTS_SETTING)
+    finally:
+        database.close()
+    if text is None:
+        return None
+    counts = json.loads(text)
+    waiting = ", ".join(f"{n} on {k}" for k, n in sorted(counts["waiting_in_memory"].items()))
+    return (
+        f"the node reported ({_age(int(counts['at'] * 1000))} ago): "
+        f"{counts['in_memory'] + counts['dormant']} live, {counts['in_memory']} in memory"
+        f"{f' (waiting: {waiting})' if waiting else ''}, {counts['dormant']} hibernated or not "
+        f"restored since its start, {counts['restoring']} being restored"
+    )
 
 
 def request_operation(

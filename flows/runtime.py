@@ -421,6 +421,7 @@ class NodeProcess:
 
     def _serve(self) -> None:
         self._next_poll = 0.0
+        self._next_counts = 0.0
         next_status = 0.0
         next_report = time.monotonic() + REPORT_SECONDS
         while not self._stop.is_set():
@@ -469,6 +470,9 @@ class NodeProcess:
             if started:
                 log.info("%s: started %d requested flow(s)", self.config.name, started)
                 worked = True
+            if now >= self._next_counts:  # a fenced write, at most once a second, on change
+                node.publish_flow_counts()
+                self._next_counts = now + STATUS_SECONDS
             self._next_poll = now + REQUEST_POLL_SECONDS
         return worked
 
@@ -482,11 +486,16 @@ class NodeProcess:
     def statistics(self, node: Node) -> dict[str, Any]:
         """The node's counters as a JSON-able dict."""
         stats = attrs.asdict(node.manager.statistics)
+        counts = node.manager.flow_counts()
         stats.update(
             name=self.config.name,
             pid=os.getpid(),
             started_at=self._started_at,
-            live_flows=len(node.manager.live_flows()),
+            live_flows=counts.live,
+            flows_in_memory=counts.in_memory,
+            flows_dormant=counts.dormant,
+            flows_restoring=counts.restoring,
+            waiting_in_memory=counts.waiting_in_memory,
             checkpoints_written=node.database.checkpoints.checkpoints_written,
             messages_sent=node.relay.handed_off,
             relay_waiting=node.relay.waiting(),
@@ -502,10 +511,11 @@ class NodeProcess:
         if node.draining:
             log.info("%s: draining, %d flow(s) left", self.config.name, stats["live_flows"])
         log.info(
-            "%s: %d live flows, %d completed, %d failed; %d messages in, %d out; "
-            "%d checkpoints written",
+            "%s: %d live flows (%d hibernated or not restored yet), %d completed, %d failed; "
+            "%d messages in, %d out; %d checkpoints written",
             self.config.name,
             stats["live_flows"],
+            stats["flows_dormant"],
             stats["flows_completed"],
             stats["flows_failed"],
             stats["messages_received"],

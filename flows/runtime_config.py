@@ -15,6 +15,10 @@
     key_file = "alice.key.pem"               # optional: the node's Ed25519 key pair
     receive_timeout = 3600                   # optional: seconds, or "forever"
     operation_threads = 16                   # optional: threads for external operations
+    hibernate_after = 60                     # optional: seconds a waiting flow keeps its
+                                             # memory ("never": always; 0: not at all)
+    memory_budget_mb = 1024                  # optional: above this resident memory, every
+                                             # waiting flow hibernates at once
     limits = { max_bytes = 16777216, max_depth = 64 }   # optional: payload/message limits
     lease_seconds = 20                       # optional: the node lease's length
     database_wait_seconds = 60               # optional: wait this long for the database
@@ -59,6 +63,7 @@ import attrs
 from flows.cordapps import CordappError, Cordapps
 from flows.network_map import NodeInfo, NodeInfoSigner, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
+from flows.node_config import DEFAULT_HIBERNATE_AFTER
 from flows.party import Party
 from messaging.codec import wire_limits_problem
 from messaging.peer_senders import Credentials, public_address
@@ -80,6 +85,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "key_file": str,
     "receive_timeout": (int, float, str),
     "operation_threads": int,
+    "hibernate_after": (int, float, str),
+    "memory_budget_mb": int,
     "limits": dict,
     "lease_seconds": (int, float),
     "database_wait_seconds": (int, float),
@@ -129,6 +136,10 @@ class RuntimeConfig:
     """What payloads and session messages may be (size, depth, lengths), both ways."""
     operation_threads: int = 16
     """Threads running flows' external operations at once."""
+    hibernate_after: float | None = DEFAULT_HIBERNATE_AFTER
+    """Seconds a waiting flow keeps its memory before it hibernates (None: for ever)."""
+    memory_budget_mb: int | None = None
+    """Above this resident memory (MiB), every waiting flow hibernates at once."""
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     """How long the node lease lasts without renewal (renewed every third of it)."""
     database_wait_seconds: float = DEFAULT_DATABASE_WAIT_SECONDS
@@ -190,6 +201,8 @@ class RuntimeConfig:
             lease_seconds=self.lease_seconds,
             limits=self.limits,
             operation_threads=self.operation_threads,
+            hibernate_after=self.hibernate_after,
+            memory_budget_mb=self.memory_budget_mb,
         )
 
 
@@ -268,6 +281,20 @@ def config_from_mapping(
     operation_threads = document.get("operation_threads", 16)
     if isinstance(operation_threads, bool) or operation_threads < 1:
         raise fail("operation_threads", "must be a whole number of at least 1")
+    hibernate_after: float | None = DEFAULT_HIBERNATE_AFTER
+    if "hibernate_after" in document:
+        value = document["hibernate_after"]
+        if value == "never":
+            hibernate_after = None
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            hibernate_after = float(value)
+        else:
+            raise fail("hibernate_after", 'must be zero or positive seconds, or "never"')
+    memory_budget_mb = document.get("memory_budget_mb")
+    if memory_budget_mb is not None and (
+        isinstance(memory_budget_mb, bool) or memory_budget_mb < 1
+    ):
+        raise fail("memory_budget_mb", "must be a whole number of MiB, at least 1")
     limits = DEFAULT_LIMITS
     if "limits" in document:
         known = {f.name for f in attrs.fields(SerializationLimits)}
@@ -331,6 +358,8 @@ def config_from_mapping(
         key_file=key_file,
         receive_timeout=receive_timeout,
         operation_threads=operation_threads,
+        hibernate_after=hibernate_after,
+        memory_budget_mb=memory_budget_mb,
         limits=limits,
         lease_seconds=float(lease_seconds),
         database_wait_seconds=float(database_wait),

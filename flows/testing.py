@@ -263,6 +263,7 @@ class MockNetwork:
         receive_timeout: float | None = DEFAULT_RECEIVE_TIMEOUT,
         hospital: bool = False,
         operation_threads: int = 16,
+        hibernate_after: float | None = None,
     ) -> None:
         if database not in ("sqlite", "memory") and not database.startswith("postgres"):
             raise ValueError(
@@ -272,6 +273,9 @@ class MockNetwork:
         self.database = database
         self.receive_timeout = receive_timeout
         self.operation_threads = operation_threads
+        self.hibernate_after = hibernate_after
+        """Each node's ``NodeConfig.hibernate_after``: None (the default here) keeps every
+        waiting flow in memory; 0 hibernates each as soon as its round commits."""
         """Each node's threads for external operations (``NodeConfig.operation_threads``)."""
         self.hospital = hospital
         """With True each node has a flow hospital, as a node process does: failures pinned
@@ -324,6 +328,7 @@ class MockNetwork:
             receive_timeout=self.receive_timeout,
             limits=limits,
             operation_threads=self.operation_threads,
+            hibernate_after=self.hibernate_after,
         )
         node = MockNode(self, config)
         self.nodes.append(node)

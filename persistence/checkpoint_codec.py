@@ -185,7 +185,7 @@ def _before_journal(c: Checkpoint) -> list[Any]:
     return [
         CHECKPOINT_FORMAT,
         c.flow_id,
-        [0, origin.flow_class, origin.arguments]
+        [0, origin.flow_class, origin.arguments, *([origin.generation] * bool(origin.generation))]
         if isinstance(origin, StartedLocally)
         else [
             1,

@@ -21,11 +21,11 @@ from persistence.fencing import FencedEngine
 from persistence.node_store import CheckpointSummary, StoredOutcome
 from persistence.outbox import WaitingDeletes
 from persistence.schema import millis
-from persistence.sql_transaction import SqlTransaction
+from persistence.sql_transaction import WAITING_ROWS, SqlTransaction
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS
 from statemachine.ports import InboundMessage
-from statemachine.state import Checkpoint, FlowStatus, StoredFlow
+from statemachine.state import Checkpoint, FlowStatus, IndexEntry, StoredFlow
 
 log = logging.getLogger("fiberflow.store")
 
@@ -139,6 +139,24 @@ class SqlCheckpointStore:
             )
         return stored
 
+    def checkpoint_index(self) -> list[IndexEntry]:
+        """An entry per stored checkpoint, oldest first, from the rows alone (no blob read).
+
+        A flow whose row says it is suspended on a receive or a sleep is ``waiting``.
+        """
+        rows = schema.node_checkpoints
+        query = select(rows.c.flow_id, rows.c.status, rows.c.suspended_on, rows.c.wake_at)
+        query = query.order_by(rows.c.created_at, rows.c.flow_id)
+        with self._fence.reader.connect() as connection:
+            return [
+                IndexEntry(
+                    flow_id,
+                    status == FlowStatus.SUSPENDED.value and suspended_on in WAITING_ROWS,
+                    None if wake_at is None else wake_at / 1000,
+                )
+                for flow_id, status, suspended_on, wake_at in connection.execute(query)
+            ]
+
     def load_checkpoint(self, flow_id: str) -> StoredFlow | None:
         """What is stored of one flow (see :meth:`load_checkpoints`), or None."""
         for stored in self.load_checkpoints(flow_ids=[flow_id]):
@@ -152,12 +170,19 @@ class SqlCheckpointStore:
             found = connection.execute(select(table.c.flow_id).where(table.c.flow_id == flow_id))
             return found.first() is not None
 
-    def checkpoint_summaries(self) -> list[CheckpointSummary]:
-        """(flow id, flow class, status) of every stored checkpoint, oldest first."""
+    def checkpoint_summaries(
+        self, flow_ids: Sequence[str] | None = None
+    ) -> list[CheckpointSummary]:
+        """(flow id, flow class, status) of each stored checkpoint (of ``flow_ids``).
+
+        Oldest first.
+        """
         table = schema.node_checkpoints
         query = select(table.c.flow_id, table.c.flow_class, table.c.status).order_by(
             table.c.created_at, table.c.flow_id
         )
+        if flow_ids is not None:
+            query = query.where(table.c.flow_id.in_(list(flow_ids)))
         with self._fence.reader.connect() as connection:
             return [CheckpointSummary(*row) for row in connection.execute(query)]
 

@@ -32,9 +32,10 @@ from statemachine.actions import (
     StoreFlowError,
     StoreFlowResult,
 )
+from statemachine.iorequests import Receive, Sleep
 from statemachine.limits import MESSAGE_ID_CHARS, PARTY_NAME_CHARS
 from statemachine.ports import InboundMessage, OutboxRow
-from statemachine.state import Checkpoint, StoredFlow
+from statemachine.state import Checkpoint, FlowStatus, IndexEntry, StoredFlow
 
 if TYPE_CHECKING:
     from persistence.lease import NodeLease, WorkerInfo
@@ -155,10 +156,31 @@ class MemoryCheckpointStore:
         """The recorded ids among ``message_ids``."""
         return set(message_ids) & self.tables.message_ids
 
-    def load_checkpoints(self) -> list[StoredFlow]:
-        """Checkpoints as written (always trusted here), oldest first."""
-        ordered = sorted(self.tables.checkpoints.values(), key=lambda x: x[0].created_at)
+    def load_checkpoints(self, flow_ids: Sequence[str] | None = None) -> list[StoredFlow]:
+        """Checkpoints as written (always trusted here), oldest first (of ``flow_ids``)."""
+        entries = self.tables.checkpoints
+        if flow_ids is None:
+            found = list(entries.values())
+        else:
+            found = [entries[flow_id] for flow_id in flow_ids if flow_id in entries]
+        ordered = sorted(found, key=lambda x: x[0].created_at)
         return [StoredFlow.trusted(c) for c, _ in ordered]
+
+    def checkpoint_index(self) -> list[IndexEntry]:
+        """An entry per checkpoint, oldest first (see the SQL store's)."""
+        entries = []
+        for stored in self.load_checkpoints():
+            checkpoint = stored.checkpoint
+            assert checkpoint is not None
+            pending = checkpoint.pending
+            waiting = (
+                checkpoint.status is FlowStatus.SUSPENDED
+                and pending is not None
+                and isinstance(pending.request, Receive | Sleep)
+            )
+            wake_at = None if pending is None else pending.deadline
+            entries.append(IndexEntry(checkpoint.flow_id, waiting, wake_at))
+        return entries
 
     def load_checkpoint(self, flow_id: str) -> StoredFlow | None:
         """One flow's checkpoint as written, or None."""
@@ -168,11 +190,13 @@ class MemoryCheckpointStore:
     def check_lease(self) -> None:
         """No lease: a non-durable store is never shared."""
 
-    def checkpoint_summaries(self) -> list[CheckpointSummary]:
-        """(flow id, class, status) per checkpoint."""
+    def checkpoint_summaries(
+        self, flow_ids: Sequence[str] | None = None
+    ) -> list[CheckpointSummary]:
+        """(flow id, class, status) per checkpoint (of ``flow_ids``)."""
         return [
             CheckpointSummary(s.flow_id, s.flow_class, s.row_status.value)
-            for s in self.load_checkpoints()
+            for s in self.load_checkpoints(flow_ids)
         ]
 
     def known_flows(self, flow_ids: Sequence[str]) -> set[str]:

@@ -35,7 +35,7 @@ from statemachine.limits import (
     SESSION_ID_CHARS,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
 metadata = MetaData()
@@ -56,6 +56,7 @@ node_checkpoints = Table(
     Column("progress_step", String(PROGRESS_STEP_CHARS)),
     Column("suspended_on", String(20)),
     Column("waiting_for", Text),
+    Column("wake_at", BigInteger),
     Column("journal_length", Integer, nullable=False),
     Column("checkpoint_bytes", Integer, nullable=False),
     Column("checkpoint_version", BigInteger, nullable=False, default=0),

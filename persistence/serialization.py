@@ -135,6 +135,11 @@ def _text(path: Path) -> str:
     return path + "".join(reversed(steps))
 
 
+OMIT_DEFAULT = "fiberflow.omit_default"
+"""attrs field metadata: a trailing field left out of the encoding while it holds its default
+(``attrs.field(default=0, metadata={OMIT_DEFAULT: True})``); decoding fills the default in."""
+
+
 @attrs.frozen
 class _ObjectPlan:
     """How instances of one class are encoded: its qualified name, and its init fields."""
@@ -143,14 +148,23 @@ class _ObjectPlan:
     is_enum: bool
     fields: tuple[str, ...] | None
     """The attrs ``__init__`` fields in order (None: not an attrs class)."""
+    omitted_defaults: tuple[tuple[str, Any], ...] = ()
+    """Trailing fields marked ``OMIT_DEFAULT`` in their metadata, with their defaults: left
+    out of the encoding while they hold it (a field added to a class keeps the old bytes)."""
 
     @classmethod
     def of(cls, kind: type) -> _ObjectPlan:
         """The plan of ``kind`` (computed once per class by each serializer)."""
         fields = None
+        omitted: list[tuple[str, Any]] = []
         if attrs.has(kind):
-            fields = tuple(f.name for f in attrs.fields(kind) if f.init)
-        return cls(qualified_name(kind), issubclass(kind, enum.Enum), fields)
+            init = [f for f in attrs.fields(kind) if f.init]
+            fields = tuple(f.name for f in init)
+            for field in reversed(init):
+                if not field.metadata.get(OMIT_DEFAULT):
+                    break
+                omitted.insert(0, (field.name, field.default))
+        return cls(qualified_name(kind), issubclass(kind, enum.Enum), fields, tuple(omitted))
 
 
 class Serializer:
@@ -332,9 +346,13 @@ class Serializer:
             return msgpack.ExtType(EXT_ENUM, self._pack([plan.name, value.value]))
         if plan.fields is not None and self.registry.allows_named(kind, plan.name):
             deeper = depth + 1
+            names = plan.fields
+            for name, default in reversed(plan.omitted_defaults):
+                if getattr(value, name) != default:
+                    break
+                names = names[:-1]
             fields = [
-                self._to_plain(getattr(value, name), deeper, (path, ".", name))
-                for name in plan.fields
+                self._to_plain(getattr(value, name), deeper, (path, ".", name)) for name in names
             ]
             return msgpack.ExtType(EXT_OBJECT, self._pack([plan.name, fields]))
         raise SerializationError(

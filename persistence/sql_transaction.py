@@ -51,6 +51,10 @@ class FlowRequestClaimError(RuntimeError):
     """A flow request was claimed twice (only possible without the lease: a bug)."""
 
 
+WAITING_ROWS = ("Receive", "Sleep")
+"""``suspended_on`` values of a flow that needs nothing until a message or its deadline."""
+
+
 def _waiting_for(checkpoint: Checkpoint) -> tuple[str | None, str | None]:
     """The ``suspended_on`` and ``waiting_for`` columns of a checkpoint's row."""
     pending = checkpoint.pending
@@ -75,6 +79,14 @@ def _waiting_for(checkpoint: Checkpoint) -> tuple[str | None, str | None]:
         counterparty = session.counterparty if session is not None else None
         waits.append({"session": session_id, "counterparty": counterparty})
     return "Receive", json.dumps(waits)
+
+
+def _wake_at(checkpoint: Checkpoint) -> int | None:
+    """The ``wake_at`` column: the deadline (epoch milliseconds) the flow waits for, if any."""
+    pending = checkpoint.pending
+    if pending is None or pending.deadline is None:
+        return None
+    return millis(pending.deadline)
 
 
 class SqlTransaction:
@@ -168,6 +180,7 @@ class SqlTransaction:
                     "progress_step": checkpoint.progress_step,
                     "suspended_on": suspended_on,
                     "waiting_for": waiting_for,
+                    "wake_at": _wake_at(checkpoint),
                     "journal_length": len(checkpoint.journal),
                     "checkpoint_bytes": len(blob),
                     "checkpoint_version": checkpoint.version,

@@ -90,6 +90,17 @@ class WakeUp:
 
 
 @attrs.frozen
+class Hibernate:
+    """The node is about to drop the waiting flow's memory: commit what it holds uncommitted.
+
+    (Messages taken into its sessions without completing its receive, kept in memory until
+    its next commit.) The flow's memory is dropped after the commit.
+    """
+
+    at: float
+
+
+@attrs.frozen
 class OperationEnded:
     """An attempt of the flow's external operation ``ordinal`` ended, with ``outcome``.
 
@@ -147,6 +158,7 @@ class FlowFailed:
 
 
 Event = Union[
+    Hibernate,
     StartFlow,
     StartInitiatedFlow,
     RestoreFlow,

@@ -4,12 +4,17 @@ A :class:`FlowRuntime` is one flow in memory: its state (the latest transition's
 the events queued for it, the continuation its fiber waits for. :class:`FlowTable` keeps them
 by flow id with the ready queue (flows with something to do this round), the paused flows
 (their events wait), and the index from session id to the flow that owns it.
+
+It also knows the *dormant* flows: flows with a stored checkpoint and nothing in memory but
+their id (hibernated, or not restored yet since the node started). Their sessions need no
+index: a session id names the flow that owns it (:func:`statemachine.routing.owner_of_session`),
+so a message for a dormant flow's session is routed by waking the flow.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import attrs
 
@@ -64,6 +69,7 @@ class FlowTable:
         self._paused: set[str] = set()
         self._paused_ready: set[str] = set()
         self._session_owner: dict[str, str] = {}
+        self._dormant: set[str] = set()
 
     def __contains__(self, flow_id: str) -> bool:
         return flow_id in self._flows
@@ -99,6 +105,13 @@ class FlowTable:
         runtime.indexed_sessions = len(sessions)
         return owned
 
+    def drop_sessions(self, runtime: FlowRuntime, sessions: Iterable[str]) -> None:
+        """The flow no longer has these sessions (it continued as new): index it afresh."""
+        for session_id in sessions:
+            if self._session_owner.get(session_id) == runtime.flow_id:
+                del self._session_owner[session_id]
+        runtime.indexed_sessions = 0
+
     def remove(self, flow_id: str, *, forget_pause: bool) -> FlowRuntime | None:
         """Stop holding ``flow_id`` (its sessions are no longer owned; it is not ready).
 
@@ -120,6 +133,36 @@ class FlowTable:
     def owner_of(self, session_id: str) -> str | None:
         """The flow that owns ``session_id``, or None."""
         return self._session_owner.get(session_id)
+
+    # --- dormant flows ------------------------------------------------------------------------
+
+    def holds(self, flow_id: str) -> bool:
+        """True if the flow is in memory or dormant (see the module docstring)."""
+        return flow_id in self._flows or flow_id in self._dormant
+
+    def is_dormant(self, flow_id: str) -> bool:
+        """True if the flow's checkpoint is stored and nothing else of it is in memory."""
+        return flow_id in self._dormant
+
+    def add_dormant(self, flow_id: str) -> None:
+        """The flow is dormant now (it must not be in memory)."""
+        assert flow_id not in self._flows, f"flow {flow_id} is in memory"
+        self._dormant.add(flow_id)
+
+    def take_dormant(self, flow_id: str) -> bool:
+        """The flow stops being dormant (it is being restored); False if it was not."""
+        if flow_id in self._dormant:
+            self._dormant.discard(flow_id)
+            return True
+        return False
+
+    def dormant_ids(self) -> list[str]:
+        """The dormant flows' ids (a copy)."""
+        return list(self._dormant)
+
+    def dormant_count(self) -> int:
+        """How many flows are dormant."""
+        return len(self._dormant)
 
     # --- readiness ----------------------------------------------------------------------------
 
@@ -150,6 +193,10 @@ class FlowTable:
         flow_id = self._ready.popleft()
         self._ready_set.discard(flow_id)
         return flow_id
+
+    def is_ready(self, flow_id: str) -> bool:
+        """True if the flow is queued to run this round (or waits for its resume to be)."""
+        return flow_id in self._ready_set or flow_id in self._paused_ready
 
     def has_ready(self) -> bool:
         """True if some flow is ready."""

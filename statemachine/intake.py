@@ -51,6 +51,7 @@ from statemachine.routing import (
     Route,
     RoutingContext,
     Start,
+    Wake,
     initial_message_of,
     route,
 )
@@ -83,7 +84,9 @@ class Intake:
         statistics: ManagerStatistics,
         start_responder: Callable[[InboundMessage, Start], None],
         isolation: FailureIsolation | None,
+        wake: Callable[[str], None],
     ) -> None:
+        """``wake`` restores a dormant flow (a message arrived for one of its sessions)."""
         self.context = context
         self._store = store
         self._codec = codec
@@ -95,6 +98,7 @@ class Intake:
         self._statistics = statistics
         self._start_responder = start_responder
         self._isolation = isolation
+        self._wake = wake
         self._inbox: deque[InboundMessage] = deque()
         self.parking = ParkingLot(clock.now)
 
@@ -175,10 +179,19 @@ class Intake:
         if isinstance(decoded, _Undecodable):
             self.dead_letter(message, decoded.reason)
             return
-        self._apply(message, route(message, decoded, self._flows, self.context, consumed))
+        decision = route(message, decoded, self._flows, self.context, consumed)
+        if isinstance(decision, Wake):
+            self._wake(decision.flow_id)  # it is in memory now: routed to it as to any flow
+            decision = route(message, decoded, self._flows, self.context, consumed)
+            assert not isinstance(decision, Wake), "a woken flow is not dormant"
+        self._apply(message, decision)
 
     def _apply(self, message: InboundMessage, decision: Route) -> None:
-        """Carry out what :func:`statemachine.routing.route` decided for ``message``."""
+        """Carry out what :func:`statemachine.routing.route` decided for ``message``.
+
+        (A :class:`~statemachine.routing.Wake` never gets here: the flow is woken and the
+        message routed again.)
+        """
         if isinstance(decision, Deliver):
             self._deliveries.take_in(message)
             body = decision.message
@@ -218,7 +231,7 @@ class Intake:
             )
             self._executor.execute([actions])
         else:
-            assert isinstance(decision, DeadLetter)
+            assert isinstance(decision, DeadLetter), decision
             self.dead_letter(message, decision.reason)
 
     def _park(self, message: InboundMessage, park: Park) -> None:

@@ -276,6 +276,25 @@ class RunOperation:
 
 
 @attrs.frozen
+class ContinueAsNew:
+    """End this run of ``call()`` and start the flow again, as new, with ``arguments``.
+
+    ``arguments`` are the new instance's serialized constructor arguments. The flow keeps its
+    id; its journal starts empty, so a flow that loops for ever replays only its last run.
+    """
+
+    arguments: bytes
+
+    def signature(self) -> tuple[Plain, ...]:
+        """The journal signature: kind and the arguments' fingerprint."""
+        return ("ContinueAsNew", payload_digest(self.arguments))
+
+    def describe(self) -> str:
+        """Human-readable form for error messages."""
+        return f"continue_as_new({payload_digest(self.arguments)})"
+
+
+@attrs.frozen
 class SetProgress:
     """The flow reached a named step of its progress tracker (stored in the checkpoint)."""
 
@@ -300,6 +319,7 @@ IORequest = Union[
     RunInTransaction,
     RunOperation,
     SetProgress,
+    ContinueAsNew,
 ]
 """Every kind of request a flow can suspend with."""
 

@@ -18,13 +18,23 @@ It applies decisions made elsewhere, each in a module of its own:
 * deadlines and retries: :mod:`statemachine.timers`;
 * failures pinned on one flow or one message: :mod:`statemachine.isolation`, with a
   :class:`~statemachine.ports.FailurePolicy` (the node's flow hospital); without one, every
-  error propagates (what a test wants to see).
+  error propagates (what a test wants to see);
+* when a waiting flow gives up its memory: :mod:`statemachine.hibernation`.
+
+Flows are restored lazily. At start the manager reads an index of the stored checkpoints
+(rows, not blobs): a flow that waits for a message or a timer stays *dormant* (only its id is
+in memory, see :class:`~statemachine.flow_table.FlowTable`) until a message for one of its
+sessions, its deadline or an operator's command arrives; the others are restored in the
+background, a batch a round, while new flows and messages are served from the first round.
+A hibernated flow is dormant in the same way. A flow restored and replayed to the point its
+checkpoint records writes nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -34,6 +44,7 @@ from statemachine.deliveries import Deliveries
 from statemachine.events import (
     DeliverSessionMessage,
     Event,
+    Hibernate,
     Hospitalize,
     KillFlow,
     LoadFlow,
@@ -48,6 +59,7 @@ from statemachine.fiber_driver import FiberDriver
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.flow_table import FlowRuntime, FlowTable
+from statemachine.hibernation import HibernationPolicy, IdleFlows, MemoryBudget, may_hibernate
 from statemachine.intake import Intake
 from statemachine.isolation import Batch, FailureIsolation
 from statemachine.ports import (
@@ -63,7 +75,7 @@ from statemachine.ports import (
     Outbound,
     ResponderRegistry,
 )
-from statemachine.result import Abort, Continuation, ProcessEvents, Resume, Throw
+from statemachine.result import Abort, Continuation, ProcessEvents, Resume, StartAgain, Throw
 from statemachine.routing import (
     RoutingContext,
     Start,
@@ -75,6 +87,15 @@ from statemachine.timers import WakeUps
 from statemachine.transition import KEPT_IN_HOSPITAL, transition
 
 log = logging.getLogger("fiberflow.statemachine")
+
+RESTORE_BATCH = 64
+"""Flows restored in the background per round (one read of their checkpoints)."""
+
+INCOMPATIBLE_CHECKPOINT = "flows.errors.IncompatibleCheckpointError"
+"""The error class recorded for a flow the installed flows cannot resume (kept in the hospital)."""
+
+Compatibility = Callable[[Checkpoint], "str | None"]
+"""Why the installed flows cannot resume a checkpoint, or None if they can."""
 
 
 class StateMachineManager:
@@ -95,8 +116,23 @@ class StateMachineManager:
         effects: FlowEffects | None = None,
         failures: FailurePolicy | None = None,
         operations: OperationRunner | None = None,
+        hibernation: HibernationPolicy | None = None,
+        compatibility: Compatibility | None = None,
     ) -> None:
+        """Build a manager; the ports are described in :mod:`statemachine.ports`.
+
+        ``hibernation`` says when waiting flows give up their memory (None: never);
+        ``compatibility`` checks each restored flow against the installed flows (one it finds
+        a problem with is kept in the hospital, and listed in :attr:`incompatible`).
+        """
         self.our_identity = our_identity
+        self._hibernation = hibernation if hibernation is not None and hibernation.enabled else None
+        self._idle = IdleFlows()
+        self._memory = None if hibernation is None else MemoryBudget(hibernation, clock.now)
+        self._compatibility = compatibility
+        self.incompatible: dict[str, str] = {}
+        """Restored flows the installed flows cannot resume, with why (kept in the hospital)."""
+        self._restore_queue: deque[str] = deque()
         self._operations = operations
         self._session_tag = identity_tag(our_identity)
         self._store = store
@@ -137,6 +173,7 @@ class StateMachineManager:
             statistics=self.statistics,
             start_responder=self._start_responder,
             isolation=self._isolation,
+            wake=self._wake,
         )
 
     @property
@@ -155,14 +192,43 @@ class StateMachineManager:
     # --- creating flows -----------------------------------------------------------------
 
     def restore(self) -> int:
-        """Load every stored flow and schedule its replay; returns how many were loaded.
+        """Read the index of stored flows (not the flows); returns how many there are.
+
+        A flow waiting for a message or a timer stays dormant until one comes (its deadline
+        is armed now); the others are restored in the background, :data:`RESTORE_BATCH` a
+        round, oldest first (see the module docstring).
+        """
+        index = self._store.checkpoint_index()
+        for entry in index:
+            if self._flows.holds(entry.flow_id):
+                continue
+            self._flows.add_dormant(entry.flow_id)
+            if not entry.waiting:
+                self._restore_queue.append(entry.flow_id)
+            elif entry.wake_at is not None:
+                self._wake_ups.schedule(entry.flow_id, entry.wake_at)
+        return len(index)
+
+    def restore_all(self) -> int:
+        """Restore every dormant flow now (tests, tools); returns how many were restored."""
+        dormant = [*self._restore_queue]
+        self._restore_queue.clear()
+        dormant.extend(flow_id for flow_id in self._flows.dormant_ids() if flow_id not in dormant)
+        return self._restore_now(dormant)
+
+    def _restore_now(self, flow_ids: Sequence[str]) -> int:
+        """Restore these dormant flows from their checkpoints (one read); returns how many.
 
         The store reports what it found (a trusted checkpoint, or why not; what the flow's
         row says); the transition decides (:class:`~statemachine.events.LoadFlow`). With a
         failure policy, a checkpoint the state machine cannot restore keeps its flow in the
-        hospital; the others are restored all the same.
+        hospital; the others are restored all the same. A flow the installed flows cannot
+        resume is kept in the hospital.
         """
-        stored_flows = self._store.load_checkpoints()
+        taken = [flow_id for flow_id in flow_ids if self._flows.take_dormant(flow_id)]
+        if not taken:
+            return 0
+        stored_flows = self._store.load_checkpoints(taken)
         actions: list[tuple[Action, ...]] = []
         for stored in stored_flows:
             try:
@@ -172,7 +238,108 @@ class StateMachineManager:
                     raise
                 actions.append(self._keep_unrestorable(stored, error))
         self.executor.execute(actions)
+        self.statistics.flows_restored += len(stored_flows)
+        if self._compatibility is not None:
+            for stored in stored_flows:
+                self._check_compatibility(stored.flow_id)
         return len(stored_flows)
+
+    def _check_compatibility(self, flow_id: str) -> None:
+        """Keep a restored flow the installed flows cannot resume in the hospital."""
+        assert self._compatibility is not None
+        runtime = self._flows.get(flow_id)
+        if runtime is None or runtime.state.status is FlowStatus.HOSPITALIZED:
+            return
+        problem = self._compatibility(runtime.state.checkpoint)
+        if problem is None:
+            return
+        self.incompatible[flow_id] = problem
+        log.error(
+            "%s: flow %s cannot be resumed by the installed CorDapps and is kept in the "
+            "hospital: %s",
+            self.our_identity,
+            flow_id,
+            problem,
+        )
+        self.hospitalize(flow_id, FlowError(ErrorKind.INTERNAL, INCOMPATIBLE_CHECKPOINT, problem))
+
+    def _wake(self, flow_id: str) -> None:
+        """Restore a dormant flow now: something arrived for it."""
+        if self._restore_now([flow_id]):
+            self.statistics.flows_woken += 1
+
+    def _restore_some(self) -> bool:
+        """Restore the next batch of flows queued for a background restore; True if any."""
+        batch: list[str] = []
+        while self._restore_queue and len(batch) < RESTORE_BATCH:
+            flow_id = self._restore_queue.popleft()
+            if self._flows.is_dormant(flow_id):
+                batch.append(flow_id)
+        return self._restore_now(batch) > 0
+
+    def restoring(self) -> int:
+        """Flows still queued for a background restore."""
+        return len(self._restore_queue)
+
+    # --- hibernation --------------------------------------------------------------------
+
+    def _note_status(self, runtime: FlowRuntime) -> None:
+        """Keep the idle list up to date after a transition of ``runtime``."""
+        if runtime.state.status is FlowStatus.SUSPENDED:
+            self._idle.suspended(runtime.flow_id, self._clock.now())
+        else:
+            self._idle.discard(runtime.flow_id)
+
+    def _hibernate_idle(self) -> None:
+        """Hibernate the flows the policy says have waited long enough (after the commit)."""
+        policy = self._hibernation
+        if policy is None or not len(self._idle):
+            return
+        assert self._memory is not None
+        if self._memory.over():
+            cutoff = None
+        elif policy.idle_seconds is None:
+            return
+        else:
+            cutoff = self._clock.now() - policy.idle_seconds
+        self.hibernate(self._idle.take_idle_since(cutoff))
+
+    def hibernate(self, flow_ids: Sequence[str]) -> int:
+        """Drop these waiting flows' memory, keeping only their ids; returns how many.
+
+        Only flows that :func:`~statemachine.hibernation.may_hibernate` and are not paused
+        or ready to run; what one took in since its last commit is committed first (one
+        transaction for all). Their deadlines stay armed.
+        """
+        now = self._clock.now()
+        chosen: list[FlowRuntime] = []
+        batch: Batch = []
+        for flow_id in flow_ids:
+            runtime = self._flows.get(flow_id)
+            if runtime is None or not may_hibernate(runtime, now):
+                continue
+            if self._flows.is_paused(flow_id) or self._flows.is_ready(flow_id):
+                continue
+            if runtime.state.is_dirty():
+                result = transition(runtime.state, Hibernate(now))
+                runtime.state = result.state
+                batch.append((flow_id, result.actions))
+            chosen.append(runtime)
+        if batch:
+            self._commit(batch)
+        hibernated = 0
+        for runtime in chosen:
+            if self._flows.get(runtime.flow_id) is not runtime or runtime.state.is_dirty():
+                continue  # its commit failed: it was restored from its checkpoint meanwhile
+            self._flows.remove(runtime.flow_id, forget_pause=False)
+            self._idle.discard(runtime.flow_id)
+            if runtime.fiber is not None:
+                runtime.fiber.abort()
+                runtime.fiber = None
+            self._flows.add_dormant(runtime.flow_id)
+            hibernated += 1
+        self.statistics.flows_hibernated += hibernated
+        return hibernated
 
     def _load(self, stored: StoredFlow) -> tuple[Action, ...]:
         """Make the flow the store found a runtime; returns the actions to commit for it."""
@@ -220,6 +387,8 @@ class StateMachineManager:
 
     def _index(self, runtime: FlowRuntime) -> None:
         self._intake.release_parked(self._flows.index(runtime))
+        if self._hibernation is not None:
+            self._note_status(runtime)
 
     def _forget(self, flow_id: str, *, ended: bool) -> FlowRuntime | None:
         """Drop a flow's runtime (not its checkpoint); its fiber is aborted."""
@@ -228,6 +397,7 @@ class StateMachineManager:
             runtime.fiber.abort()
             runtime.fiber = None
         self._wake_ups.forget(flow_id)
+        self._idle.discard(flow_id)
         if self._operations is not None:
             self._operations.abandon(flow_id)
         return runtime
@@ -284,9 +454,12 @@ class StateMachineManager:
 
     def _fire_due_timers(self) -> bool:
         now = self._clock.now()
-        due = self._wake_ups.due(now, self._flows.__contains__)
+        due = self._wake_ups.due(now, self._flows.holds)
+        dormant = [flow_id for flow_id in due if self._flows.is_dormant(flow_id)]
+        self.statistics.flows_woken += self._restore_now(dormant)
         for flow_id in due:
-            self._flows.queue_event(flow_id, WakeUp(now))
+            if flow_id in self._flows:
+                self._flows.queue_event(flow_id, WakeUp(now))
         return bool(due)
 
     def _retry_due(self) -> bool:
@@ -303,14 +476,14 @@ class StateMachineManager:
     def next_deadline(self) -> float | None:
         """The earliest pending wake-up, retry or expiry of parked messages, or None."""
         retry = None if self._isolation is None else self._isolation.next_due()
-        deadlines = [self._wake_ups.next(self._flows.__contains__), retry]
+        deadlines = [self._wake_ups.next(self._flows.holds), retry]
         deadlines.append(self._intake.parking.next_expiry())
         found = [d for d in deadlines if d is not None]
         return min(found) if found else None
 
     def has_work(self) -> bool:
         """True if a round would do something now (not counting future timers)."""
-        if self._intake.has_messages() or self._flows.has_ready():
+        if self._intake.has_messages() or self._flows.has_ready() or self._restore_queue:
             return True
         deadline = self.next_deadline()
         return deadline is not None and deadline <= self._clock.now()
@@ -328,6 +501,7 @@ class StateMachineManager:
         did_work = self._retry_due() or did_work
         did_work = self._intake.expire_parked() or did_work
         did_work = self._intake.route_all() or did_work
+        did_work = self._restore_some() or did_work
         batch: Batch = []
         to_continue: list[FlowRuntime] = []
         awaiting: set[str] = set()  # flows with actions in the batch: their fibers wait
@@ -354,6 +528,7 @@ class StateMachineManager:
                     raise
                 self._flow_failed(runtime, error, [])
         self._deliveries.settle_dropped(self.executor.transactions, self._store.check_lease)
+        self._hibernate_idle()
         return did_work
 
     def _commit(self, batch: Batch) -> None:
@@ -393,8 +568,12 @@ class StateMachineManager:
                 break
             if isinstance(runtime.continuation, Abort):
                 break  # the flow has ended: what is still queued is dropped by _abort
-            result = transition(runtime.state, runtime.events.popleft())
+            previous = runtime.state
+            result = transition(previous, runtime.events.popleft())
             runtime.state = result.state
+            if isinstance(result.continuation, StartAgain):  # it continued as new
+                sessions = previous.checkpoint.sessions
+                self._flows.drop_sessions(runtime, (s.session_id for s in sessions))
             self._index(runtime)
             if not isinstance(result.continuation, ProcessEvents):
                 runtime.continuation = result.continuation
@@ -418,6 +597,11 @@ class StateMachineManager:
         if isinstance(continuation, Abort):
             self._abort(runtime)
             return
+        if isinstance(continuation, StartAgain):
+            if runtime.fiber is not None:  # its last run ended in continue_as_new
+                runtime.fiber.abort()
+                runtime.fiber = None
+            continuation = Resume(None)
         assert isinstance(continuation, Resume | Throw)
         self._flows.queue_event(flow_id, self._driver.step(runtime, continuation))
 
@@ -519,6 +703,8 @@ class StateMachineManager:
     # --- operators: each a flag, or an event of the transition table ------------------------
 
     def _live(self, flow_id: str) -> FlowRuntime:
+        if self._flows.is_dormant(flow_id):
+            self._wake(flow_id)  # an operator's command is for the flow as it is now
         runtime = self._flows.get(flow_id)
         if runtime is None:
             raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
@@ -552,6 +738,8 @@ class StateMachineManager:
         ``checkpoint`` is the flow's stored checkpoint, read again (the code, or the stored
         blob, may have been fixed since). If replay still fails, it is hospitalized again.
         """
+        if self._flows.is_dormant(checkpoint.flow_id):
+            self._wake(checkpoint.flow_id)
         runtime = self._flows.get(checkpoint.flow_id)
         if runtime is None or runtime.state.status is not FlowStatus.HOSPITALIZED:
             raise KeyError(f"flow {checkpoint.flow_id} is not in the hospital here")
@@ -589,12 +777,56 @@ class StateMachineManager:
         return None if runtime is None else runtime.state
 
     def live_flows(self) -> list[FlowState]:
-        """States of every flow this manager holds, in start order."""
+        """States of every flow in memory, in start order (dormant flows are not)."""
         return [runtime.state for runtime in self._flows]
+
+    def holds(self, flow_id: str) -> bool:
+        """True if the flow is live here: in memory or dormant."""
+        return self._flows.holds(flow_id)
+
+    def is_dormant(self, flow_id: str) -> bool:
+        """True if the flow is dormant: hibernated, or not restored yet since the start."""
+        return self._flows.is_dormant(flow_id)
+
+    def flow_counts(self) -> FlowCounts:
+        """How many flows are in memory (and waiting on what), dormant, being restored."""
+        waiting: dict[str, int] = {}
+        in_memory = 0
+        for runtime in self._flows:
+            in_memory += 1
+            pending = runtime.state.checkpoint.pending
+            if runtime.state.status is FlowStatus.SUSPENDED and pending is not None:
+                kind = type(pending.request).__name__
+                waiting[kind] = waiting.get(kind, 0) + 1
+        return FlowCounts(
+            in_memory=in_memory,
+            dormant=self._flows.dormant_count(),
+            restoring=len(self._restore_queue),
+            waiting_in_memory=waiting,
+        )
 
     def parked_message_count(self) -> int:
         """Messages waiting for a session that has not been opened yet."""
         return self._intake.parking.count()
+
+
+@attrs.frozen
+class FlowCounts:
+    """How many of a node's live flows are where (:meth:`StateMachineManager.flow_counts`)."""
+
+    in_memory: int
+    """Flows with their state (and fiber) in memory."""
+    dormant: int
+    """Flows with only their id in memory: hibernated, or not restored since the start."""
+    restoring: int
+    """Dormant flows queued for a background restore (they have something to do)."""
+    waiting_in_memory: dict[str, int]
+    """Suspended flows in memory by what they wait for (Receive, Sleep, RunOperation)."""
+
+    @property
+    def live(self) -> int:
+        """Every unfinished flow: in memory or dormant."""
+        return self.in_memory + self.dormant
 
 
 def _take_actions_of(flow_id: str, batch: Batch) -> list[tuple[Action, ...]]:

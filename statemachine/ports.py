@@ -27,7 +27,7 @@ from statemachine.actions import (
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain
 from statemachine.session_messages import SessionMessage
-from statemachine.state import FlowOrigin, Raised, StoredFlow, Value
+from statemachine.state import FlowOrigin, IndexEntry, Raised, StoredFlow, Value
 
 
 @attrs.frozen
@@ -142,12 +142,15 @@ class CheckpointStore(Protocol):
     def consumed_among(self, message_ids: Sequence[str]) -> set[str]:
         """The ids among ``message_ids`` that were recorded (committed) before."""
 
-    def load_checkpoints(self) -> list[StoredFlow]:
-        """What is stored of every flow, oldest first.
+    def load_checkpoints(self, flow_ids: Sequence[str] | None = None) -> list[StoredFlow]:
+        """What is stored of every flow (of ``flow_ids``), oldest first.
 
         Facts, checked (MAC, freshness) but not acted on: the transition decides
         (:class:`~statemachine.events.LoadFlow`).
         """
+
+    def checkpoint_index(self) -> list[IndexEntry]:
+        """An entry per stored checkpoint, oldest first, read from rows only (no blobs)."""
 
     def load_checkpoint(self, flow_id: str) -> StoredFlow | None:
         """What is stored of one flow (see :meth:`load_checkpoints`), or None."""

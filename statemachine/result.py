@@ -38,7 +38,12 @@ class Abort:
     reason: str
 
 
-Continuation = Union[Resume, Throw, ProcessEvents, Abort]
+@attrs.frozen
+class StartAgain:
+    """Discard the fiber and run the flow's ``call()`` again, from its (new) origin."""
+
+
+Continuation = Union[Resume, Throw, ProcessEvents, Abort, StartAgain]
 """What happens to the flow's fiber once the actions are done."""
 
 

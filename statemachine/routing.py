@@ -5,6 +5,7 @@
 carries it out:
 
 * :class:`Deliver` to the flow owning the session;
+* :class:`Wake` the dormant flow that owns the session (then route the message again);
 * :class:`Start` a responder flow for a peer's initial message;
 * :class:`Reject` the session (no responder for it here, or the node is draining);
 * :class:`Hold` for a flow waiting for its retry after a failure;
@@ -48,6 +49,13 @@ class Deliver:
 
     flow_id: str
     message: ExistingSessionMessage
+
+
+@attrs.frozen
+class Wake:
+    """Restore ``flow_id``, dormant, which owns the message's session; then route it again."""
+
+    flow_id: str
 
 
 @attrs.frozen
@@ -100,7 +108,7 @@ class DeadLetter:
     reason: str
 
 
-Route = Union[Deliver, Start, Reject, Hold, Park, DropLate, DeadLetter]
+Route = Union[Deliver, Wake, Start, Reject, Hold, Park, DropLate, DeadLetter]
 """Every decision :func:`route` makes."""
 
 
@@ -163,6 +171,8 @@ def _route_initial(
             initial,
         )
     flow_id = responder_flow_id(message.sender, initial.initiator_session_id)
+    if flows.is_dormant(flow_id):
+        return Wake(flow_id)  # (a consumed copy is dropped before routing: this is a bug's)
     existing = flows.get(flow_id)
     if existing is not None and existing.holding:
         return Hold(flow_id)  # its first step failed: it is retried with this message
@@ -186,6 +196,9 @@ def _route_existing(
         )
     owner = flows.owner_of(session_id)
     if owner is None:
+        dormant = owner_of_session(session_id, message.sender)
+        if flows.is_dormant(dormant):
+            return Wake(dormant)
         return _route_unknown_session(message, session_id, flows, consumed)
     runtime = flows.get(owner)
     assert runtime is not None
@@ -220,16 +233,25 @@ def _route_unknown_session(
     return DropLate(session_id)
 
 
+def owner_of_session(session_id: str, sender: str) -> str:
+    """The id of the flow on this node that owns ``session_id``, a session ``sender`` talks on.
+
+    Session ids derive from flow ids: our end of a session we opened names our flow; our end
+    of a session a peer opened names the peer's, and our responder's id derives from it and
+    the sender. Whether that flow exists is for the caller to find out.
+    """
+    if is_responder_session_id(session_id):
+        return responder_flow_id(sender, peer_session_id(session_id))
+    return flow_id_of_session(session_id)
+
+
 def _kept_flow_for(session_id: str, sender: str, flows: FlowTable) -> str | None:
     """The hospitalized flow that ``session_id`` belongs to but its checkpoint lacks.
 
     Session ids derive from flow ids, so the owner is known even when its checkpoint could
     not be read. None when there is no such flow.
     """
-    if is_responder_session_id(session_id):
-        flow_id = responder_flow_id(sender, peer_session_id(session_id))
-    else:
-        flow_id = flow_id_of_session(session_id)
+    flow_id = owner_of_session(session_id, sender)
     runtime = flows.get(flow_id)
     if runtime is None or runtime.state.status is not FlowStatus.HOSPITALIZED:
         return None

@@ -63,6 +63,9 @@ class StartedLocally:
 
     flow_class: str
     arguments: bytes
+    generation: int = attrs.field(default=0, metadata={"fiberflow.omit_default": True})
+    """How many times the flow continued as new (``FlowLogic.continue_as_new``); left out of
+    a format-1 checkpoint blob while 0, so blobs of flows that never did are unchanged."""
 
 
 @attrs.frozen
@@ -279,6 +282,21 @@ class StoredFlow:
             row_reason,
             checkpoint,
         )
+
+
+@attrs.frozen
+class IndexEntry:
+    """What a node loads of a stored flow at start, instead of the flow (lazy restore).
+
+    From the flow's row, not its blob: a hint for when to restore the flow, never trusted
+    for anything else (the blob, checked when the flow is restored, decides). ``waiting`` is
+    True if the row says the flow is suspended on a receive or a sleep, so it needs nothing
+    until a message or its ``wake_at`` (epoch seconds, None: no deadline) comes.
+    """
+
+    flow_id: str
+    waiting: bool
+    wake_at: float | None
 
 
 @attrs.frozen(weakref_slot=False)  # see statemachine.values

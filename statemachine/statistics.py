@@ -21,3 +21,9 @@ class ManagerStatistics:
     failures_pinned: int = 0
     """Failures pinned on one flow or one message (each resumed, kept, failed or quarantined)."""
     messages_quarantined: int = 0
+    flows_restored: int = 0
+    """Flows restored from their checkpoints (woken, or restored after the start)."""
+    flows_woken: int = 0
+    """Dormant flows restored because something arrived for them."""
+    flows_hibernated: int = 0
+    """Waiting flows that gave up their memory (:mod:`statemachine.hibernation`)."""

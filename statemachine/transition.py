@@ -27,6 +27,7 @@ from statemachine.events import (
     Event,
     FlowFailed,
     FlowFinished,
+    Hibernate,
     Hospitalize,
     KillFlow,
     LoadFlow,
@@ -43,6 +44,7 @@ from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import (
     COMMIT_GROWTH_DIVISOR,
     MAX_UNCOMMITTED_STEPS,
+    commit_before_hibernation,
     commit_due,
 )
 from statemachine.transitions.delivery import (
@@ -106,6 +108,7 @@ TRANSITIONS: dict[tuple[FlowStatus | None, type], Handler] = {
     # delivery
     **{(status, DeliverSessionMessage): deliver for status in (*_LIVE, _S.HOSPITALIZED)},
     (_S.SUSPENDED, WakeUp): wake_up,
+    (_S.SUSPENDED, Hibernate): commit_before_hibernation,
     **{(status, WakeUp): ignore for status in (_S.RUNNABLE, _S.REPLAYING, _S.HOSPITALIZED)},
     **{(status, WakeUp): ignore for status in _ENDED},
     **{(status, DeliverSessionMessage): drop_late_message for status in _ENDED},

@@ -3,6 +3,7 @@
     python -m tests.campaign --schedules 10000 [--first-seed 0]   # a campaign
     python -m tests.campaign --seed 1234                          # replay one seed
     python -m tests.campaign --replay '<schedule json>'           # replay a hypothesis find
+    python -m tests.campaign --hibernate ...   # every waiting flow hibernates in every schedule
 
 Prints progress, the totals (schedules, flows, rounds, crashes, restarts) and, for a failure,
 the seed and the command that replays it; exits non-zero if any schedule failed.
@@ -15,6 +16,8 @@ import logging
 import sys
 import time
 
+import attrs
+
 from flows.progress import ProgressBar
 from tests.simulation import InvariantViolation, Schedule, run_schedule, schedule_from_seed
 
@@ -26,10 +29,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="replay one seed")
     parser.add_argument("--replay", help="replay a schedule given as JSON")
     parser.add_argument("--stop-at-first", action="store_true")
+    parser.add_argument(
+        "--hibernate",
+        action="store_true",
+        help="hibernate every waiting flow as soon as it suspends, in every schedule",
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # dead-lettered duplicates are expected and noisy
     if args.replay or args.seed is not None:
         schedule = Schedule.from_json(args.replay) if args.replay else schedule_from_seed(args.seed)
+        if args.hibernate:
+            schedule = attrs.evolve(schedule, hibernate=True)
         print(schedule.describe())
         report = run_schedule(schedule)
         print(f"ok: {report}")
@@ -41,10 +51,14 @@ def main() -> int:
     began = time.perf_counter()
     for done, seed in enumerate(seeds, start=1):
         try:
-            report = run_schedule(schedule_from_seed(seed))
+            schedule = schedule_from_seed(seed)
+            if args.hibernate:
+                schedule = attrs.evolve(schedule, hibernate=True)
+            report = run_schedule(schedule)
         except InvariantViolation as error:
             failures.append(seed)
-            print(f"\nseed {seed} FAILED: {error}\nreplay: python -m tests.campaign --seed {seed}")
+            again = f"python -m tests.campaign --seed {seed}" + (" --hibernate" * args.hibernate)
+            print(f"\nseed {seed} FAILED: {error}\nreplay: {again}")
             if args.stop_at_first:
                 break
         else:

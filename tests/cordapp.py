@@ -13,10 +13,12 @@ from sqlalchemy.exc import OperationalError
 
 from flows import (
     FOREVER,
+    FlowDefinitionError,
     FlowException,
     FlowLogic,
     FlowSession,
     FlowTimeoutException,
+    OperationContext,
     Party,
     initiated_by,
     initiating_flow,
@@ -556,3 +558,63 @@ class ContextVarFlow(FlowLogic[tuple[str, str]]):
         FLOW_CONTEXT.set(self.mark)
         self.now()  # a suspension: the flow's context must come back with it
         return found, FLOW_CONTEXT.get()
+
+
+# --- continuing as new -------------------------------------------------------------------
+
+
+KEYS_SEEN: list[str] = []
+"""Idempotency keys the looping flow's operations were given (a test clears it)."""
+
+
+def _note_key(context: OperationContext) -> str:
+    KEYS_SEEN.append(context.idempotency_key)
+    return context.idempotency_key
+
+
+class LoopingFlow(FlowLogic[int]):
+    """Sleeps a second, ``left`` more times, each time as a new run; returns the runs done.
+
+    With ``operations`` each run calls an external operation first.
+    """
+
+    def __init__(self, left: int, done: int = 0, operations: bool = False) -> None:
+        self.left = left
+        self.done = done
+        self.operations = operations
+
+    def call(self) -> int:
+        if self.operations:
+            self.call_external(_note_key)
+        self.progress(f"run {self.done}")
+        self.sleep(1.0)
+        if self.left == 0:
+            return self.done
+        self.continue_as_new(self.left - 1, self.done + 1, self.operations)
+
+
+@initiating_flow
+class AskToContinueFlow(FlowLogic[str]):
+    """Asks the peer's responder to continue as new; returns what it answers."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        return session.send_and_receive(str, "again").unwrap(str)
+
+
+@initiated_by(AskToContinueFlow)
+class ContinuingResponder(FlowLogic[None]):
+    """Tries to continue as new (a responder cannot) and answers with what it was told."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str)
+        try:
+            self.continue_as_new(None)
+        except FlowDefinitionError as error:
+            self.session.send(f"refused: {error}")

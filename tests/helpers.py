@@ -19,6 +19,14 @@ def assert_drained(net: MockNetwork, keep_checkpoints: bool = False) -> None:
         assert node.node.manager.parked_message_count() == 0
 
 
+def restore_now(node: MockNode) -> int:
+    """Restore every dormant flow of ``node`` now (flows are restored lazily after a start).
+
+    Their replays run in the next rounds; returns how many were restored.
+    """
+    return node.node.manager.restore_all()
+
+
 def results_by_class(node: MockNode) -> dict[str, int]:
     """How many stored results each flow class has on ``node``."""
     table = schema.node_flow_results

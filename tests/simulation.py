@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from flows.node import FlowHandle
-from flows.testing import MockNetwork, SimulatedCrash
+from flows.testing import MockNetwork, MockNode, SimulatedCrash
 from messaging.inmemory import Faults
 from persistence import schema
 from samples.pingpong import PingFlow
@@ -84,6 +84,8 @@ STEP_KINDS = (
     "deliver",
     "duplicate",
     "delay",
+    "hibernate",
+    "wake",
 )
 """What a step does: ``node`` delivers everything queued for a node and runs a round on it;
 ``network`` does that on every node; ``deliver`` hands one chosen message (``arg`` picks
@@ -91,7 +93,8 @@ which of those ready: any but the first reorders) to a node and runs a round on 
 ``duplicate`` queues a second copy of a chosen message; ``delay`` holds a chosen message back
 for a few steps; ``restart`` crashes a node and restarts it; ``arm`` arms a crash point
 (``arg``: point and occurrence); ``advance`` moves the clock; ``release`` frees every
-delayed message."""
+delayed message; ``hibernate`` drops the memory of every waiting flow of a node (committing
+what they took in first); ``wake`` restores every dormant flow of a node."""
 
 
 @attrs.frozen
@@ -124,6 +127,8 @@ class Schedule:
     reorder: float
     flows: tuple[FlowSpec, ...]
     steps: tuple[Step, ...]
+    hibernate: bool = False
+    """Every waiting flow hibernates as soon as its round commits (``hibernate_after=0``)."""
 
     def to_json(self) -> str:
         """A compact JSON form (what ``python -m tests.campaign --replay`` takes)."""
@@ -148,6 +153,7 @@ class Schedule:
             f"{len(self.flows)} flows {dict(kinds)}, {len(self.steps)} steps, "
             f"{crashes} crashes armed or forced, faults d={self.drop} dup={self.duplicate} "
             f"delay={self.delay} reorder={self.reorder}"
+            + (", every waiting flow hibernated" if self.hibernate else "")
         )
 
 
@@ -201,6 +207,7 @@ def schedule_from_seed(seed: int) -> Schedule:
         reorder=level and rng.choice((0.0, level)),
         flows=tuple(flows),
         steps=tuple(merged),
+        hibernate=rng.random() < 0.5,
     )
 
 
@@ -256,6 +263,7 @@ def schedules(draw: st.DrawFn) -> Schedule:
         reorder=draw(probability),
         flows=tuple(flows),
         steps=tuple(steps),
+        hibernate=draw(st.booleans()),
     )
 
 
@@ -297,7 +305,13 @@ def run_schedule(schedule: Schedule, directory: Path | None = None) -> RunReport
             delay=schedule.delay,
             reorder=schedule.reorder,
         )
-        net = MockNetwork(cordapps=CORDAPPS, seed=schedule.seed, faults=faults, directory=workdir)
+        net = MockNetwork(
+            cordapps=CORDAPPS,
+            seed=schedule.seed,
+            faults=faults,
+            directory=workdir,
+            hibernate_after=0 if schedule.hibernate else None,
+        )
         try:
             return _play(net, schedule)
         except InvariantViolation:
@@ -347,6 +361,10 @@ def _play(net: MockNetwork, schedule: Schedule) -> RunReport:
             net.messaging.duplicate_one(mock.name, step.arg)
         elif step.kind == "delay":
             net.messaging.delay_one(mock.name, step.arg, 1 + step.arg % 5)
+        elif step.kind == "hibernate":
+            _hibernate_all(mock)
+        elif step.kind == "wake":
+            _wake_all(mock)
         report.rounds += 1
     for mock in net.nodes:
         mock.disarm()
@@ -357,6 +375,25 @@ def _play(net: MockNetwork, schedule: Schedule) -> RunReport:
     except AssertionError as error:
         raise InvariantViolation(f"{error}\n{_replay_hint(schedule)}") from error
     return report
+
+
+def _hibernate_all(mock: MockNode) -> None:
+    """Hibernate every waiting flow of ``mock`` (a crash in the commit first restarts it)."""
+    manager = mock.node.manager
+    try:
+        manager.hibernate([state.flow_id for state in manager.live_flows()])
+    except SimulatedCrash:
+        mock.crashes += 1
+        mock.restart()
+
+
+def _wake_all(mock: MockNode) -> None:
+    """Restore every dormant flow of ``mock`` (a crash while restoring restarts it)."""
+    try:
+        mock.node.manager.restore_all()
+    except SimulatedCrash:
+        mock.crashes += 1
+        mock.restart()
 
 
 def _expected(schedule: Schedule) -> tuple[list[Counter[str]], list[Counter[str]]]:

@@ -16,6 +16,7 @@ from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from statemachine.state import FlowStatus
 from tests.cordapp import EchoFlow, PaymentFlow, ledger_entries
+from tests.helpers import restore_now
 from tests.test_flow_effects import with_ledger
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
@@ -93,6 +94,7 @@ def test_blobs_swapped_between_flows_are_caught(tmp_path: Path, backend: str) ->
     stored = blobs(alice)
     write_blob(alice, first, *stored[second])
     alice.restart()
+    restore_now(alice)  # restored lazily: restore it now to look at it
     assert alice.flow_status(first) is FlowStatus.HOSPITALIZED
     assert alice.flow_status(second) is not FlowStatus.HOSPITALIZED
     net.stop_nodes()
@@ -109,6 +111,7 @@ def test_an_undecodable_blob_with_a_valid_mac_is_hospitalized_too(
     assert mac is not None and len(mac) == 32
     write_blob(alice, victim, garbage, mac)
     alice.restart()
+    restore_now(alice)  # restored lazily: restore it now to look at it
     with pytest.raises(FlowHospitalizedError, match="undecodable checkpoint"):
         alice.flow_handle(victim).result()
     net.stop_nodes()
@@ -228,6 +231,7 @@ def test_an_older_row_and_blob_put_back_are_refused_by_the_consumed_messages(
     run_until(net, lambda: version_of(alice, victim) >= 3)  # the echo of "a" was consumed
     put_back(alice, *backup)  # a whole older copy of the flow's checkpoint
     alice.restart()
+    restore_now(alice)  # restored lazily: restore it now to look at it
     with pytest.raises(FlowHospitalizedError, match=r"stale checkpoint: message 0 of session"):
         alice.flow_handle(victim).result()
     net.stop_nodes()

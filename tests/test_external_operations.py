@@ -29,6 +29,7 @@ from statemachine.flow_error import ErrorKind
 from statemachine.iorequests import RetryPolicy
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
+from tests.helpers import restore_now
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
@@ -339,6 +340,7 @@ def test_asking_for_operations_in_another_order_on_replay_is_caught(
     network.run_network(advance_clock=False)
     ORDER[0] = "other"  # the flow's code changed while it slept
     alice.restart()
+    restore_now(alice)  # restored lazily: restore it now to look at it
     network.run_network(advance_clock=False)
     assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
     state = alice.node.manager.flow_state(handle.flow_id)

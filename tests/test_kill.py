@@ -12,7 +12,7 @@ from samples.pingpong import PingFlow
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import BEHAVIOUR, PatientFlow, ShapeShifterFlow
-from tests.helpers import results_by_class
+from tests.helpers import restore_now, results_by_class
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
@@ -63,6 +63,7 @@ def test_a_hospitalized_flow_can_be_killed(tmp_path: Path, backend: str) -> None
     net.run_network(advance_clock=False)
     BEHAVIOUR["shape"] = "changed"
     alice.restart()
+    restore_now(alice)  # restored lazily: restore it now to look at it
     net.run_network(advance_clock=False)
     assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
     alice.kill_flow(handle.flow_id)

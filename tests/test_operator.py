@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 
 from flows import FOREVER, FlowKilledException
@@ -18,6 +19,7 @@ from samples.pingpong import PingFlow
 from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import BEHAVIOUR, PatientFlow, ShapeShifterFlow
+from tests.helpers import restore_now
 from tests.test_runtime import running, two_nodes
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
@@ -54,6 +56,7 @@ def test_a_hospitalized_flow_is_retried_after_the_fix(tmp_path: Path, backend: s
     net.run_network(advance_clock=False)
     BEHAVIOUR["shape"] = "changed"
     alice.restart()
+    restore_now(alice)  # restored lazily: restore it now to look at it
     net.run_network(advance_clock=False)
     assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
     alice.retry_flow(handle.flow_id)  # not fixed yet: back to the hospital
@@ -101,6 +104,26 @@ def test_a_draining_node_refuses_new_flows_and_sessions(tmp_path: Path, backend:
     assert not bob.node.draining
     assert bob.start_flow(PingFlow(alice.party)) is not None
     net.stop_nodes()
+
+
+def test_flow_list_shows_what_waits_on_what_and_what_is_hibernated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alice, bob, _ = two_nodes(tmp_path, "sqlite")
+    alice = attrs.evolve(alice, hibernate_after=0.0)  # every waiting flow hibernates at once
+    client = NodeClient(alice.database_url)
+    with running([alice, bob]):
+        client.start_flows([PatientFlow(Party(bob.name), FOREVER, False) for _ in range(2)])
+        for _ in range(400):
+            capsys.readouterr()
+            print_flow_list(alice)
+            table = capsys.readouterr().out
+            if "2 hibernated" in table:
+                break
+            client.wait([], 0.05)
+        assert "2 flow(s) with a checkpoint on " in table
+        assert ": 2 waiting on a receive" in table
+        assert "2 live, 0 in memory, 2 hibernated or not restored since its start" in table
 
 
 def test_operator_commands_reach_a_running_node(

@@ -89,6 +89,18 @@ def test_limits_and_receive_timeout_come_from_the_config(tmp_path: Path) -> None
     assert config.limits.max_depth == 8 and config.limits.max_bytes == 16 * 1024 * 1024
 
 
+def test_hibernation_settings_come_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "alice.toml"
+    write_config(path, **good_fields(tmp_path))
+    default = load_config(path)
+    assert default.node_config().hibernate_after == 60.0
+    assert default.node_config().memory_budget_mb is None
+    with path.open("a") as config_file:
+        config_file.write('hibernate_after = "never"\nmemory_budget_mb = 512\n')
+    config = load_config(path).node_config()
+    assert config.hibernate_after is None and config.memory_budget_mb == 512
+
+
 @pytest.mark.parametrize(
     ("change", "field", "problem"),
     [
@@ -107,6 +119,9 @@ def test_limits_and_receive_timeout_come_from_the_config(tmp_path: Path) -> None
         ({"limits": {"max_depth": 0}}, "limits", "max_depth must be a positive int"),
         ({"limits": {"max_bytes": 1000}}, "limits", "max_bytes is 1000: session messages need"),
         ({"receive_timeout": -1}, "receive_timeout", "positive seconds"),
+        ({"hibernate_after": "soon"}, "hibernate_after", 'positive seconds, or "never"'),
+        ({"hibernate_after": -5}, "hibernate_after", "zero or positive seconds"),
+        ({"memory_budget_mb": 0}, "memory_budget_mb", "at least 1"),
         ({"topology": "mesh"}, "topology", "must be shared or p2p"),
         ({"require_tls": True}, "require_tls", 'for topology = "p2p" only'),
         ({"former_inbounds": ["sqlite:///old.db"]}, "former_inbounds", "p2p"),

@@ -13,6 +13,7 @@ from flows.testing import MockNetwork
 from statemachine.state import Checkpoint, FlowStatus, StartedLocally
 from tests.conftest import CORDAPPS
 from tests.cordapp import VersionedFlow
+from tests.helpers import restore_now
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
@@ -39,6 +40,7 @@ def test_a_checkpoint_of_another_flow_version_is_reported_and_kept(
             InitiatingInfo(original.flow_class, 4, original.app_name),
         )
         alice.restart()  # "upgraded" to version 4 with a version-3 flow in flight
+        restore_now(alice)  # restored lazily: restore it now to look at it
         problem = alice.node.incompatible_flows[handle.flow_id]
         assert "version 3; version 4 is installed" in problem
         assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED

@@ -23,6 +23,7 @@ from statemachine.actions import (
     ScheduleWakeUp,
     WriteOutbox,
 )
+from statemachine.events import Hibernate
 from statemachine.iorequests import IORequest, Receive
 from statemachine.persistent import EMPTY_VECTOR
 from statemachine.result import ProcessEvents, TransitionResult, continuation_for
@@ -133,11 +134,25 @@ def complete(state: FlowState, request: IORequest, outcome: Outcome, at: float) 
     return TransitionResult(state, actions, continuation_for(outcome))
 
 
-def block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
-    """Suspend the flow on ``pending``: commit, and arrange a wake-up if it has a deadline."""
+def block(
+    state: FlowState, pending: Pending, at: float, stored: Pending | None = None
+) -> TransitionResult:
+    """Suspend the flow on ``pending``: commit, and arrange a wake-up if it has a deadline.
+
+    ``stored`` is what the flow's stored checkpoint says it waits for (a restored flow whose
+    replay has reached it): if that is ``pending`` and nothing happened since the checkpoint,
+    the stored checkpoint already is this state, so nothing is written.
+    """
     progress = None
     if isinstance(pending.request, Receive):
         progress = receive_progress(state, pending.request)
+    if stored is not None and stored == pending and not state.is_dirty():
+        checkpoint = replace(state.checkpoint, status=FlowStatus.SUSPENDED, pending=pending)
+        state = replace(state, checkpoint=checkpoint, receive_progress=progress)
+        actions: tuple[Action, ...] = ()
+        if pending.deadline is not None:
+            actions = (ScheduleWakeUp(state.flow_id, pending.deadline),)
+        return TransitionResult(state, actions, ProcessEvents())
     state, actions = commit(
         state,
         at,
@@ -146,4 +161,12 @@ def block(state: FlowState, pending: Pending, at: float) -> TransitionResult:
     )
     if pending.deadline is not None:
         actions = (*actions, ScheduleWakeUp(state.flow_id, pending.deadline))
+    return TransitionResult(state, actions, ProcessEvents())
+
+
+def commit_before_hibernation(state: FlowState, event: Hibernate) -> TransitionResult:
+    """Commit what a waiting flow holds uncommitted, so its checkpoint is all of it."""
+    if not state.is_dirty():
+        return TransitionResult(state, (), ProcessEvents())
+    state, actions = commit(state, event.at)
     return TransitionResult(state, actions, ProcessEvents())

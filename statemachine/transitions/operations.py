@@ -29,7 +29,7 @@ from statemachine.events import FlowFailed, OperationEnded, WakeUp
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import RunOperation
 from statemachine.result import Abort, ProcessEvents, TransitionResult
-from statemachine.state import FlowState, FlowStatus, Pending, Raised
+from statemachine.state import FlowState, FlowStatus, Pending, Raised, StartedLocally
 from statemachine.transitions.committing import block, commit, complete
 from statemachine.values import replace
 
@@ -40,8 +40,14 @@ OPERATION_TIMEOUT_EXCEPTION = "flows.errors.OperationTimeoutException"
 OPERATION_FAILURES = (OPERATION_FAILED_EXCEPTION, OPERATION_TIMEOUT_EXCEPTION)
 
 
-def idempotency_key(flow_id: str, ordinal: int) -> str:
-    """The key of the flow's ``ordinal``-th operation: the same on every attempt and re-run."""
+def idempotency_key(flow_id: str, ordinal: int, generation: int = 0) -> str:
+    """The key of the flow's ``ordinal``-th operation: the same on every attempt and re-run.
+
+    ``generation`` counts the flow's runs as new (``continue_as_new``): each run numbers its
+    operations from 0, so later runs' keys carry their generation.
+    """
+    if generation:
+        return f"{flow_id}.{generation}:op:{ordinal}"
     return f"{flow_id}:op:{ordinal}"
 
 
@@ -140,7 +146,9 @@ def keep_uncaught_failure(state: FlowState, event: FlowFailed) -> TransitionResu
 def _start(state: FlowState, request: RunOperation, at: float) -> TransitionResult:
     deadline = None if request.timeout is None else at + request.timeout
     result = block(state, Pending(request, deadline), at)
-    key = idempotency_key(state.flow_id, request.ordinal)
+    origin = state.checkpoint.origin
+    generation = origin.generation if isinstance(origin, StartedLocally) else 0
+    key = idempotency_key(state.flow_id, request.ordinal, generation)
     start = StartOperation(state.flow_id, request.ordinal, request.attempt, key)
     return TransitionResult(result.state, (*result.actions, start), result.continuation)
 

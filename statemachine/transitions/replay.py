@@ -35,12 +35,13 @@ def suspend_replaying(state: FlowState, event: Suspend) -> TransitionResult:
     state = with_status(state, FlowStatus.RUNNABLE, pending=None)
     if isinstance(request, Sleep):
         assert pending.deadline is not None
-        return sleep(state, request, event.at, pending.deadline)
+        return sleep(state, request, event.at, pending.deadline, pending)
     if isinstance(request, RunOperation):
         return resume_operation(state, request, pending, event.at)
     assert isinstance(request, Receive) and isinstance(pending.request, Receive)
-    # The deadline is the one first set (durable), not one counted again from now.
-    return receive(state, pending.request, event.at, pending.deadline)
+    # The deadline is the one first set (durable), not one counted again from now; if the
+    # flow still waits for what its checkpoint says, nothing is written.
+    return receive(state, pending.request, event.at, pending.deadline, pending)
 
 
 def finish_replaying(state: FlowState, event: FlowFinished | FlowFailed) -> TransitionResult:

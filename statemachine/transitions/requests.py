@@ -13,6 +13,7 @@ from typing import Any
 from statemachine.events import Suspend
 from statemachine.iorequests import (
     CloseSessions,
+    ContinueAsNew,
     InitiateSession,
     IORequest,
     Receive,
@@ -33,6 +34,7 @@ from statemachine.session_ops import (
 )
 from statemachine.state import NO_VALUE, FlowState, Outcome, Pending, Value
 from statemachine.transitions.committing import block, complete
+from statemachine.transitions.continuing import continue_as_new
 from statemachine.transitions.operations import run_operation
 from statemachine.values import replace
 
@@ -49,27 +51,34 @@ def suspend_live(state: FlowState, event: Suspend) -> TransitionResult:
 
 
 def receive(
-    state: FlowState, request: Receive, at: float, deadline: float | None = None
+    state: FlowState,
+    request: Receive,
+    at: float,
+    deadline: float | None = None,
+    stored: Pending | None = None,
 ) -> TransitionResult:
     """Complete the receive if every session has a message, else block until they do.
 
     ``deadline`` is the one first set when the receive blocked (durable: a replayed receive
-    keeps it); otherwise the request's timeout counts from ``at``.
+    keeps it); otherwise the request's timeout counts from ``at``. ``stored`` is the pending
+    request of a restored flow's checkpoint (see :func:`block`).
     """
     state = ensure_initiated(state, request.session_ids)
     state, outcome = try_receive(state, request)
     if outcome is None:
         if deadline is None and request.timeout is not None:
             deadline = at + request.timeout
-        return block(state, Pending(request, deadline), at)
+        return block(state, Pending(request, deadline), at, stored)
     return complete(state, request, outcome, at)
 
 
-def sleep(state: FlowState, request: Sleep, at: float, deadline: float) -> TransitionResult:
+def sleep(
+    state: FlowState, request: Sleep, at: float, deadline: float, stored: Pending | None = None
+) -> TransitionResult:
     """Resume at once if ``deadline`` has passed, else block until it does."""
     if at >= deadline:
         return complete(state, request, NO_VALUE, at)
-    return block(state, Pending(request, deadline), at)
+    return block(state, Pending(request, deadline), at, stored)
 
 
 def _receive(state: FlowState, request: Receive, at: float) -> TransitionResult:
@@ -127,5 +136,6 @@ REQUESTS: dict[type, RequestRule] = {
     SetProgress: _journaled(_progress),
     RunInTransaction: _journaled(_effect),
     RecordValue: _journaled(_value),
+    ContinueAsNew: continue_as_new,
 }
 """The rule for each kind of request a live flow makes."""
