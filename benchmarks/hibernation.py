@@ -20,13 +20,16 @@ Alice and Bob run in one process (``MockNetwork``, SQLite files). Three measurem
 Run: ``python benchmarks/hibernation.py [--parts memory restart wake] [--memory 10000 100000]
 [--restart 10000 100000] [--wake 200]`` (``--memory`` counts flows, ``--restart`` pairs, that
 is checkpoints on each node); ``--memory 1000000`` parks a million flows (about 15 minutes on
-this machine).
+this machine). Each memory row runs in a fresh process of its own, so that no row reuses
+memory an earlier one freed.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,6 +109,20 @@ def measure_memory(pairs: int, hibernate_after: float | None) -> dict[str, float
         "rss MiB": after / 2**20,
         "seconds": seconds,
     }
+
+
+def measure_memory_in_a_process(pairs: int, hibernate_after: float | None) -> dict[str, float]:
+    """:func:`measure_memory` in a fresh Python process, so no earlier run's freed memory is
+    reused (the allocator keeps what a process freed): each row's figure is its own."""
+    command = [sys.executable, __file__, "--one-memory-row", str(pairs)]
+    if hibernate_after is None:
+        command.append("--keep-in-memory")
+    child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    lines = child.stdout.splitlines()
+    for line in lines[:-1]:  # progress lines
+        print(line, flush=True)
+    row: dict[str, float] = json.loads(lines[-1])
+    return row
 
 
 def measure_restart(pairs: int) -> dict[str, float]:
@@ -191,29 +208,37 @@ def main() -> None:
     )
     parser.add_argument("--restart", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--wake", type=int, default=200)
+    parser.add_argument("--one-memory-row", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--keep-in-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     tune_collector()
+    if args.one_memory_row is not None:  # a child of measure_memory_in_a_process
+        began = time.perf_counter()
+        row = measure_memory(args.one_memory_row, None if args.keep_in_memory else 0.0)
+        row["wall s"] = time.perf_counter() - began
+        print(json.dumps(row), flush=True)
+        return
     if "memory" in args.parts:
         print("memory per parked flow (resident, after a collection; flows in pairs)")
         print(
             f"{'flows':>10} {'mode':>11} {'parked':>10} {'dormant':>10} {'B/flow':>8} "
-            f"{'RSS MiB':>8} {'park s':>7}"
+            f"{'RSS MiB':>8} {'park s':>7} {'wall s':>7}"
         )
         for flows in args.memory:
             pairs = flows // 2
             modes = [0.0] + ([None] if flows <= args.in_memory_up_to else [])
             for hibernate_after in modes:
-                row = measure_memory(pairs, hibernate_after)
+                row = measure_memory_in_a_process(pairs, hibernate_after)
                 mode = "hibernated" if hibernate_after == 0 else "in memory"
                 print(
                     f"{flows:>10,} {mode:>11} {row['parked']:>10,.0f} {row['dormant']:>10,.0f} "
-                    f"{row['bytes/flow']:>8,.0f} {row['rss MiB']:>8,.0f} {row['seconds']:>7,.0f}",
+                    f"{row['bytes/flow']:>8,.0f} {row['rss MiB']:>8,.0f} "
+                    f"{row['seconds']:>7,.0f} {row['wall s']:>7,.0f}",
                     flush=True,
                 )
         print(
-            "goal: at most 2,048 B per parked flow (1M flows in 2 GiB). Rows after the first "
-            "reuse memory the earlier ones freed (the allocator keeps it): for a clean figure "
-            "run one size per process and read the RSS column"
+            "goal: at most 2,048 B per parked flow (1M flows in 2 GiB); each row ran in a "
+            "process of its own (RSS MiB: the whole process, both nodes)"
         )
     if "restart" in args.parts:
         print("restart of two nodes holding parked pairs, then one new ping/pong")

@@ -75,8 +75,6 @@ RelayFactory = Callable[[OutboxStore, MessageAuthenticator], Relay]
 
 log = logging.getLogger("fiberflow.node")
 
-"""The error class recorded for a flow whose checkpoint the installed code cannot resume."""
-
 
 class SystemClock:
     """The real clock."""

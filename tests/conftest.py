@@ -46,6 +46,48 @@ def pytest_make_collect_report(
     return report
 
 
+NODE_LOG_TAIL_LINES = 40
+"""How many lines of each node process's log a failed test's report shows."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that ran node processes shows the end of their logs in its report.
+
+    Node processes log to ``*.log`` files under the test's ``tmp_path``; in CI those files are
+    gone with the clone, so the report is the only place a failure's evidence survives
+    (pika's chatter is left out), with their status files. A fixture with a ``log_tail()``
+    (a broker or database server of the tests' own) adds its log's end too.
+    """
+    report = yield
+    if not report.failed or report.when != "call":
+        return report
+    funcargs = getattr(item, "funcargs", {})
+    for name, value in funcargs.items():
+        log_tail = getattr(value, "log_tail", None)
+        if callable(log_tail):
+            try:
+                report.sections.append((f"log of fixture {name} (end)", str(log_tail())))
+            except Exception as error:  # evidence only: never hide the test's own failure
+                report.sections.append((f"log of fixture {name}", f"unreadable: {error}"))
+    tmp_path = funcargs.get("tmp_path")
+    if isinstance(tmp_path, Path) and tmp_path.is_dir():
+        for log_file in sorted(tmp_path.rglob("*.log"))[:8]:
+            lines = [
+                line
+                for line in log_file.read_text(errors="replace").splitlines()
+                if " pika." not in line
+            ]
+            tail = "\n".join(lines[-NODE_LOG_TAIL_LINES:])
+            report.sections.append((f"node log {log_file.name} (end)", tail))
+        for status_file in sorted(tmp_path.rglob("*.status.json"))[:8]:
+            text = status_file.read_text(errors="replace")
+            report.sections.append((f"node status {status_file.name}", text))
+    return report
+
+
 def postgres_driver_problem() -> str | None:
     """Why the PostgreSQL driver cannot be imported (psycopg is missing), or None."""
     return None if importlib.util.find_spec("psycopg") is not None else PSYCOPG_MISSING
