@@ -117,11 +117,16 @@ def measure_memory_in_a_process(pairs: int, hibernate_after: float | None) -> di
     command = [sys.executable, __file__, "--one-memory-row", str(pairs)]
     if hibernate_after is None:
         command.append("--keep-in-memory")
-    child = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
-    lines = child.stdout.splitlines()
-    for line in lines[:-1]:  # progress lines
-        print(line, flush=True)
-    row: dict[str, float] = json.loads(lines[-1])
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        last = ""
+        for line in child.stdout:  # progress lines as they come; the row (JSON) last
+            if last:
+                print(last, end="", flush=True)
+            last = line
+    if child.returncode != 0:
+        raise SystemExit(f"the measuring process failed (exit {child.returncode})")
+    row: dict[str, float] = json.loads(last)
     return row
 
 
