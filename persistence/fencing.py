@@ -54,6 +54,11 @@ class FencedEngine:
             with self.fenced():
                 pass
 
-    def new_lease(self, worker: WorkerInfo | None, lease_seconds: float) -> NodeLease:
-        """A (not yet acquired) lease of this database for ``worker`` (this process)."""
-        return NodeLease(self.engine, worker, lease_seconds, immediate=self.writer)
+    def new_lease(
+        self, worker: WorkerInfo | None, lease_seconds: float, *, shared: bool = False
+    ) -> NodeLease:
+        """A (not yet acquired) lease of this database for ``worker`` (this process).
+
+        ``shared``: the worker is one of several running the node (PostgreSQL only).
+        """
+        return NodeLease(self.engine, worker, lease_seconds, immediate=self.writer, shared=shared)

@@ -1,30 +1,41 @@
-"""The node lease: which process may run a node's flows, fenced inside every commit.
+"""The node lease: which process may run which of a node's flows, fenced inside every commit.
 
-A node's flows are divided into ``PARTITIONS`` partitions by flow id. What a node process (a
-*worker*) holds is a lease on partitions: the right to run their flows. Today one process
-holds all of them; the tables are laid out so that several workers of one node can later
-share them (each partition is held by one worker at a time).
+A node's flows are divided into ``PARTITIONS`` partitions by flow id
+(:mod:`statemachine.partitions`). What a node process (a *worker*) holds is a lease on
+partitions: the right to run their flows. A node runs either as one process, which holds
+every partition, or as several workers (``shared``, PostgreSQL only), each holding a fair
+share; each partition is held by one worker at a time.
 
 Tables (columns documented in docs/schema.md):
 
 * ``node_workers``: one row per live worker: its id (a fresh random id per process start),
-  process id, host, boot id and process start time (to tell a dead process from a live one
-  on the same host), when it started, and when its lease expires. Times are milliseconds of
-  the *database's* clock, so workers on several hosts agree on them.
+  its name (``--worker NAME``; empty for a node run as one process), whether it is one of
+  several (``shared``), process id, host, boot id and process start time (to tell a dead
+  process from a live one on the same host), when it started, and when its lease expires.
+  Times are milliseconds of the *database's* clock, so workers on several hosts agree on them.
 * ``node_partitions``: one row per partition: the worker holding it and its *epoch*, a
   number bumped every time the partition changes hands.
 
 Rules:
 
-* :meth:`NodeLease.acquire` takes every partition in one transaction. A partition held by
-  another worker is taken only if that worker's lease has expired, or the worker ran on this
+* :meth:`NodeLease.acquire` of a node run as one process takes every partition in one
+  transaction. Another worker is taken over only if its lease has expired, or it ran on this
   host and its process is gone (a SIGKILLed node restarts at once). Otherwise it raises
   :class:`LeaseHeldError`, naming the holder and since when. Taking a partition bumps its
   epoch and deletes the worker row of the previous holder.
+* A worker of a shared node joins instead: it is refused beside a node run as one process,
+  or beside a live worker of the same name; it takes the fair share
+  (:func:`~statemachine.partitions.assign_partitions`) of what is free or held by dead
+  workers. :meth:`NodeLease.rebalance`, every :data:`REBALANCE_SECONDS`, renews it and moves
+  towards the fair share of the live workers: it takes free and dead partitions (each a
+  compare-and-set on holder and epoch), and names the partitions it should hand over; the
+  worker stops running their flows, then frees them with :meth:`NodeLease.release_partitions`,
+  and their new holder takes them at its next rebalance. A live worker's partitions are only
+  ever freed by that worker.
 * :meth:`NodeLease.fence` is the first statement of every transaction that changes the
   node's flows: it checks, under a lock that a takeover must wait for, that every partition
-  the worker took still names it with the epoch it took. If not, the worker has been replaced
-  (it was paused or cut off past its lease, and another process took over):
+  the worker holds still names it with the epoch it took. If not, the worker has been
+  replaced (it was paused or cut off past its lease, and another process took over):
   :class:`LeaseLostError` rolls the transaction back, and the process must exit.
 * :meth:`NodeLease.renew` extends the lease (a worker renews every third of the lease; a
   node process does it on a thread of its own, so long-running flow code cannot starve it).
@@ -41,7 +52,6 @@ import socket
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,11 +76,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from persistence import schema
+from statemachine.limits import WORKER_NAME_CHARS
+from statemachine.partitions import PARTITIONS, assign_partitions, partition_of
 
 log = logging.getLogger("fiberflow.lease")
 
-PARTITIONS = 16
-"""Partitions of a node's flows (fixed for a database: its rows are made with it)."""
 DEFAULT_LEASE_SECONDS = 20.0
 """How long a worker's lease lasts without renewal."""
 RETRY_RENEWAL_SECONDS = 0.5
@@ -78,6 +88,13 @@ RETRY_RENEWAL_SECONDS = 0.5
 TAKEOVER_LOCK_TIMEOUT_MS = 2000
 """PostgreSQL: how long a takeover waits for a row lock held by an expired holder's backend
 before ending that backend (a process frozen in the middle of a transaction)."""
+REBALANCE_SECONDS = 1.0
+"""How often a worker of a node run by several workers renews its lease and rebalances (a
+third of the lease if that is shorter): the delay of a hand-over after a join or a leave."""
+SQLITE_SINGLE_PROCESS = (
+    "a node on SQLite runs as one process: several workers (--worker) need the node database "
+    "on PostgreSQL"
+)
 
 
 class LeaseError(RuntimeError):
@@ -90,11 +107,6 @@ class LeaseHeldError(LeaseError):
 
 class LeaseLostError(LeaseError):
     """The process no longer holds the node's lease: another took over. It must exit."""
-
-
-def partition_of(flow_id: str) -> int:
-    """The partition of a flow: CRC-32 of its id modulo :data:`PARTITIONS`."""
-    return zlib.crc32(flow_id.encode()) % PARTITIONS
 
 
 def database_now(connection: Connection) -> Any:
@@ -136,9 +148,12 @@ class WorkerInfo:
     pid_namespace: int = 0
     """The inode of the process's PID namespace (0: unknown). Process ids of two
     containers on one host are comparable only within one namespace."""
+    name: str = ""
+    """The worker's name given by the operator (``--worker NAME``); empty for a node run as
+    one process."""
 
     @classmethod
-    def of_this_process(cls, worker_id: str | None = None) -> WorkerInfo:
+    def of_this_process(cls, worker_id: str | None = None, name: str = "") -> WorkerInfo:
         """Describe the calling process, under a fresh worker id (or ``worker_id``)."""
         pid = os.getpid()
         return cls(
@@ -148,11 +163,13 @@ class WorkerInfo:
             boot_id=_read_text("/proc/sys/kernel/random/boot_id") or "",
             process_start=process_start_ticks(pid) or 0,
             pid_namespace=_pid_namespace(),
+            name=name,
         )
 
     def describe(self) -> str:
-        """``pid 123 on host h (worker 3f2a9c1e)``."""
-        return f"pid {self.pid} on host {self.host} (worker {self.worker_id[:8]})"
+        """``pid 123 on host h (worker 3f2a9c1e)``, with the worker's name if it has one."""
+        named = f"{self.name!r}, " if self.name else ""
+        return f"pid {self.pid} on host {self.host} (worker {named}{self.worker_id[:8]})"
 
 
 def _pid_namespace() -> int:
@@ -197,6 +214,8 @@ class Holder:
     started_at: int
     renewed_at: int
     expires_at: int
+    shared: bool = False
+    """True for a worker of a node run by several workers (``--worker``)."""
 
     def describe(self, now: int) -> str:
         """Who holds the lease, since when, and for how much longer."""
@@ -209,16 +228,44 @@ class Holder:
 
 def _holder(row: Any) -> Holder:
     worker = WorkerInfo(
-        row.worker_id, row.pid, row.host, row.boot_id, row.process_start, row.pid_namespace
+        row.worker_id,
+        row.pid,
+        row.host,
+        row.boot_id,
+        row.process_start,
+        row.pid_namespace,
+        row.name,
     )
-    return Holder(worker, row.started_at, row.renewed_at, row.expires_at)
+    return Holder(worker, row.started_at, row.renewed_at, row.expires_at, bool(row.shared))
+
+
+def _is_dead(holder: Holder, now: int) -> bool:
+    """True if ``holder``'s lease ran out or its process (on this host) is gone."""
+    return holder.expires_at <= now or process_is_gone(holder.worker)
+
+
+@attrs.frozen
+class Rebalance:
+    """What one rebalancing of a worker changed and asks for (see :meth:`NodeLease.rebalance`).
+
+    ``taken``: partitions this worker took (free, or from a dead worker): it now runs their
+    flows. ``to_release``: partitions the fair share gives to another live worker: this one
+    stops running their flows, then hands them over with :meth:`NodeLease.release_partitions`.
+    """
+
+    taken: frozenset[int] = frozenset()
+    to_release: frozenset[int] = frozenset()
+    workers: int = 1
+    """Live workers of the node seen, this one included."""
 
 
 class NodeLease:
     """One worker's lease on a node database (see the module docstring).
 
     ``engine`` is the node database's engine (for PostgreSQL, already translated to the
-    node's schema). Nothing is held until :meth:`acquire`.
+    node's schema). Nothing is held until :meth:`acquire`. With ``shared`` the worker is one
+    of several running the node (PostgreSQL only): it takes its fair share of the partitions
+    and :meth:`rebalance` keeps the shares fair as workers join and leave.
     """
 
     def __init__(
@@ -228,17 +275,26 @@ class NodeLease:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         *,
         immediate: Engine | None = None,
+        shared: bool = False,
     ) -> None:
         if not lease_seconds > 0:
             raise ValueError(f"lease_seconds must be positive, not {lease_seconds!r}")
         self.engine = engine
         self._immediate = immediate or engine
         self.worker = worker or WorkerInfo.of_this_process()
+        if len(self.worker.name) > WORKER_NAME_CHARS:
+            raise ValueError(
+                f"worker name {self.worker.name[:80]!r}... is longer than {WORKER_NAME_CHARS} "
+                "characters"
+            )
         self.lease_seconds = lease_seconds
+        self.shared = shared
         self.epochs: dict[int, int] = {}
-        """The partitions held, with the epoch each was taken at."""
+        """The partitions held, with the epoch each was taken at. Replaced whole, never
+        changed in place, so a reader on another thread sees one consistent set."""
         self.taken_over_from: list[WorkerInfo] = []
         """Workers whose partitions :meth:`acquire` took (dead or expired)."""
+        self._joined = False
         self._next_renewal = 0.0
         self._lock = threading.Lock()
 
@@ -249,57 +305,70 @@ class NodeLease:
 
     @property
     def held(self) -> bool:
-        """True while partitions are held (acquired, not released)."""
-        return bool(self.epochs)
+        """True while the lease is held (acquired, not released nor lost).
+
+        A worker of a shared node may hold it with no partition for a while (it just joined,
+        or there are more workers than partitions).
+        """
+        return self._joined
+
+    @property
+    def renewal_interval(self) -> float:
+        """Seconds between renewals: a third of the lease (at most 1 s when shared)."""
+        third = self.lease_seconds / 3
+        return min(third, REBALANCE_SECONDS) if self.shared else third
 
     # --- acquiring ------------------------------------------------------------------------
 
     def acquire(self) -> None:
-        """Take every partition; raises :class:`LeaseHeldError` if a live worker holds one."""
+        """Start holding the lease: every partition, or with ``shared`` a fair share.
+
+        Raises :class:`LeaseHeldError` if a live process stands in the way: any other worker
+        for a node run as one process; a node run as one process, or a live worker of the same
+        name, for a worker of a shared node. Raises :class:`LeaseError` for ``shared`` on a
+        database that is not PostgreSQL.
+        """
+        if self.shared and self.engine.dialect.name != "postgresql":
+            raise LeaseError(SQLITE_SINGLE_PROCESS)
         for attempt in range(1, 6):
             try:
                 with self._immediate.begin() as connection:
-                    self._acquire(connection)
-                self._next_renewal = time.monotonic() + self.lease_seconds / 3
+                    if self.shared:
+                        taken = self._join(connection)
+                    else:
+                        self._acquire(connection)
+                if self.shared:
+                    self.epochs = taken
+                self._joined = True
+                self._next_renewal = time.monotonic() + self.renewal_interval
                 self._end_sessions_of(self.taken_over_from)
                 return
             except OperationalError as error:
                 if attempt == 5 or not self._end_frozen_holders(error):
                     raise
 
-    def _acquire(self, connection: Connection) -> None:
-        partitions, workers = schema.node_partitions, schema.node_workers
-        postgres = connection.dialect.name == "postgresql"
+    def _begin_change(self, connection: Connection) -> int:
+        """The database's clock now; on PostgreSQL a bounded wait for row locks."""
         now = int(connection.execute(select(database_now(connection))).scalar_one())
-        if postgres:
+        if connection.dialect.name == "postgresql":
             connection.execute(text(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}"))
         _create_partitions(connection)
-        query = select(partitions.c.partition, partitions.c.holder, partitions.c.epoch)
-        if postgres:
-            query = query.with_for_update()
-        rows = connection.execute(query.order_by(partitions.c.partition)).all()
-        holder_ids = {row.holder for row in rows if row.holder is not None}
-        holders = {
-            row.worker_id: _holder(row)
+        return now
+
+    def _others(self, connection: Connection) -> list[Holder]:
+        workers = schema.node_workers
+        return [
+            _holder(row)
             for row in connection.execute(
-                select(workers).where(workers.c.worker_id.in_(holder_ids))
+                select(workers)
+                .where(workers.c.worker_id != self.worker_id)
+                .order_by(workers.c.worker_id)
             )
-        }
-        taken: list[WorkerInfo] = []
-        for holder_id in sorted(holder_ids):
-            holder = holders.get(holder_id)
-            if holder is None:
-                continue  # its worker row is gone: nobody holds these partitions
-            if holder.expires_at <= now or process_is_gone(holder.worker):
-                taken.append(holder.worker)
-                continue
-            raise LeaseHeldError(
-                f"the node is already running: {holder.describe(now)}; refusing to start "
-                "(two processes on one node would run its flows twice)"
-            )
-        expires = now + round(self.lease_seconds * 1000)
+        ]
+
+    def _insert_worker(self, connection: Connection, now: int) -> None:
         connection.execute(
-            insert(workers).values(
+            insert(schema.node_workers).values(
                 worker_id=self.worker_id,
                 pid=self.worker.pid,
                 host=self.worker.host,
@@ -308,22 +377,45 @@ class NodeLease:
                 pid_namespace=self.worker.pid_namespace,
                 started_at=now,
                 renewed_at=now,
-                expires_at=expires,
+                expires_at=now + round(self.lease_seconds * 1000),
+                name=self.worker.name,
+                shared=self.shared,
             )
         )
+
+    def _acquire(self, connection: Connection) -> None:
+        """Take every partition (a node run as one process)."""
+        partitions, workers = schema.node_partitions, schema.node_workers
+        now = self._begin_change(connection)
+        query = select(partitions.c.partition, partitions.c.holder, partitions.c.epoch)
+        if connection.dialect.name == "postgresql":
+            query = query.with_for_update()
+        rows = connection.execute(query.order_by(partitions.c.partition)).all()
+        holder_ids = {row.holder for row in rows if row.holder is not None}
+        taken: list[WorkerInfo] = []
+        for holder in self._others(connection):
+            if _is_dead(holder, now):
+                if holder.worker.worker_id in holder_ids:
+                    taken.append(holder.worker)
+                continue
+            if holder.shared:
+                raise LeaseHeldError(
+                    f"the node is running as several workers (one is {holder.describe(now)}); "
+                    "refusing to start it as one process beside them (start this process "
+                    "with --worker NAME to join them)"
+                )
+            raise LeaseHeldError(
+                f"the node is already running: {holder.describe(now)}; refusing to start "
+                "(two processes on one node would run its flows twice)"
+            )
+        self._insert_worker(connection, now)
         connection.execute(
             update(partitions).values(
                 holder=self.worker_id, epoch=partitions.c.epoch + 1, acquired_at=now
             )
         )
-        # Workers whose lease ran out long ago and hold nothing are forgotten too.
-        connection.execute(
-            delete(workers).where(
-                workers.c.worker_id != self.worker_id,
-                (workers.c.worker_id.in_([w.worker_id for w in taken]))
-                | (workers.c.expires_at < now),
-            )
-        )
+        # Workers whose lease ran out or whose process is gone are forgotten.
+        connection.execute(delete(workers).where(workers.c.worker_id != self.worker_id))
         self.epochs = {
             row.partition: row.epoch
             for row in connection.execute(select(partitions.c.partition, partitions.c.epoch))
@@ -334,6 +426,93 @@ class NodeLease:
                 "took the node over from %s, whose lease expired or whose process is gone",
                 worker.describe(),
             )
+
+    def _join(self, connection: Connection) -> dict[int, int]:
+        """Join the workers of a shared node and take a fair share; returns what was taken."""
+        now = self._begin_change(connection)
+        for holder in self._others(connection):
+            if _is_dead(holder, now):
+                continue
+            if not holder.shared:
+                raise LeaseHeldError(
+                    f"the node is running as one process: {holder.describe(now)}; stop it "
+                    "before starting workers (a node runs either as one process or as workers)"
+                )
+            if holder.worker.name == self.worker.name:
+                raise LeaseHeldError(
+                    f"worker {self.worker.name!r} of the node is already running: "
+                    f"{holder.describe(now)}; refusing to start a second one of that name"
+                )
+        self._insert_worker(connection, now)
+        taken, taken_from, _ = self._take_share(connection, now, {})
+        self.taken_over_from = taken_from
+        return taken
+
+    def _take_share(
+        self, connection: Connection, now: int, held: dict[int, int]
+    ) -> tuple[dict[int, int], list[WorkerInfo], tuple[frozenset[int], int]]:
+        """Take the partitions the fair share gives this worker that are free or dead.
+
+        ``held`` is what this worker believes it holds. Returns the partitions taken (with
+        their new epochs), the dead workers taken from, and the partitions to release with
+        the number of live workers. Every take is a compare-and-set on the partition's holder
+        and epoch: a partition another worker took meanwhile is left alone.
+        """
+        partitions, workers = schema.node_partitions, schema.node_workers
+        rows = connection.execute(
+            select(partitions.c.partition, partitions.c.holder, partitions.c.epoch)
+        ).all()
+        others = {holder.worker.worker_id: holder for holder in self._others(connection)}
+        live = {w for w, holder in others.items() if not _is_dead(holder, now)}
+        live.add(self.worker_id)
+        current = {row.partition: row.holder if row.holder in live else None for row in rows}
+        target = assign_partitions(current, live)
+        taken: dict[int, int] = {}
+        taken_from: dict[str, WorkerInfo] = {}
+        to_release: set[int] = set()
+        for row in rows:
+            mine = target.get(row.partition) == self.worker_id
+            if row.holder == self.worker_id:
+                if not mine:
+                    to_release.add(row.partition)
+                elif row.partition not in held:  # an earlier release of it did not commit
+                    taken[row.partition] = row.epoch
+                continue
+            if not mine or row.holder in live:
+                continue  # a live holder hands it over itself, at its own rebalance
+            previous = (
+                partitions.c.holder.is_(None)
+                if row.holder is None
+                else partitions.c.holder == row.holder
+            )
+            result = connection.execute(
+                update(partitions)
+                .where(
+                    partitions.c.partition == row.partition,
+                    partitions.c.epoch == row.epoch,
+                    previous,
+                )
+                .values(holder=self.worker_id, epoch=row.epoch + 1, acquired_at=now)
+            )
+            if result.rowcount == 1:
+                taken[row.partition] = row.epoch + 1
+                if row.holder in others:
+                    taken_from[row.holder] = others[row.holder].worker
+        dead = [w for w in others if w not in live]
+        if dead:
+            holding = select(partitions.c.partition).where(
+                partitions.c.holder == workers.c.worker_id
+            )
+            connection.execute(
+                delete(workers).where(workers.c.worker_id.in_(dead), ~holding.exists())
+            )
+        for worker in taken_from.values():
+            log.warning(
+                "took partitions of the node over from %s, whose lease expired or whose "
+                "process is gone",
+                worker.describe(),
+            )
+        return taken, list(taken_from.values()), (frozenset(to_release), len(live))
 
     def _end_sessions_of(self, workers: list[WorkerInfo]) -> None:
         """PostgreSQL: end every database session left by workers taken over.
@@ -356,31 +535,29 @@ class NodeLease:
         if ended:
             log.warning("ended %d database session(s) of the workers taken over", ended)
 
-    def _end_frozen_holders(self, error: OperationalError) -> bool:
+    def _end_frozen_holders(self, error: OperationalError, *, refuse: bool = True) -> bool:
         """PostgreSQL: end the backends of expired holders that block a takeover.
 
         A holder frozen in the middle of a transaction (SIGSTOP, a paused VM) keeps its row
         locks; once its lease has expired its backends are ended so the takeover can proceed
-        (when it thaws, its commits fail the fence). True if any backend was ended.
+        (when it thaws, its commits fail the fence). True if the error was such a wait.
+        With ``refuse``, a live holder found meanwhile raises :class:`LeaseHeldError`;
+        without, it is left alone.
         """
         orig = getattr(error, "orig", None)
         if getattr(orig, "sqlstate", None) != "55P03":  # lock_not_available
             return False
-        workers = schema.node_workers
         with self.engine.connect() as connection:
             now = int(connection.execute(select(database_now(connection))).scalar_one())
-            stale = [
-                _holder(row)
-                for row in connection.execute(select(workers))
-                if row.worker_id != self.worker_id
-            ]
             ended = 0
-            for holder in stale:
-                if holder.expires_at > now and not process_is_gone(holder.worker):
-                    raise LeaseHeldError(
-                        f"the node is already running: {holder.describe(now)}; refusing to "
-                        "start (two processes on one node would run its flows twice)"
-                    ) from error
+            for holder in self._others(connection):
+                if not _is_dead(holder, now):
+                    if refuse:
+                        raise LeaseHeldError(
+                            f"the node is already running: {holder.describe(now)}; refusing "
+                            "to start (two processes on one node would run its flows twice)"
+                        ) from error
+                    continue
                 ended += int(
                     connection.execute(
                         text(
@@ -402,16 +579,20 @@ class NodeLease:
         On PostgreSQL the partition rows are locked (``FOR SHARE``): a takeover waits for this
         transaction to end. On SQLite the node's write transactions hold the write lock from
         their first statement (``BEGIN IMMEDIATE``). Raises :class:`LeaseLostError` if another
-        worker took any partition over.
+        worker took any partition over. (A partition taken by a rebalance on another thread
+        may show up before :attr:`epochs` lists it: it is not checked until then.)
         """
-        if not self.epochs:
+        held = self.epochs
+        if not self._joined:
             raise LeaseLostError(
                 "this process holds no lease on the node (released or never taken)"
             )
+        if not held:
+            return  # a worker holding no partition writes no flow
         query = _FENCE_QUERIES[connection.dialect.name == "postgresql"]
         found = {row[0]: row[1] for row in connection.execute(query, {"holder": self.worker_id})}
-        if found != self.epochs:
-            lost = sorted(p for p, e in self.epochs.items() if found.get(p) != e)
+        lost = sorted(p for p, e in held.items() if found.get(p) != e)
+        if lost:
             raise LeaseLostError(
                 f"worker {self.worker_id[:8]} lost partitions {lost} of the node to another "
                 "process (this one was paused or cut off past its lease); it must exit"
@@ -424,23 +605,85 @@ class NodeLease:
         """
         with self._lock, self._immediate.begin() as connection:
             self.fence(connection)
-            workers = schema.node_workers
-            now = database_now(connection)
-            result = connection.execute(
-                update(workers)
-                .where(workers.c.worker_id == self.worker_id)
-                .values(renewed_at=now, expires_at=now + round(self.lease_seconds * 1000))
+            self._renew_row(connection)
+        self._next_renewal = time.monotonic() + self.renewal_interval
+
+    def _renew_row(self, connection: Connection) -> None:
+        workers = schema.node_workers
+        now = database_now(connection)
+        result = connection.execute(
+            update(workers)
+            .where(workers.c.worker_id == self.worker_id)
+            .values(renewed_at=now, expires_at=now + round(self.lease_seconds * 1000))
+        )
+        if result.rowcount != 1:
+            raise LeaseLostError(
+                f"worker {self.worker_id[:8]}'s lease row is gone: another process took "
+                "the node over; this one must exit"
             )
-            if result.rowcount != 1:
-                raise LeaseLostError(
-                    f"worker {self.worker_id[:8]}'s lease row is gone: another process took "
-                    "the node over; this one must exit"
-                )
-        self._next_renewal = time.monotonic() + self.lease_seconds / 3
+
+    def rebalance(self) -> Rebalance:
+        """Renew the lease of a worker of a shared node and move towards the fair share.
+
+        Takes (compare-and-set) the partitions the share gives this worker that are free or
+        held by a dead worker, and names those the share gives to another live worker: the
+        caller stops running their flows and hands them over with
+        :meth:`release_partitions`. A row lock held by a frozen expired worker is waited for
+        a bounded time; its backends are then ended and the take is tried at the next call.
+        Raises :class:`LeaseLostError` if this worker lost a partition or its row.
+        """
+        if not self.shared:
+            raise LeaseError("rebalance() is for the workers of a node run by several workers")
+        with self._lock:
+            try:
+                with self._immediate.begin() as connection:
+                    self.fence(connection)
+                    self._renew_row(connection)
+                    now = self._begin_change(connection)
+                    taken, taken_from, (to_release, live) = self._take_share(
+                        connection, now, self.epochs
+                    )
+            except OperationalError as error:
+                if not self._end_frozen_holders(error, refuse=False):
+                    raise
+                return Rebalance(workers=0)
+            if taken:
+                self.epochs = {**self.epochs, **taken}
+            self._next_renewal = time.monotonic() + self.renewal_interval
+        self._end_sessions_of(taken_from)
+        return Rebalance(frozenset(taken), to_release, live)
+
+    def release_partitions(self, released: set[int] | frozenset[int]) -> None:
+        """Hand partitions over: this worker has stopped running their flows.
+
+        They leave :attr:`epochs` first (the fence no longer expects them), then their rows
+        are freed if they still name this worker at the epoch it held; another worker takes
+        them at its next rebalance. If the release does not commit, the next
+        :meth:`rebalance` names them again.
+        """
+        with self._lock:
+            held = self.epochs
+            giving = {p: e for p, e in held.items() if p in released}
+            if not giving:
+                return
+            self.epochs = {p: e for p, e in held.items() if p not in released}
+            partitions = schema.node_partitions
+            with self._immediate.begin() as connection:
+                for partition, epoch in sorted(giving.items()):
+                    connection.execute(
+                        update(partitions)
+                        .where(
+                            partitions.c.partition == partition,
+                            partitions.c.holder == self.worker_id,
+                            partitions.c.epoch == epoch,
+                        )
+                        .values(holder=None)
+                    )
+        log.info("handed partitions %s of the node over", sorted(giving))
 
     def renew_if_due(self) -> bool:
         """Renew if a third of the lease has passed since the last renewal; True if renewed."""
-        if not self.epochs or time.monotonic() < self._next_renewal:
+        if not self._joined or self.shared or time.monotonic() < self._next_renewal:
             return False
         self.renew()
         return True
@@ -450,9 +693,18 @@ class NodeLease:
         with self.engine.connect() as connection:
             return [_holder(row) for row in connection.execute(select(schema.node_workers))]
 
+    def assignment(self) -> dict[int, str | None]:
+        """Which worker id holds each partition now (None: free), as the table says."""
+        partitions = schema.node_partitions
+        with self.engine.connect() as connection:
+            return {
+                row.partition: row.holder
+                for row in connection.execute(select(partitions.c.partition, partitions.c.holder))
+            }
+
     def release(self) -> None:
-        """Give the partitions up (a clean stop); harmless if they were lost or never held."""
-        if not self.epochs:
+        """Give everything up (a clean stop); harmless if it was lost or never held."""
+        if not self._joined:
             return
         partitions, workers = schema.node_partitions, schema.node_workers
         try:
@@ -465,6 +717,7 @@ class NodeLease:
                 connection.execute(delete(workers).where(workers.c.worker_id == self.worker_id))
         finally:
             self.epochs = {}
+            self._joined = False
 
 
 def _fence_query(postgres: bool) -> Any:
@@ -510,15 +763,23 @@ def application_name(worker_id: str) -> str:
 class LeaseKeeper:
     """Renews a lease on a thread of its own; calls ``on_lost`` once if the lease is lost.
 
+    For a worker of a shared node each renewal is a :meth:`NodeLease.rebalance`; a change is
+    passed to ``on_rebalance`` (which stops running the partitions to release and then
+    releases them). Without ``on_rebalance`` the partitions to release are released at once.
     Errors other than losing the lease (the database is unreachable for a moment) are logged
     and retried at the next tick; the lease's own expiry decides whether it survives them.
     """
 
     def __init__(
-        self, lease: NodeLease, on_lost: Callable[[LeaseLostError], None], name: str
+        self,
+        lease: NodeLease,
+        on_lost: Callable[[LeaseLostError], None],
+        name: str,
+        on_rebalance: Callable[[Rebalance], None] | None = None,
     ) -> None:
         self._lease = lease
         self._on_lost = on_lost
+        self._on_rebalance = on_rebalance
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{name}", daemon=True)
 
@@ -532,13 +793,26 @@ class LeaseKeeper:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
+    def _tick(self) -> None:
+        lease = self._lease
+        if not lease.shared:
+            lease.renew()
+            return
+        change = lease.rebalance()
+        if not (change.taken or change.to_release):
+            return
+        if self._on_rebalance is not None:
+            self._on_rebalance(change)
+        else:
+            lease.release_partitions(change.to_release)
+
     def _run(self) -> None:
-        regular = self._lease.lease_seconds / 3
+        regular = self._lease.renewal_interval
         interval = regular
         while not self._stop.wait(interval):
             interval = regular
             try:
-                self._lease.renew()
+                self._tick()
             except LeaseLostError as error:
                 self._on_lost(error)
                 return
@@ -552,12 +826,15 @@ class LeaseKeeper:
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "PARTITIONS",
+    "REBALANCE_SECONDS",
+    "SQLITE_SINGLE_PROCESS",
     "Holder",
     "LeaseError",
     "LeaseHeldError",
     "LeaseKeeper",
     "LeaseLostError",
     "NodeLease",
+    "Rebalance",
     "WorkerInfo",
     "application_name",
     "database_now",

@@ -333,7 +333,9 @@ class InMemoryStore:
         self.lease: NodeLease | None = None
         """Fences nothing: a non-durable store is never shared (kept for the node to read)."""
 
-    def new_lease(self, worker: WorkerInfo | None, lease_seconds: float) -> None:
+    def new_lease(
+        self, worker: WorkerInfo | None, lease_seconds: float, *, shared: bool = False
+    ) -> None:
         """No lease: a non-durable store is never shared."""
         return None
 

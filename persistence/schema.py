@@ -33,9 +33,10 @@ from statemachine.limits import (
     SCHEDULE_ID_CHARS,
     SCHEDULE_SPEC_CHARS,
     SESSION_ID_CHARS,
+    WORKER_NAME_CHARS,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bumped whenever a table or column changes; a node refuses a database of another version."""
 
 metadata = MetaData()
@@ -197,6 +198,8 @@ node_workers = Table(
     Column("started_at", BigInteger, nullable=False),
     Column("renewed_at", BigInteger, nullable=False),
     Column("expires_at", BigInteger, nullable=False),
+    Column("name", String(WORKER_NAME_CHARS), nullable=False, default=""),
+    Column("shared", Boolean, nullable=False, default=False),
 )
 """The processes running the node now, each with its lease (see :mod:`persistence.lease`)."""
 

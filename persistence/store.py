@@ -94,9 +94,14 @@ class NodeDatabase:
     def lease(self, lease: NodeLease | None) -> None:
         self._fence.lease = lease
 
-    def new_lease(self, worker: WorkerInfo | None, lease_seconds: float) -> NodeLease:
-        """A (not yet acquired) lease of this database for ``worker`` (this process)."""
-        return self._fence.new_lease(worker, lease_seconds)
+    def new_lease(
+        self, worker: WorkerInfo | None, lease_seconds: float, *, shared: bool = False
+    ) -> NodeLease:
+        """A (not yet acquired) lease of this database for ``worker`` (this process).
+
+        ``shared``: the worker is one of several running the node (PostgreSQL only).
+        """
+        return self._fence.new_lease(worker, lease_seconds, shared=shared)
 
     @contextlib.contextmanager
     def fenced(self) -> Iterator[Connection]:

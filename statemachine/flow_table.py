@@ -7,7 +7,7 @@ by flow id with the ready queue (flows with something to do this round), the pau
 
 It also knows the *dormant* flows: flows with a stored checkpoint and nothing in memory but
 their id (hibernated, or not restored yet since the node started). Their sessions need no
-index: a session id names the flow that owns it (:func:`statemachine.routing.owner_of_session`),
+index: a session id names the flow that owns it (:func:`statemachine.session_ids.owner_of_session`),
 so a message for a dormant flow's session is routed by waking the flow.
 """
 

@@ -118,6 +118,9 @@ def text_problem(name: str, value: object, limit: int, *, may_be_empty: bool = F
     return None
 
 
+WORKER_NAME_CHARS = 64
+"""A worker's name (``fiberflow node run --worker NAME``): ``node_workers.name``."""
+
 SCHEDULE_ID_CHARS = 64
 """A schedule's name (``node_schedules.schedule_id``), checked where a schedule is made."""
 SCHEDULE_SPEC_CHARS = 200

@@ -24,11 +24,11 @@ import attrs
 from statemachine.flow_table import FlowTable
 from statemachine.ports import InboundMessage, Responder, ResponderRegistry
 from statemachine.session_ids import (
-    flow_id_of_session,
     identity_tag,
     is_bound_to,
     is_responder_session_id,
     message_id,
+    owner_of_session,
     peer_session_id,
     responder_flow_id,
 )
@@ -231,18 +231,6 @@ def _route_unknown_session(
         # within bounds, so that a sender cannot fill our memory with such messages.
         return Park(session_id)
     return DropLate(session_id)
-
-
-def owner_of_session(session_id: str, sender: str) -> str:
-    """The id of the flow on this node that owns ``session_id``, a session ``sender`` talks on.
-
-    Session ids derive from flow ids: our end of a session we opened names our flow; our end
-    of a session a peer opened names the peer's, and our responder's id derives from it and
-    the sender. Whether that flow exists is for the caller to find out.
-    """
-    if is_responder_session_id(session_id):
-        return responder_flow_id(sender, peer_session_id(session_id))
-    return flow_id_of_session(session_id)
 
 
 def _kept_flow_for(session_id: str, sender: str, flows: FlowTable) -> str | None:

@@ -95,3 +95,15 @@ def responder_flow_id(sender: str, initiator_session: str) -> str:
     message, delivered again, maps to the same flow.
     """
     return uuid.uuid5(RESPONDER_NAMESPACE, f"{sender}|{initiator_session}").hex
+
+
+def owner_of_session(session_id: str, sender: str) -> str:
+    """The id of the flow on this node that owns ``session_id``, a session ``sender`` talks on.
+
+    Session ids derive from flow ids: our end of a session we opened names our flow; our end
+    of a session a peer opened names the peer's, and our responder's id derives from it and
+    the sender. Whether that flow exists is for the caller to find out.
+    """
+    if is_responder_session_id(session_id):
+        return responder_flow_id(sender, peer_session_id(session_id))
+    return flow_id_of_session(session_id)

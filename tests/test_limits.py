@@ -109,6 +109,7 @@ LOCAL_LIMITED_COLUMNS = {
     ("node_checkpoints", "progress_step"): limits.PROGRESS_STEP_CHARS,
     ("node_schedules", "schedule_id"): limits.SCHEDULE_ID_CHARS,
     ("node_schedules", "spec"): limits.SCHEDULE_SPEC_CHARS,
+    ("node_workers", "name"): limits.WORKER_NAME_CHARS,
 }
 """Columns the node's own flows (or its operators' commands) write, bounded by a limit checked
 where they are set."""
