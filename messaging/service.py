@@ -109,3 +109,24 @@ class MessagingService(Protocol):
 
     def acknowledge(self, delivered: Message) -> None:
         """Settle a delivery (a message the handler got): it is never delivered again."""
+
+
+class PartitionedInbound(Protocol):
+    """A transport whose consumer can take some partitions of its node's flows only.
+
+    For a node run by several workers (:mod:`persistence.lease`): each message is routed to
+    the partition of its target flow (:func:`statemachine.partitions.partition_of_message`,
+    computed from its id and sender, before anything decodes it), and each worker consumes
+    the partitions it holds. Implemented by the SQL queue; a node refuses to run as workers
+    on a transport without it.
+    """
+
+    def consume_partitions(self, partitions: frozenset[int] | None) -> None:
+        """From now on take only messages of ``partitions`` (None: every message).
+
+        A delivery of another partition that still comes (claimed before the change) is not
+        handed to a handler: it goes back to its partition.
+        """
+
+    def release(self, delivered: Message) -> None:
+        """Give a delivery back unsettled: it is delivered again to its partition's holder."""

@@ -38,6 +38,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     LargeBinary,
+    and_,
     bindparam,
     delete,
     func,
@@ -55,11 +56,18 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from messaging.frame import MAX_FRAME_BYTES, encode_frame, oversized_problem
 from messaging.service import Message, TransportError
-from messaging.sqlqueue.tables import metadata, queue_dead_letters, queue_messages, queues
+from messaging.sqlqueue.tables import (
+    PARTITION_INDEX,
+    metadata,
+    queue_dead_letters,
+    queue_messages,
+    queues,
+)
 from messaging.sqlqueue.wakeups import poke
 from persistence.bounded import bounded_reason, bounded_text
 from persistence.engine import create_tables, normalize_url, open_engine, write_engine
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES, QUEUE_MESSAGE_ID_CHARS
+from statemachine.partitions import partition_of_message
 
 log = logging.getLogger("fiberflow.sqlqueue")
 
@@ -130,25 +138,39 @@ def _sqlite_blob_prefix(connection: Connection, row_id: int, size: int) -> bytes
         return blob.read(size)
 
 
-def _candidates(postgres: bool) -> Any:
-    """Visible messages of a queue, oldest first: (row id, frame length), built once."""
+def _candidates(postgres: bool, routing: str) -> Any:
+    """Visible messages of a queue, oldest first: (row id, frame length), built once.
+
+    ``routing``: ``all`` partitions; ``some`` (those in the ``partitions`` parameter); or
+    ``some+unrouted``, which adds the rows without a partition (written by older senders).
+    """
     table = queue_messages
     now: Any = bindparam("now")
+    conditions = [
+        table.c.queue == bindparam("queue"),
+        or_(table.c.lease_until.is_(None), table.c.lease_until < now),
+    ]
+    if routing != "all":
+        chosen = table.c.partition.in_(bindparam("partitions", expanding=True))
+        conditions.append(
+            or_(chosen, table.c.partition.is_(None)) if routing == "some+unrouted" else chosen
+        )
     query = (
         select(table.c.id, func.length(table.c.frame))
-        .where(
-            table.c.queue == bindparam("queue"),
-            or_(table.c.lease_until.is_(None), table.c.lease_until < now),
-        )
+        .where(and_(*conditions))
         .order_by(table.c.id)
         .limit(bindparam("limit"))
     )
     return query.with_for_update(skip_locked=True) if postgres else query
 
 
-_CANDIDATES = {postgres: _candidates(postgres) for postgres in (False, True)}
-"""The claim's candidates on SQLite (False) and on PostgreSQL (True: locked, skipping
-rows another consumer has locked)."""
+_CANDIDATES = {
+    (postgres, routing): _candidates(postgres, routing)
+    for postgres in (False, True)
+    for routing in ("all", "some", "some+unrouted")
+}
+"""The claim's candidates by (PostgreSQL?, routing): on PostgreSQL locked, skipping rows
+another consumer has locked."""
 _LEASE = (
     update(queue_messages)
     .where(queue_messages.c.id.in_(bindparam("ids", expanding=True)))
@@ -187,6 +209,7 @@ class SqlQueueBroker:
         self._known_queues: set[str] = set()
         create_tables(engine, metadata)
         self._drop_old_unique_index()
+        self._add_partition_column()
 
     def _drop_old_unique_index(self) -> None:
         """Queue tables made by earlier versions had a unique (queue, message id) index.
@@ -200,6 +223,26 @@ class SqlQueueBroker:
             return
         with contextlib.suppress(SQLAlchemyError), self.engine.begin() as connection:
             connection.execute(text("DROP INDEX IF EXISTS ff_queue_messages_unique"))
+
+    def _add_partition_column(self) -> None:
+        """Queue tables made by earlier versions have no ``partition`` column: add it.
+
+        Their rows keep a null partition: the consumer that takes unrouted rows routes them
+        (see :meth:`give_back`).
+        """
+        columns = {
+            column["name"] for column in inspect(self.engine).get_columns("ff_queue_messages")
+        }
+        if "partition" in columns:
+            return
+        with contextlib.suppress(SQLAlchemyError), self.engine.begin() as connection:
+            connection.execute(text('ALTER TABLE ff_queue_messages ADD COLUMN "partition" INTEGER'))
+            connection.execute(
+                text(
+                    f"CREATE INDEX IF NOT EXISTS {PARTITION_INDEX} "
+                    'ON ff_queue_messages (queue, "partition", id)'
+                )
+            )
 
     def create_queue(self, name: str) -> None:
         """Make sure queue ``name`` exists."""
@@ -248,6 +291,7 @@ class SqlQueueBroker:
                     "frame": encode_frame(message),
                     "enqueued_at": now,
                     "deliveries": 0,
+                    "partition": partition_of_message(message.message_id, message.sender),
                 }
                 for message, target in items
             ]
@@ -307,6 +351,8 @@ class SqlQueueBroker:
         max_bytes: int = CLAIM_BYTES,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         acknowledged: Sequence[int] = (),
+        partitions: frozenset[int] | None = None,
+        take_unrouted: bool = True,
     ) -> Claim:
         """Lease visible messages of ``queue``, oldest first, by count and by bytes.
 
@@ -316,14 +362,21 @@ class SqlQueueBroker:
         its frame leaving the database (see the module docstring). The ``acknowledged``
         deliveries are deleted first, in the same transaction (see :meth:`acknowledge`): a
         consumer's acknowledgements and its next claim cost one commit.
+
+        ``partitions``: only rows of these partitions (None: every row); with
+        ``take_unrouted``, rows without a partition too.
         """
         now = _ms(time.time())
         postgres = self.dialect == "postgresql"
+        parameters: dict[str, Any] = {"queue": queue, "now": now, "limit": limit}
+        if partitions is None:
+            routing = "all"
+        else:
+            routing = "some+unrouted" if take_unrouted else "some"
+            parameters["partitions"] = sorted(partitions)
         with self._write_engine().begin() as connection:
             self._delete_acknowledged(connection, queue, acknowledged)
-            found = connection.execute(
-                _CANDIDATES[postgres], {"queue": queue, "now": now, "limit": limit}
-            )
+            found = connection.execute(_CANDIDATES[postgres, routing], parameters)
             chosen, oversized = _take_prefix(
                 [(int(row_id), int(size)) for row_id, size in found],
                 max_bytes,
@@ -382,6 +435,33 @@ class SqlQueueBroker:
             )
         connection.execute(delete(source).where(source.c.id == row_id))
         log.warning("dead-lettering stored message %d: %s", row_id, reason)
+
+    def give_back(self, queue: str, row_id: int, owner: str, partition: int | None = None) -> bool:
+        """End ``owner``'s lease on a delivery without settling it: it is claimed again.
+
+        With ``partition`` the row is routed to that partition (a delivery of a partition its
+        consumer does not take, or a row an older sender wrote without one). True if the row
+        was still leased by ``owner``.
+        """
+        values: dict[str, Any] = {"lease_owner": None, "lease_until": None}
+        if partition is not None:
+            values["partition"] = partition
+        with self.engine.begin() as connection:
+            result = connection.execute(
+                update(queue_messages)
+                .where(
+                    queue_messages.c.queue == queue,
+                    queue_messages.c.id == row_id,
+                    queue_messages.c.lease_owner == owner,
+                )
+                .values(**values)
+            )
+            if self.dialect == "postgresql":  # the partition's consumer may be elsewhere
+                connection.execute(
+                    text("SELECT pg_notify(:channel, '')"), {"channel": notify_channel(queue)}
+                )
+        local_wakeup(self.url, queue).set()
+        return bool(result.rowcount)
 
     def acknowledge(self, queue: str, row_ids: Sequence[int]) -> None:
         """Delete acknowledged deliveries (by row: other copies of the same id stay)."""

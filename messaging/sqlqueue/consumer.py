@@ -37,6 +37,7 @@ from messaging.service import Message, MessageHandler
 from messaging.sqlqueue.broker import CLAIM_BATCH, CLAIM_BYTES, SqlQueueBroker, local_wakeup
 from messaging.sqlqueue.wakeups import WakeListener
 from persistence.lease import application_name
+from statemachine.partitions import partition_of_message
 
 log = logging.getLogger("fiberflow.sqlqueue")
 
@@ -86,6 +87,8 @@ class SqlQueueMessaging:
             application_name=None if consumer_id is None else application_name(consumer_id),
         )
         self._handlers: dict[str, MessageHandler] = {}
+        self._partitions: frozenset[int] | None = None
+        """The partitions whose messages this consumer takes (None: every message)."""
         self._owner = consumer_id or uuid.uuid4().hex
         self._pending_acks: list[int] = []  # row ids of settled deliveries
         self._acks_in_flight: list[int] = []  # taken up by a flush, rows not deleted yet
@@ -104,6 +107,8 @@ class SqlQueueMessaging:
         """Messages handed to handlers (redeliveries included)."""
         self.dead_lettered = 0
         """Frames this consumer moved to the dead letters."""
+        self.rerouted = 0
+        """Deliveries of partitions this consumer does not take, given back to theirs."""
         self.broker.create_queue(address)
 
     @property
@@ -128,6 +133,30 @@ class SqlQueueMessaging:
                 self._address,
                 released,
             )
+
+    def consume_partitions(self, partitions: frozenset[int] | None) -> None:
+        """Take only messages of ``partitions`` from now on (None: every message).
+
+        A worker of a node run by several workers calls this whenever its partitions change.
+        A delivery of another partition (claimed before the change, or a row an older sender
+        wrote without a partition) is not handed to a handler: it is given back, routed to
+        its partition. The consumer of partition 0 also takes those unrouted rows.
+        """
+        self._partitions = None if partitions is None else frozenset(partitions)
+        self._wakeup.set()
+
+    def release(self, delivered: Message) -> None:
+        """Give a delivery back unsettled: it is delivered again.
+
+        To whoever takes its partition then: a worker handing a partition over gives back
+        what it still holds of it.
+        """
+        if not isinstance(delivered.receipt, int):
+            raise ValueError(f"{delivered.message_id} was not delivered by this queue")
+        with self._acks_lock:
+            self._outstanding_bytes -= self._outstanding.pop(delivered.receipt, 0)
+        self.broker.give_back(self._address, delivered.receipt, self._owner)
+        self._wakeup.set()
 
     def add_handler(self, topic: str, callback: MessageHandler) -> None:
         """Deliver ``topic`` messages to ``callback`` (on the consumer thread)."""
@@ -279,6 +308,7 @@ class SqlQueueMessaging:
                     self._wait_for_room(listener)
                     continue
                 self.window_full.clear()
+                partitions = self._partitions
                 with self._acknowledging() as acks:  # deleted in the claim's transaction
                     claim = self.broker.claim(
                         self._address,
@@ -288,6 +318,8 @@ class SqlQueueMessaging:
                         max_bytes=min(CLAIM_BYTES, room_bytes),
                         max_frame_bytes=self._max_frame_bytes,
                         acknowledged=acks,
+                        partitions=partitions,
+                        take_unrouted=partitions is None or 0 in partitions,
                     )
                 failures = 0
             except Exception as error:  # database unavailable: back off and try again
@@ -349,6 +381,13 @@ class SqlQueueMessaging:
         except MalformedFrameError as error:
             self._dead_letter(row_id, raw, str(error), None)
             return
+        partitions = self._partitions
+        if partitions is not None:
+            partition = partition_of_message(message.message_id, message.sender)
+            if partition not in partitions:  # not ours (any more): to its partition's consumer
+                self.broker.give_back(self._address, row_id, self._owner, partition)
+                self.rerouted += 1
+                return
         handler = self._handlers.get(message.topic)
         if handler is None:
             reason = f"no handler for topic {message.topic!r} at {self._address}"
