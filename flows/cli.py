@@ -45,6 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_run = node_commands.add_parser("run", help="run a node process until SIGTERM")
     node_run.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    node_run.add_argument(
+        "--worker",
+        metavar="NAME",
+        help="run as the worker NAME of a node run by several worker processes (node database "
+        "on PostgreSQL, SQL queue transport): each runs a fair share of the node's flows and "
+        "takes over a dead worker's (docs/scaling.md)",
+    )
     for action, text in (("drain", "refuse new flows"), ("undrain", "accept new flows again")):
         sub = node_commands.add_parser(action, help=f"tell a running node to {text}")
         sub.add_argument("--config", type=Path, required=True, help="the node's TOML config")
@@ -113,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "amqp-setup":
         return run_amqp_setup(args.admin_url, args.node)
     if args.command == "node" and args.node_command == "run":
-        return run_node(args.config)
+        return run_node(args.config, worker=args.worker)
     if args.command in ("node", "flow", "checkpoints"):
         from flows.operator import run_operator_command
 

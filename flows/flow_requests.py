@@ -18,6 +18,7 @@ start), naming the first argument that cannot be checkpointed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from flows.cordapps import Cordapps
@@ -64,9 +65,13 @@ class FlowRequestIntake:
         self._clock = clock
         self._hospital = hospital
 
-    def start_pending(self, limit: int = 500) -> int:
-        """Start up to ``limit`` requested flows; returns how many were started."""
-        pending = self._control.flow_requests_to_start(limit)
+    def start_pending(self, limit: int = 500, partitions: Collection[int] | None = None) -> int:
+        """Start up to ``limit`` requested flows; returns how many were started.
+
+        With ``partitions`` (a worker of a node run by several workers), only requests for
+        flows of those partitions (the flow id is the request id).
+        """
+        pending = self._control.flow_requests_to_start(limit, partitions)
         if not pending:
             return 0
         ids = [p.request.request_id for p in pending]

@@ -51,7 +51,7 @@ from messaging.codec import SessionCodec
 from messaging.outbox_relay import OutboxRelay
 from messaging.pair_keys import PairKeyCache
 from messaging.relay import OutboxStore, Relay
-from messaging.service import SESSION_TOPIC, Message, MessagingService
+from messaging.service import SESSION_TOPIC, Message, MessagingService, PartitionedInbound
 from persistence.lease import NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
@@ -65,6 +65,7 @@ from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.hibernation import HibernationPolicy
 from statemachine.manager import FlowCounts, StateMachineManager
+from statemachine.partitions import partition_of, partition_of_message
 from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
 
@@ -299,12 +300,24 @@ class Node:
         self.resent_messages = 0
         self._stopped = False
         self._published_counts: FlowCounts | None = None
+        self.partitions: frozenset[int] | None = None
+        """The partitions of the node's flows this node runs: None for a node run as one
+        process (all of them); for a worker of a node run by several workers, those its lease
+        held when the node started (:mod:`persistence.lease`; a change rebuilds the node)."""
 
     def _check_running(self) -> None:
         if self._stopped:
             raise NodeStoppedError(f"node {self.party} was stopped")
 
     def _on_message(self, message: Message) -> None:
+        partitions = self.partitions
+        if (
+            partitions is not None
+            and partition_of_message(message.message_id, message.sender) not in partitions
+        ):
+            # Another worker's (the transport claimed it before a hand-over): give it back.
+            self._partitioned_inbound().release(message)
+            return
         problem = self.verifier.problem(message)
         self.manager.deliver(
             InboundMessage(message.message_id, message.sender, message.data, problem, message)
@@ -332,7 +345,10 @@ class Node:
             if self._lease is not None:  # (the non-durable store takes no lease)
                 self._lease.acquire()
         self.database.lease = self._lease
-        self.restored_flows = self.manager.restore()
+        if self._lease is not None and self._lease.shared:
+            self.partitions = frozenset(self._lease.epochs)
+            self._partitioned_inbound().consume_partitions(self.partitions)
+        self.restored_flows = self.manager.restore(self.partitions)
         control = self.database.control
         for flow_id in control.paused_flows():
             if self.manager.holds(flow_id):
@@ -347,6 +363,17 @@ class Node:
                 [worker.worker_id for worker in self._lease.taken_over_from]
             )
         self.messaging.start()
+
+    def _partitioned_inbound(self) -> PartitionedInbound:
+        """The transport, as one that routes messages by partition (workers need one)."""
+        messaging: Any = self.messaging
+        if not (hasattr(messaging, "consume_partitions") and hasattr(messaging, "release")):
+            raise ValueError(
+                f"node {self.party}: a worker of a node run by several workers needs a "
+                f"transport that routes messages by partition (the SQL queue); "
+                f"{type(messaging).__name__} does not"
+            )
+        return messaging  # type: ignore[no-any-return]
 
     @property
     def incompatible_flows(self) -> dict[str, str]:
@@ -396,7 +423,7 @@ class Node:
         if self.manager.draining:
             raise NodeDrainingError(f"node {self.party} is draining: it starts no new flows")
         to_start = []
-        flow_ids = iter(new_flow_ids(len(flows)))
+        flow_ids = iter(self._new_flow_ids(len(flows)))
         for flow in flows:
             if not isinstance(flow, FlowLogic):
                 raise TypeError(f"start_flow needs a FlowLogic instance, not {type(flow).__name__}")
@@ -413,6 +440,22 @@ class Node:
             to_start.append(FlowToStart(next(flow_ids), qualified_name(cls), arguments, flow))
         return [FlowHandle(self, flow_id) for flow_id in self.manager.start_flows(to_start)]
 
+    def _new_flow_ids(self, count: int) -> list[str]:
+        """Ids for new flows, in this node's partitions (a worker runs only its own)."""
+        partitions = self.partitions
+        if partitions is None:
+            return new_flow_ids(count)
+        if not partitions:
+            raise NodeStoppedError(
+                f"worker {self.worker.name!r} of node {self.party} holds no partition of the "
+                "node's flows yet: it starts no flow (start it through another worker, or "
+                "queue a flow request, which the worker holding its partition starts)"
+            )
+        found: list[str] = []
+        while len(found) < count:
+            found.extend(i for i in new_flow_ids(count) if partition_of(i) in partitions)
+        return found[:count]
+
     def fire_schedules(self) -> int:
         """Turn the due slots of the node's schedules into flow requests; returns how many.
 
@@ -420,7 +463,7 @@ class Node:
         (:mod:`flows.schedules`).
         """
         self._check_running()
-        return 0 if self.scheduler is None else self.scheduler.fire_due()
+        return 0 if self.scheduler is None else self.scheduler.fire_due(self.partitions)
 
     def start_requested_flows(self, limit: int = 500) -> int:
         """Start flows clients asked for in ``node_flow_requests``; returns how many.
@@ -428,7 +471,7 @@ class Node:
         Each request is started exactly once (:mod:`flows.flow_requests`).
         """
         self._check_running()
-        return self.flow_requests.start_pending(limit)
+        return self.flow_requests.start_pending(limit, self.partitions)
 
     # --- operators ------------------------------------------------------------------------
 
@@ -498,7 +541,7 @@ class Node:
 
     def process_operator_requests(self) -> int:
         """Carry out the operator commands queued in the database; returns how many."""
-        return self.operator_commands.process()
+        return self.operator_commands.process(self.partitions)
 
     def keep_in_hospital(self, flow_id: str, reason: str) -> None:
         """Keep a live flow for observation (it does not run until retried or killed)."""

@@ -10,10 +10,11 @@ that fails for a reason pinned on it is answered with the error; the node goes o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from flows.party import Party
 from persistence.node_store import ControlPlane
+from statemachine.partitions import partition_of
 from statemachine.ports import Clock, FailurePolicy
 
 log = logging.getLogger("fiberflow.node")
@@ -50,9 +51,16 @@ class OperatorCommands:
         self._set_draining = set_draining
         self._refusals = refusals
 
-    def process(self) -> int:
-        """Carry out the pending commands; returns how many."""
+    def process(self, partitions: Collection[int] | None = None) -> int:
+        """Carry out the pending commands; returns how many.
+
+        With ``partitions`` (a worker of a node run by several workers), only the commands
+        for flows of those partitions, and the node-wide ones (drain, undrain) if partition 0
+        is among them: the others are left for the workers holding theirs.
+        """
         pending = self._control.pending_operations()
+        if partitions is not None:
+            pending = [r for r in pending if _is_for(r.flow_id, partitions)]
         for request in pending:
             outcome = self.operate(request.action, request.flow_id)
             log.info(
@@ -86,3 +94,10 @@ class OperatorCommands:
                 raise
             log.exception("%s: operator %s %s failed", self._party, action, flow_id or "")
             return f"error: {type(error).__name__}: {error}"
+
+
+def _is_for(flow_id: str | None, partitions: Collection[int]) -> bool:
+    """True if the worker holding ``partitions`` carries out a command for ``flow_id``."""
+    if flow_id is None:
+        return 0 in partitions  # node-wide: the holder of partition 0
+    return partition_of(flow_id) in partitions

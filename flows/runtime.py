@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -46,14 +47,17 @@ from messaging.tls import TlsSetupError
 from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
+    LeaseError,
     LeaseHeldError,
     LeaseKeeper,
     LeaseLostError,
     NodeLease,
+    Rebalance,
     WorkerInfo,
     application_name,
 )
 from persistence.store import NodeDatabase
+from statemachine.limits import WORKER_NAME_CHARS
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -87,8 +91,17 @@ def _safe_url(url: str) -> str:
 class NodeProcess:
     """Runs one node until asked to stop (see the module docstring)."""
 
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(self, config: RuntimeConfig, worker_name: str | None = None) -> None:
+        """A process for the node ``config`` describes.
+
+        With ``worker_name`` it is that worker of a node run by several workers (PostgreSQL
+        only): it runs the flows of the partitions its lease holds, a fair share, handing
+        partitions over and taking them as workers join and leave (:mod:`persistence.lease`).
+        """
         self.config = config
+        self.worker_name = worker_name
+        self._rebalances: queue.SimpleQueue[Rebalance] = queue.SimpleQueue()
+        """Partition changes the lease keeper found, for the serving loop to carry out."""
         self._stop = threading.Event()
         self.node: Node | None = None
         self.hospital = Hospital()
@@ -101,7 +114,7 @@ class NodeProcess:
         self.trust = NodeTrust()
         """The network root the node trusts and its certificate (loaded at start)."""
         self._started_at = time.time()
-        self.worker = WorkerInfo.of_this_process()
+        self.worker = WorkerInfo.of_this_process(name=worker_name or "")
         """This process as a worker of the node (its id names its lease and consumer)."""
         self.lease: NodeLease | None = None
         self.busy = BusyMonitor()
@@ -152,11 +165,15 @@ class NodeProcess:
         if lease_database is None:
             return EXIT_REFUSED
         try:
-            lease = lease_database.new_lease(self.worker, config.lease_seconds)
+            shared = self.worker_name is not None
+            lease = lease_database.new_lease(self.worker, config.lease_seconds, shared=shared)
             try:
                 lease.acquire()
             except LeaseHeldError as error:
                 log.error("%s: %s", config.name, error)
+                return EXIT_REFUSED
+            except LeaseError as error:  # (workers asked of a node database on SQLite)
+                log.error("%s: %s; refusing to start", config.name, error)
                 return EXIT_REFUSED
             except OperationalError as error:
                 if "locked" not in str(error):
@@ -168,7 +185,12 @@ class NodeProcess:
                 )
                 return EXIT_REFUSED
             self.lease = lease
-            keeper = LeaseKeeper(lease, self._on_lease_lost, config.name)
+            keeper = LeaseKeeper(
+                lease,
+                self._on_lease_lost,
+                config.name,
+                on_rebalance=self._on_rebalance if shared else None,
+            )
             keeper.start()
             watchdog = BusyWatchdog(
                 self.busy,
@@ -250,6 +272,44 @@ class NodeProcess:
             )
         self.request_stop()
 
+    def _on_rebalance(self, change: Rebalance) -> None:
+        """From the lease keeper's thread: the serving loop carries the change out."""
+        self._rebalances.put(change)
+        node = self.node
+        if node is not None:
+            node.wakeup.set()
+
+    def _apply_rebalances(self) -> None:
+        """Carry out the partition changes the lease keeper found (on the serving thread).
+
+        The node is stopped (its flows stay checkpointed; the transport gives back what it
+        held unsettled), the partitions to hand over are released, and the node is built
+        again on the partitions the lease holds now: flows of taken partitions are restored
+        lazily, as at any start.
+        """
+        to_release: set[int] = set()
+        while True:
+            try:
+                change = self._rebalances.get_nowait()
+            except queue.Empty:
+                break
+            to_release |= change.to_release
+        lease = self.lease
+        assert lease is not None and self.node is not None
+        before = self.node.partitions or frozenset()
+        self.node.stop()
+        lease.release_partitions(to_release)
+        self._build_node()
+        after = self.node.partitions or frozenset()
+        log.info(
+            "%s: worker %r now runs partitions %s (handed over %s, took %s)",
+            self.config.name,
+            self.worker_name,
+            _ranges(after),
+            _ranges(before - after),
+            _ranges(after - before),
+        )
+
     def _run_holding_lease(self, lease: NodeLease) -> int:
         config = self.config
         node = self._build_node()
@@ -260,8 +320,8 @@ class NodeProcess:
             "outbox messages re-sent; transport %s; cordapps %s",
             config.name,
             os.getpid(),
-            self.worker.worker_id[:8],
-            max(lease.epochs.values()),
+            self.worker.describe() if self.worker_name else self.worker.worker_id[:8],
+            max(lease.epochs.values(), default=0),
             node.restored_flows,
             _safe_url(config.database_url),
             node.resent_messages,
@@ -425,6 +485,15 @@ class NodeProcess:
         next_status = 0.0
         next_report = time.monotonic() + REPORT_SECONDS
         while not self._stop.is_set():
+            try:
+                if not self._rebalances.empty():
+                    self._apply_rebalances()
+            except LeaseLostError as error:
+                self._on_lease_lost(error)
+                break
+            except Exception as error:
+                self._recover(error)
+                continue
             node = self.node
             assert node is not None
             node.wakeup.clear()
@@ -501,6 +570,9 @@ class NodeProcess:
             relay_waiting=node.relay.waiting(),
             relay_refused=node.relay.refused,
             topology=self.config.topology,
+            worker=self.worker_name,
+            worker_id=self.worker.worker_id,
+            partitions=None if node.partitions is None else sorted(node.partitions),
         )
         if isinstance(node.relay, BridgeManager):
             stats["bridges"] = [attrs.asdict(bridge) for bridge in node.relay.status()]
@@ -523,8 +595,20 @@ class NodeProcess:
             stats["checkpoints_written"],
         )
 
-    def _write_status(self, node: Node, running: bool) -> None:
+    @property
+    def status_path(self) -> Path | None:
+        """Where this process writes its status: the config's ``status_file``.
+
+        A worker writes its own beside it, its name after the first part of the file's
+        (``alice.status.json``: ``alice.w1.status.json``).
+        """
         path = self.config.status_file
+        if path is None or self.worker_name is None:
+            return path
+        return worker_status_path(path, self.worker_name)
+
+    def _write_status(self, node: Node, running: bool) -> None:
+        path = self.status_path
         if path is None:
             return
         stats = self.statistics(node)
@@ -537,6 +621,26 @@ class NodeProcess:
             log.warning("%s: cannot write the status file %s: %s", self.config.name, path, error)
 
 
+def worker_status_path(path: Path, worker: str) -> Path:
+    """The status file of worker ``worker`` of a node whose config names ``path``."""
+    head, dot, rest = path.name.partition(".")
+    return path.with_name(f"{head}.{worker}{dot}{rest}")
+
+
+def _ranges(partitions: frozenset[int]) -> str:
+    """``0-3,8,10-11`` for a set of partitions (``none`` if empty)."""
+    if not partitions:
+        return "none"
+    ordered = sorted(partitions)
+    runs: list[list[int]] = []
+    for partition in ordered:
+        if runs and partition == runs[-1][-1] + 1:
+            runs[-1].append(partition)
+        else:
+            runs.append([partition])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
 def configure_logging(level: str) -> None:
     """Log lines with time, level and logger to stderr."""
     logging.basicConfig(
@@ -545,15 +649,31 @@ def configure_logging(level: str) -> None:
     )
 
 
-def run_node(config_path: str | Path) -> int:
-    """``fiberflow node run``: load the config, run the node; returns the exit code."""
+def run_node(config_path: str | Path, worker: str | None = None) -> int:
+    """``fiberflow node run``: load the config, run the node; returns the exit code.
+
+    With ``worker``, as that worker of a node run by several workers (PostgreSQL only).
+    """
     try:
         config = load_config(config_path)
     except ConfigError as error:
         print(f"fiberflow node run: {error}", file=sys.stderr)
         return 2
+    problem = None if worker is None else worker_name_problem(worker)
+    if problem is not None:
+        print(f"fiberflow node run: --worker: {problem}", file=sys.stderr)
+        return 2
     configure_logging(config.log_level)
-    return NodeProcess(config).run()
+    return NodeProcess(config, worker_name=worker).run()
+
+
+def worker_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a worker, or None."""
+    if not name or len(name) > WORKER_NAME_CHARS:
+        return f"a worker's name has 1 to {WORKER_NAME_CHARS} characters"
+    if not all(c.isalnum() or c in "-_." for c in name):
+        return f"{name!r}: a worker's name has letters, digits, '-', '_' and '.' only"
+    return None
 
 
 __all__ = [

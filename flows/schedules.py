@@ -22,7 +22,7 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import attrs
@@ -36,6 +36,7 @@ from persistence.node_store import FlowRequest
 from persistence.schedule_store import ScheduleRow, SqlSchedules
 from persistence.serialization import PAYLOADS, Serializer, qualified_name
 from statemachine.limits import SCHEDULE_ID_CHARS, SCHEDULE_SPEC_CHARS
+from statemachine.partitions import partition_of
 
 KINDS = ("once", "every", "cron")
 """How a schedule repeats."""
@@ -120,11 +121,19 @@ class FlowScheduler:
         self._store = store
         self._now = now
 
-    def fire_due(self) -> int:
-        """Fire every due slot; returns how many flow requests it made."""
+    def fire_due(self, partitions: Collection[int] | None = None) -> int:
+        """Fire every due slot; returns how many flow requests it made.
+
+        With ``partitions`` (a worker of a node run by several workers), only the schedules
+        whose id falls in those partitions: each schedule is fired by one worker (firing is a
+        compare-and-set, so two would still fire a slot once, but one does not race the
+        other for nothing); the request it makes is started by its own flow's worker.
+        """
         now = self._now()
         started = 0
         for schedule in self._store.due(now):
+            if partitions is not None and partition_of(schedule.schedule_id) not in partitions:
+                continue
             firing = plan_firing(schedule, now)
             if firing is None:
                 continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import delete, exists, insert, or_, select, update
@@ -25,6 +25,7 @@ from persistence.engine import chunks, upsert
 from persistence.fencing import FencedEngine
 from persistence.node_store import ControlPlane, FlowRequest, OperatorRequest, PendingFlowRequest
 from persistence.schema import millis
+from statemachine.partitions import partition_of
 
 
 class SqlControlPlane(ControlPlane):
@@ -44,6 +45,7 @@ class SqlControlPlane(ControlPlane):
                 "arguments": r.arguments,
                 "requested_at": millis(at),
                 "started_at": None,
+                "partition": partition_of(r.request_id),
             }
             for r in requests
         ]
@@ -70,11 +72,13 @@ class SqlControlPlane(ControlPlane):
         with self._fence.reader.connect() as connection:
             return [FlowRequest(*row) for row in connection.execute(query)]
 
-    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
+    def flow_requests_to_start(
+        self, limit: int, partitions: Collection[int] | None = None
+    ) -> list[PendingFlowRequest]:
         """Requested flows not started yet, oldest first, each with whether its id is a flow's.
 
         One statement: the pending requests, and for each whether a checkpoint or an outcome
-        already carries its id.
+        already carries its id. With ``partitions``, only requests for flows of those.
         """
         table = schema.node_flow_requests
         flow_tables = (
@@ -89,6 +93,8 @@ class SqlControlPlane(ControlPlane):
             .order_by(table.c.requested_at, table.c.request_id)
             .limit(limit)
         )
+        if partitions is not None:
+            query = query.where(table.c.partition.in_(sorted(partitions)))
         with self._fence.reader.connect() as connection:
             return [
                 PendingFlowRequest(FlowRequest(request_id, flow_class, arguments), bool(known))

@@ -293,7 +293,8 @@ class NodeLease:
         """The partitions held, with the epoch each was taken at. Replaced whole, never
         changed in place, so a reader on another thread sees one consistent set."""
         self.taken_over_from: list[WorkerInfo] = []
-        """Workers whose partitions :meth:`acquire` took (dead or expired)."""
+        """Workers whose partitions the last :meth:`acquire` or :meth:`rebalance` that took
+        any took (dead or expired): what they held in the transport is released at once."""
         self._joined = False
         self._next_renewal = 0.0
         self._lock = threading.Lock()
@@ -649,6 +650,8 @@ class NodeLease:
                 return Rebalance(workers=0)
             if taken:
                 self.epochs = {**self.epochs, **taken}
+            if taken_from:
+                self.taken_over_from = taken_from
             self._next_renewal = time.monotonic() + self.renewal_interval
         self._end_sessions_of(taken_from)
         return Rebalance(frozenset(taken), to_release, live)

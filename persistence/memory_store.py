@@ -9,7 +9,7 @@ nor does it take a lease (it is never shared). Select it with the database URL `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -268,7 +268,9 @@ class NullControlPlane(ControlPlane):
         """None."""
         return []
 
-    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
+    def flow_requests_to_start(
+        self, limit: int, partitions: Collection[int] | None = None
+    ) -> list[PendingFlowRequest]:
         """None."""
         return []
 

@@ -13,7 +13,7 @@ requests and remembers nothing. ``tests/store_conformance.py`` holds both to the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import attrs
@@ -86,10 +86,14 @@ class ControlPlane(Protocol):
         A request is started when a transaction claims it (``claim_flow_requests``).
         """
 
-    def flow_requests_to_start(self, limit: int) -> list[PendingFlowRequest]:
+    def flow_requests_to_start(
+        self, limit: int, partitions: Collection[int] | None = None
+    ) -> list[PendingFlowRequest]:
         """What :meth:`pending_flow_requests` returns, each with whether its id is a flow's.
 
         One query: what the node reads before it starts (or only claims) requested flows.
+        With ``partitions`` (a worker of a node run by several workers), only requests for
+        flows of those partitions.
         """
 
     def request_operation(self, action: str, flow_id: str | None, at: float) -> str:

@@ -21,6 +21,7 @@ from persistence import schema
 from persistence.fencing import FencedEngine
 from persistence.node_store import FlowRequest
 from persistence.schema import millis
+from statemachine.partitions import partition_of
 
 
 @attrs.frozen
@@ -137,6 +138,7 @@ class SqlSchedules:
                         arguments=request.arguments,
                         requested_at=millis(at),
                         started_at=None,
+                        partition=partition_of(request.request_id),
                     )
                     .on_conflict_do_nothing(index_elements=["request_id"])
                 )

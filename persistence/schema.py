@@ -133,8 +133,11 @@ node_flow_requests = Table(
     Column("arguments", LargeBinary, nullable=False),
     Column("requested_at", BigInteger, nullable=False),
     Column("started_at", BigInteger, nullable=True, index=True),
+    Column("partition", Integer, nullable=False, default=0),
 )
-"""Flows a client asked the node to start (the flow id is the request id: idempotent)."""
+"""Flows a client asked the node to start (the flow id is the request id: idempotent); the
+partition of that flow id, so that each worker of a node run by several workers reads only
+the requests it will start."""
 
 node_operator_requests = Table(
     "node_operator_requests",

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 import attrs
 
@@ -62,6 +62,7 @@ from statemachine.flow_table import FlowRuntime, FlowTable
 from statemachine.hibernation import HibernationPolicy, IdleFlows, MemoryBudget, may_hibernate
 from statemachine.intake import Intake
 from statemachine.isolation import Batch, FailureIsolation
+from statemachine.partitions import partition_of
 from statemachine.ports import (
     CheckpointStore,
     Clock,
@@ -191,14 +192,17 @@ class StateMachineManager:
 
     # --- creating flows -----------------------------------------------------------------
 
-    def restore(self) -> int:
+    def restore(self, partitions: Container[int] | None = None) -> int:
         """Read the index of stored flows (not the flows); returns how many there are.
 
         A flow waiting for a message or a timer stays dormant until one comes (its deadline
         is armed now); the others are restored in the background, :data:`RESTORE_BATCH` a
-        round, oldest first (see the module docstring).
+        round, oldest first (see the module docstring). With ``partitions`` (a worker of a
+        node run by several workers), only the flows of those partitions.
         """
         index = self._store.checkpoint_index()
+        if partitions is not None:
+            index = [entry for entry in index if partition_of(entry.flow_id) in partitions]
         for entry in index:
             if self._flows.holds(entry.flow_id):
                 continue

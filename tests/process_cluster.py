@@ -30,6 +30,7 @@ from sqlalchemy import select
 from flows.client import NodeClient, decode_outcome
 from flows.flow_logic import FlowLogic
 from flows.party import Party
+from flows.runtime import worker_status_path
 from messaging.transports import purge_queues
 from persistence import schema
 from persistence.engine import drop_schema
@@ -99,22 +100,21 @@ class ClusterNode:
         self.process = self.spawn(self.log_path)
         self.starts += 1
 
-    def spawn(self, log_path: Path) -> subprocess.Popen[bytes]:
-        """Start a process of this node's config logging to ``log_path`` (not tracked)."""
+    def spawn(self, log_path: Path, worker: str | None = None) -> subprocess.Popen[bytes]:
+        """Start a process of this node's config logging to ``log_path`` (not tracked).
+
+        With ``worker``, as that worker of the node run by several workers.
+        """
+        command = [sys.executable, "-m", "flows.cli", "node", "run"]
+        command += ["--config", str(self.config_path)]
+        if worker is not None:
+            command += ["--worker", worker]
         with log_path.open("ab") as log:
-            return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "flows.cli",
-                    "node",
-                    "run",
-                    "--config",
-                    str(self.config_path),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def worker_status_path(self, worker: str) -> Path:
+        """The status file worker ``worker`` of this node writes."""
+        return worker_status_path(self.status_path, worker)
 
     def wait_started(self, timeout: float = 60.0) -> None:
         """Wait until this incarnation serves (its status file says so, with its pid)."""
