@@ -50,6 +50,20 @@ NAMES = (
 CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp"]
 
 
+def stop_process(process: subprocess.Popen[bytes] | None) -> int | None:
+    """SIGTERM a node process (if running; SIGKILL after 60 s); returns its exit code."""
+    if process is None:
+        return None
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 class ClusterNode:
     """One node process of a :class:`Cluster`."""
 
@@ -142,16 +156,7 @@ class ClusterNode:
 
     def stop(self) -> int | None:
         """SIGTERM the process (if running); returns its exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process)
 
     def counts(self, table: Any) -> Counter[str]:
         """Flow classes (short names) of the rows of ``table`` (results or exceptions)."""
@@ -207,6 +212,21 @@ class Cluster:
                 drop_schema(self.database_url, node.schema)
         for node in self.nodes:
             purge_queues(node.transport_url, [node.name])
+
+
+def check_payments_once(cluster: Cluster, payments: list[PaymentFlow], ids: list[str]) -> None:
+    """Each payment's two ledger effects on Alice and its credit on Carol happened once."""
+    alice, _, carol = cluster.nodes
+    entries = ledger_entries(alice.client.database.engine)
+    for payment, flow_id in zip(payments, ids, strict=True):
+        mine = [entry for owner, entry in entries if owner == flow_id]
+        assert mine == [f"debit {payment.amount}", f"receipt {payment.amount}"], mine
+    wait_until(
+        lambda: len(ledger_entries(carol.client.database.engine)) >= len(payments),
+        "Carol's credits",
+    )
+    credits = Counter(entry for _, entry in ledger_entries(carol.client.database.engine))
+    assert credits == Counter(f"credit {p.amount}" for p in payments)
 
 
 @attrs.frozen

@@ -30,16 +30,9 @@ from persistence.lease import (
     WorkerInfo,
 )
 from persistence.store import NodeDatabase
-from tests.conftest import database_for
-from tests.test_lease import Opened, dead_process
+from tests.test_lease import Opened, dead_process, postgres_opened
 
-
-@pytest.fixture
-def postgres_opened() -> Iterator[Opened]:
-    url = database_for("postgresql")
-    name = f"ffshare_{uuid.uuid4().hex[:10]}"
-    yield Opened(url, name)
-    drop_schema(url, name)
+__all__ = ["postgres_opened"]  # (a fixture, shared with tests/test_lease.py)
 
 
 @attrs.define

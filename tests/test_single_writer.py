@@ -16,7 +16,6 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,8 @@ from tests.conftest import (
     rabbitmq_problem,
     require_service,
 )
-from tests.cordapp import PaymentFlow, ledger_entries
-from tests.process_cluster import Cluster, ClusterNode
+from tests.cordapp import PaymentFlow
+from tests.process_cluster import Cluster, ClusterNode, check_payments_once
 from tests.waiting import serving, still_running, wait_until
 
 LEASE_SECONDS = 2.0
@@ -163,16 +162,7 @@ def test_a_paused_holder_is_replaced_and_commits_nothing_when_it_thaws(
         assert [decode_outcome(outcomes[i]) for i in ids] == [
             f"receipt {p.amount}" for p in payments
         ]
-        entries = ledger_entries(alice.client.database.engine)
-        for payment, flow_id in zip(payments, ids, strict=True):
-            mine = [entry for owner, entry in entries if owner == flow_id]
-            assert mine == [f"debit {payment.amount}", f"receipt {payment.amount}"], mine
-        wait_until(
-            lambda: len(ledger_entries(carol.client.database.engine)) >= len(payments),
-            "Carol's credits",
-        )
-        credits = Counter(entry for _, entry in ledger_entries(carol.client.database.engine))
-        assert credits == Counter(f"credit {p.amount}" for p in payments)
+        check_payments_once(cluster, payments, ids)
         assert successor.poll() is None, log_of(successor_log)[-3000:]
     finally:
         if alice.process is not None and alice.process.poll() is None:

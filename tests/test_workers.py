@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ from persistence import schema
 from samples.pingpong import PingFlow
 from statemachine.partitions import PARTITIONS
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
-from tests.cordapp import PaymentFlow, ledger_entries
-from tests.process_cluster import Cluster, ClusterNode
+from tests.cordapp import PaymentFlow
+from tests.process_cluster import Cluster, ClusterNode, check_payments_once, stop_process
 from tests.waiting import serving, still_running, wait_until
 
 LEASE_SECONDS = 3.0
@@ -76,16 +75,7 @@ class Worker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process)
 
 
 @pytest.fixture
@@ -106,25 +96,17 @@ def settled(workers: list[Worker]) -> bool:
     return sorted(held) == list(range(PARTITIONS)) and max(sizes) - min(sizes) <= 1
 
 
-def start_peers(cluster: Cluster) -> None:
+def start_with_workers(cluster: Cluster, workers: list[Worker]) -> None:
+    """Start Bob and Carol, then Alice's workers; wait until they split the partitions."""
     for node in cluster.nodes[1:]:
         node.start()
     for node in cluster.nodes[1:]:
         node.wait_started()
-
-
-def check_payments_once(cluster: Cluster, payments: list[PaymentFlow], ids: list[str]) -> None:
-    alice, _, carol = cluster.nodes
-    entries = ledger_entries(alice.client.database.engine)
-    for payment, flow_id in zip(payments, ids, strict=True):
-        mine = [entry for owner, entry in entries if owner == flow_id]
-        assert mine == [f"debit {payment.amount}", f"receipt {payment.amount}"], mine
-    wait_until(
-        lambda: len(ledger_entries(carol.client.database.engine)) >= len(payments),
-        "Carol's credits",
-    )
-    credits = Counter(entry for _, entry in ledger_entries(carol.client.database.engine))
-    assert credits == Counter(f"credit {p.amount}" for p in payments)
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.wait_serving()
+    wait_until(lambda: settled(workers), "the workers to split the partitions", 60)
 
 
 def test_two_workers_split_the_partitions_and_serve_ping_pong_and_payments_once(
@@ -133,12 +115,7 @@ def test_two_workers_split_the_partitions_and_serve_ping_pong_and_payments_once(
     alice, bob, carol = cluster.nodes
     workers = [Worker(alice, name, tmp_path) for name in ("w1", "w2")]
     try:
-        start_peers(cluster)
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.wait_serving()
-        wait_until(lambda: settled(workers), "the two workers to split the partitions", 60)
+        start_with_workers(cluster, workers)
         pings = [PingFlow(Party(bob.name)) for _ in range(30)]
         payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 31)]
         ping_ids = alice.client.start_flows(pings)
@@ -164,12 +141,7 @@ def test_a_killed_worker_s_partitions_are_taken_over_and_every_flow_finishes_onc
     alice, _, carol = cluster.nodes
     workers = [Worker(alice, name, tmp_path) for name in ("w1", "w2")]
     try:
-        start_peers(cluster)
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.wait_serving()
-        wait_until(lambda: settled(workers), "the two workers to split the partitions", 60)
+        start_with_workers(cluster, workers)
         payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 61)]
         ids = alice.client.start_flows(payments[:40])
         wait_until(lambda: len(alice.client.outcomes(ids)) >= 5, "some payments to finish")
@@ -212,6 +184,21 @@ def test_a_worker_is_refused_on_a_sqlite_node_saying_why(tmp_path: Path) -> None
         assert "a node on SQLite runs as one process" in errors[0]
         assert "need the node database on PostgreSQL" in errors[0]
         assert "Traceback" not in worker.log()
+    finally:
+        worker.stop()
+        cluster.close()
+
+
+def test_a_worker_on_the_rabbitmq_transport_is_refused_saying_why(tmp_path: Path) -> None:
+    require_service("PostgreSQL", postgres_problem())
+    cluster = Cluster(tmp_path, "amqp://guest:guest@127.0.0.1:5672/%2F", POSTGRES_URL)
+    worker = Worker(cluster.nodes[0], "w1", tmp_path)
+    try:
+        worker.start()
+        assert worker.process is not None
+        assert worker.process.wait(90) == 2, worker.log()[-3000:]
+        errors = [line for line in worker.log().splitlines() if "ERROR" in line]
+        assert len(errors) == 1 and "needs the SQL queue transport" in errors[0], errors
     finally:
         worker.stop()
         cluster.close()
