@@ -370,7 +370,7 @@ class Node:
         if not (hasattr(messaging, "consume_partitions") and hasattr(messaging, "release")):
             raise ValueError(
                 f"node {self.party}: a worker of a node run by several workers needs a "
-                f"transport that routes messages by partition (the SQL queue); "
+                f"transport that routes messages by partition (the SQL queue, RabbitMQ); "
                 f"{type(messaging).__name__} does not"
             )
         return messaging  # type: ignore[no-any-return]

@@ -44,7 +44,7 @@ from messaging.inbound_set import InboundSet
 from messaging.relay import OutboxStore, Relay
 from messaging.service import MessagingService
 from messaging.tls import TlsSetupError
-from messaging.transports import AMQP_SCHEMES, open_transport, transport_scheme
+from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
     LeaseError,
@@ -160,16 +160,6 @@ class NodeProcess:
             config.tls_settings().context()  # the TLS files load, before anything connects
         except TlsSetupError as error:
             log.error("%s: %s; refusing to start", config.name, error)
-            return EXIT_REFUSED
-        if self.worker_name is not None and transport_scheme(config.transport_url) in AMQP_SCHEMES:
-            log.error(
-                "%s: worker %r: a node run by several workers needs the SQL queue transport on "
-                "PostgreSQL for now (it routes each message to the worker holding its flow's "
-                "partition); the RabbitMQ transport does not route by partition yet; refusing "
-                "to start",
-                config.name,
-                self.worker_name,
-            )
             return EXIT_REFUSED
         lease_database = self._open_database()
         if lease_database is None:

@@ -110,13 +110,9 @@ class _AmqpPeerSender:
 
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
         """See :class:`PeerSender`."""
-        from messaging.amqp.publisher import Outgoing, property_message_id
-        from messaging.frame import encode_frame
+        from messaging.amqp.publisher import Outgoing
 
-        outgoing = [
-            Outgoing(target, encode_frame(message), property_message_id(message.message_id))
-            for message, target in items
-        ]
+        outgoing = [Outgoing.of(message, target) for message, target in items]
         if outgoing:
             self._publisher.publish(outgoing)
 

@@ -21,7 +21,12 @@ pika = pytest.importorskip("pika", reason=PIKA_MISSING)
 
 from messaging.amqp import delete_queues, queue_depth  # noqa: E402
 from messaging.amqp.publisher import TX_BATCH, Outgoing, Publisher  # noqa: E402
-from messaging.amqp.topology import INBOUND_EXCHANGE, declare_queues, queue_name  # noqa: E402
+from messaging.amqp.topology import (  # noqa: E402
+    INBOUND_EXCHANGE,
+    declare_queues,
+    partition_queue_name,
+    queue_name,
+)
 from messaging.service import TransportError  # noqa: E402
 
 
@@ -57,8 +62,10 @@ def _node(channel: object) -> str:
     return address
 
 
-def _batch(target: str, count: int, start: int = 0) -> list[Outgoing]:
-    return [Outgoing(target, f"m{i}".encode(), f"m{i}") for i in range(start, start + count)]
+def _batch(target: str, count: int, start: int = 0, queue: str | None = None) -> list[Outgoing]:
+    """Messages to one queue of ``target`` (its partition 0's unless ``queue`` says)."""
+    queue = queue or partition_queue_name(target, 0)
+    return [Outgoing(target, f"m{i}".encode(), f"m{i}", queue) for i in range(start, start + count)]
 
 
 def test_a_batch_over_one_transaction_arrives_whole(channel: object, publisher: Publisher) -> None:
@@ -72,7 +79,11 @@ def test_an_unroutable_message_in_a_batch_names_its_target(
 ) -> None:
     target = _node(channel)
     nobody = _address("Nobody")
-    batch = [*_batch(target, 2), Outgoing(nobody, b"lost", "x"), *_batch(target, 2, start=2)]
+    batch = [
+        *_batch(target, 2),
+        Outgoing(nobody, b"lost", "x", queue_name(nobody)),
+        *_batch(target, 2, start=2),
+    ]
     with pytest.raises(TransportError, match=f"no queue for {nobody}"):
         publisher.publish(batch)
     publisher.publish(_batch(target, 1, start=10))  # the publisher carries on
@@ -86,7 +97,7 @@ def test_an_unroutable_message_in_a_later_transaction_is_named(
 ) -> None:
     target = _node(channel)
     nobody = _address("Nobody")
-    batch = [*_batch(target, TX_BATCH + 5), Outgoing(nobody, b"lost", "x")]
+    batch = [*_batch(target, TX_BATCH + 5), Outgoing(nobody, b"lost", "x", queue_name(nobody))]
     with pytest.raises(TransportError, match=f"no queue for {nobody}"):
         publisher.publish(batch)
     assert queue_depth(RABBITMQ_URL, target) == TX_BATCH + 5
@@ -103,7 +114,7 @@ def test_a_message_the_broker_refuses_fails_the_batch(
     channel.queue_bind(name, INBOUND_EXCHANGE, routing_key=name)  # type: ignore[attr-defined]
     channel.declared.append(full)  # type: ignore[attr-defined]
     with pytest.raises(TransportError, match=f"refused a message of a batch to {full}"):
-        publisher.publish(_batch(full, 3))
+        publisher.publish(_batch(full, 3, queue=name))
     target = _node(channel)
     publisher.publish(_batch(target, 2))  # a new channel: the publisher carries on
     assert queue_depth(RABBITMQ_URL, target) == 2

@@ -1,9 +1,9 @@
 """One node run by several worker processes on PostgreSQL: shares, hand-overs and takeovers.
 
 Real ``fiberflow node run --worker NAME`` processes. Alice is run by two workers; Bob and
-Carol by one process each. The node databases and the SQL queue are on PostgreSQL (each node
-in a schema of its own). Every flow must complete exactly once and every ledger effect must
-happen once, counted from the databases.
+Carol by one process each. The node databases are on PostgreSQL (each node in a schema of its
+own); the transport is the SQL queue on PostgreSQL or RabbitMQ. Every flow must complete
+exactly once and every ledger effect must happen once, counted from the databases.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from flows.party import Party
 from persistence import schema
 from samples.pingpong import PingFlow
 from statemachine.partitions import PARTITIONS
-from tests.conftest import POSTGRES_URL, postgres_problem, require_service
+from tests.conftest import (
+    POSTGRES_URL,
+    RABBITMQ_URL,
+    postgres_problem,
+    rabbitmq_problem,
+    require_service,
+)
 from tests.cordapp import PaymentFlow
 from tests.process_cluster import Cluster, ClusterNode, check_payments_once, stop_process
 from tests.waiting import serving, still_running, wait_until
@@ -78,10 +84,14 @@ class Worker:
         return stop_process(self.process)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(params=["sqlqueue", "rabbitmq"])
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
     require_service("PostgreSQL", postgres_problem())
-    made = Cluster(tmp_path, POSTGRES_URL, POSTGRES_URL, {"lease_seconds": LEASE_SECONDS})
+    transport = POSTGRES_URL
+    if request.param == "rabbitmq":
+        require_service("RabbitMQ", rabbitmq_problem())
+        transport = RABBITMQ_URL
+    made = Cluster(tmp_path, transport, POSTGRES_URL, {"lease_seconds": LEASE_SECONDS})
     yield made
     made.close()
 
@@ -184,21 +194,6 @@ def test_a_worker_is_refused_on_a_sqlite_node_saying_why(tmp_path: Path) -> None
         assert "a node on SQLite runs as one process" in errors[0]
         assert "need the node database on PostgreSQL" in errors[0]
         assert "Traceback" not in worker.log()
-    finally:
-        worker.stop()
-        cluster.close()
-
-
-def test_a_worker_on_the_rabbitmq_transport_is_refused_saying_why(tmp_path: Path) -> None:
-    require_service("PostgreSQL", postgres_problem())
-    cluster = Cluster(tmp_path, "amqp://guest:guest@127.0.0.1:5672/%2F", POSTGRES_URL)
-    worker = Worker(cluster.nodes[0], "w1", tmp_path)
-    try:
-        worker.start()
-        assert worker.process is not None
-        assert worker.process.wait(90) == 2, worker.log()[-3000:]
-        errors = [line for line in worker.log().splitlines() if "ERROR" in line]
-        assert len(errors) == 1 and "needs the SQL queue transport" in errors[0], errors
     finally:
         worker.stop()
         cluster.close()

@@ -16,6 +16,7 @@ from messaging.amqp.topology import (
     REASON_HEADER,
     dead_letter_queue_name,
     declare_queues,
+    inbound_queue_names,
     node_key,
     publish,
     queue_name,
@@ -38,10 +39,10 @@ def permission_commands(address: str, user: str, password: str) -> list[str]:
     Configure: nothing (the administrator set the topology up). Write: the two exchanges
     (publishing to any node's inbound queue, and to dead-letter queues, goes through them;
     the default exchange, which reaches every queue, is not allowed). Read: the node's own
-    two queues only (consuming; other nodes' queues are refused, and so is binding anything
-    to the exchanges, which needs read on them).
+    queues only, its partitions' inbound queues included (consuming; other nodes' queues are
+    refused, and so is binding anything to the exchanges, which needs read on them).
     """
-    own = f"^p2p\\.(inbound|deadletter)\\.{node_key(address)}$"
+    own = f"^p2p\\.(inbound|deadletter)\\.{node_key(address)}(\\.[0-9]+)?$"
     return [
         f"rabbitmqctl add_user '{user}' '{password}'",
         f"rabbitmqctl set_permissions -p / '{user}' '^$' '^p2p\\.(inbound|deadletter)$' '{own}'",
@@ -113,14 +114,16 @@ def inject_raw(url: str, address: str, raw: bytes, tls: TlsContextFactory | None
 
 
 def queue_depth(url: str, address: str, tls: TlsContextFactory | None = None) -> int:
-    """Messages ready in ``address``'s queue (deliveries a live consumer holds not counted)."""
-    with _tool_channel(url, f"measuring the queue of {address}", tls) as channel:
-        declared = channel.queue_declare(queue_name(address), passive=True)
-        return int(declared.method.message_count)
+    """Messages ready in ``address``'s inbound queues (not those a live consumer holds)."""
+    with _tool_channel(url, f"measuring the queues of {address}", tls) as channel:
+        return sum(
+            int(channel.queue_declare(name, passive=True).method.message_count)
+            for name in inbound_queue_names(address)
+        )
 
 
 def delete_queues(url: str, address: str, tls: TlsContextFactory | None = None) -> None:
     """Delete the inbound and dead-letter queues of ``address`` and their messages (tests)."""
     with _tool_channel(url, f"deleting the queues of {address}", tls) as channel:
-        for name in (queue_name(address), dead_letter_queue_name(address)):
+        for name in [*inbound_queue_names(address), dead_letter_queue_name(address)]:
             channel.queue_delete(name)

@@ -51,21 +51,22 @@ from messaging.amqp.topology import (
     REASON_HEADER,
     dead_letter_queue_name,
     declare_queues,
+    inbound_queue_names,
+    partition_queue_name,
     publish,
-    queue_name,
     split_options,
 )
 from messaging.frame import (
     MAX_FRAME_BYTES,
     MalformedFrameError,
     decode_frame,
-    encode_frame,
     oversized_problem,
 )
 from messaging.service import Message, MessageHandler
 from messaging.tls import TlsContextFactory
 from persistence.bounded import bounded_reason
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
+from statemachine.partitions import partition_of_message
 
 log = logging.getLogger("fiberflow.amqp")
 
@@ -167,6 +168,14 @@ class AmqpMessaging:
         self._lock = threading.Lock()
         """Guards the delivery tags, the pending acks and the consumer connection."""
         self._pending_acks: list[tuple[int, int]] = []
+        self._pending_releases: list[tuple[int, int]] = []
+        """Deliveries to give back unsettled (``basic.nack`` with requeue), as acks are."""
+        self._partitions: frozenset[int] | None = None
+        """The partitions whose queues this consumer takes (None: every one)."""
+        self._subscribed: dict[str, str] = {}
+        """Queue name -> consumer tag, on the current channel (the consumer thread's)."""
+        self.forwarded = 0
+        """Deliveries of partitions this consumer does not take, forwarded to their queue."""
         self._settled = SettledTags()
         """The current connection's settled delivery tags (the consumer thread's)."""
         self._discard_acks = False
@@ -200,6 +209,35 @@ class AmqpMessaging:
     def consumer_id(self) -> str:
         """A random id of this consumer (the broker tracks deliveries per connection)."""
         return self._consumer_id
+
+    def consume_partitions(self, partitions: frozenset[int] | None) -> None:
+        """From now on consume only the queues of ``partitions`` (None: every queue).
+
+        The queue from before partitions is consumed along with partition 0. A delivery of a
+        partition this consumer does not take (from that queue, from a sender that routed it
+        elsewhere, or claimed just before a change) is forwarded to its partition's queue.
+        """
+        with self._lock:
+            self._partitions = None if partitions is None else frozenset(partitions)
+            connection = self._consumer_connection
+        if connection is not None:
+            with contextlib.suppress(*AMQP_ERRORS):  # closed: the next channel subscribes
+                connection.add_callback_threadsafe(self._resubscribe)
+
+    def release(self, delivered: Message) -> None:
+        """Give a delivery back unsettled (``basic.nack``, requeued), on the consumer thread.
+
+        A delivery of a connection that has since closed is back in its queue already.
+        """
+        receipt = delivered.receipt
+        if not isinstance(receipt, tuple):
+            raise ValueError(f"{delivered.message_id} was not delivered by this consumer")
+        with self._lock:
+            if receipt[0] != self._generation:
+                return
+            self._pending_releases.append(receipt)
+            connection = self._consumer_connection
+        self._wake(connection)
 
     def release_deliveries_of(self, consumer_ids: Sequence[str]) -> None:
         """Do nothing: the broker requeues a dead consumer's deliveries itself.
@@ -241,10 +279,7 @@ class AmqpMessaging:
 
     def send_batch(self, items: Sequence[tuple[Message, str]]) -> None:
         """Publish every pair in order; returns once the broker confirmed them all."""
-        outgoing = [
-            Outgoing(target, encode_frame(m), property_message_id(m.message_id))
-            for m, target in items
-        ]
+        outgoing = [Outgoing.of(m, target) for m, target in items]
         if outgoing:
             self._publisher.publish(outgoing)
 
@@ -337,8 +372,10 @@ class AmqpMessaging:
         try:
             if self._declare:
                 declare_queues(channel, self._address)
-            channel.basic_qos(prefetch_count=self._prefetch)
-            channel.basic_consume(queue_name(self._address), self._on_delivery, auto_ack=False)
+            # One window for the channel's consumers together (one per queue it takes).
+            channel.basic_qos(prefetch_count=self._prefetch, global_qos=True)
+            self._subscribed = {}
+            self._subscribe(channel)
         except BaseException:
             close_quietly(connection)
             raise
@@ -349,11 +386,37 @@ class AmqpMessaging:
             self._settled = SettledTags()  # delivery tags start again at 1
         return connection, channel
 
+    def _wanted_queues(self) -> list[str]:
+        """The inbound queues to consume, given the partitions taken."""
+        with self._lock:
+            partitions = self._partitions
+        names = inbound_queue_names(self._address)
+        if partitions is None:
+            return names
+        legacy = [names[0]] if 0 in partitions else []
+        return legacy + [partition_queue_name(self._address, p) for p in sorted(partitions)]
+
+    def _subscribe(self, channel: Channel) -> None:
+        """Consume the wanted queues and cancel the others (on the consumer thread)."""
+        wanted = self._wanted_queues()
+        for name in [name for name in self._subscribed if name not in wanted]:
+            channel.basic_cancel(self._subscribed.pop(name))
+        for name in wanted:
+            if name not in self._subscribed:
+                self._subscribed[name] = channel.basic_consume(
+                    name, self._on_delivery, auto_ack=False
+                )
+
+    def _resubscribe(self) -> None:
+        channel = self._consumer_channel
+        if channel is not None and channel.is_open:
+            self._subscribe(channel)
+
     def _serve(self, connection: Connection, channel: Channel) -> None:
         while not self._stopping.is_set():
             connection.process_data_events(time_limit=POLL_SECONDS)
-            if not channel.consumer_tags:  # the broker cancelled it (the queue was deleted)
-                raise _ConsumerCancelled(f"the broker cancelled the consumer of {self._address}")
+            if len(channel.consumer_tags) < len(self._subscribed):  # a queue was deleted
+                raise _ConsumerCancelled(f"the broker cancelled a consumer of {self._address}")
             self._flush_acks()
         self._flush_acks()
 
@@ -370,10 +433,15 @@ class AmqpMessaging:
             if self._discard_acks:
                 return
             acks, self._pending_acks = self._pending_acks, []
+            releases, self._pending_releases = self._pending_releases, []
             generation = self._generation
             channel = self._consumer_channel
         if channel is None:
             return
+        for release_generation, tag in releases:
+            if release_generation == generation:
+                channel.basic_nack(delivery_tag=tag, requeue=True)
+                self._settled.acked_alone(tag)
         tags = [tag for ack_generation, tag in acks if ack_generation == generation]
         for tag, multiple in self._settled.acks_for(tags):
             channel.basic_ack(delivery_tag=tag, multiple=multiple)
@@ -393,6 +461,13 @@ class AmqpMessaging:
         except MalformedFrameError as error:
             self._dead_letter(channel, tag, body, str(error))
             return
+        with self._lock:
+            partitions = self._partitions
+        if partitions is not None:
+            partition = partition_of_message(message.message_id, message.sender)
+            if partition not in partitions:  # not ours (any more): to its partition's queue
+                self._forward(channel, tag, body, partition, message.message_id)
+                return
         handler = self._handlers.get(message.topic)
         if handler is None:
             reason = f"no handler for topic {message.topic!r} at {self._address}"
@@ -405,6 +480,20 @@ class AmqpMessaging:
             handler(message)
         except Exception:  # a handler bug must not kill the consumer; redelivered on reconnect
             log.exception("%s: handler failed on %s", self._address, message.message_id)
+
+    def _forward(
+        self, channel: Channel, tag: int, raw: bytes, partition: int, message_id: str
+    ) -> None:
+        """Move a delivery to its partition's queue (confirmed), then ack it."""
+        publish(
+            channel,
+            partition_queue_name(self._address, partition),
+            raw,
+            message_id=property_message_id(message_id),
+        )
+        channel.basic_ack(delivery_tag=tag)
+        self._settled.acked_alone(tag)
+        self.forwarded += 1
 
     def _dead_letter(self, channel: Channel, tag: int, raw: bytes, reason: str) -> None:
         """Move a delivery to the dead-letter queue (confirmed), then ack it.

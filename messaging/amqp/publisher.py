@@ -44,8 +44,9 @@ from messaging.amqp.connection import (
     open_channel,
     safe_url,
 )
-from messaging.amqp.topology import declare_queues, publish, queue_name
-from messaging.service import TransportError
+from messaging.amqp.topology import declare_queues, message_queue_name, publish
+from messaging.frame import encode_frame
+from messaging.service import Message, TransportError
 from messaging.tls import TlsContextFactory, certificate_refusal
 
 log = logging.getLogger("fiberflow.amqp")
@@ -70,11 +71,22 @@ def property_message_id(message_id: str) -> str | None:
 
 @attrs.frozen
 class Outgoing:
-    """A framed message on its way to ``target``'s inbound queue."""
+    """A framed message on its way to ``queue``, an inbound queue of ``target``."""
 
     target: str
     body: bytes
     message_id: str | None
+    queue: str
+
+    @classmethod
+    def of(cls, message: Message, target: str) -> Outgoing:
+        """``message`` framed, for the queue of its partition of ``target``'s flows."""
+        return cls(
+            target,
+            encode_frame(message),
+            property_message_id(message.message_id),
+            message_queue_name(target, message.message_id, message.sender),
+        )
 
 
 class _Unroutable(Exception):
@@ -126,9 +138,9 @@ class Publisher:
             while pending:
                 chunk = [pending[i] for i in range(min(TX_BATCH, len(pending)))]
                 self._returned.clear()
-                self._targets = {queue_name(item.target): item.target for item in chunk}
+                self._targets = {item.queue: item.target for item in chunk}
                 for item in chunk:
-                    publish(channel, queue_name(item.target), item.body, message_id=item.message_id)
+                    publish(channel, item.queue, item.body, message_id=item.message_id)
                 try:
                     channel.tx_commit()
                 except pika.exceptions.ChannelClosedByBroker as error:

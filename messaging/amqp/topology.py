@@ -1,19 +1,26 @@
-"""The broker's topology: exchanges, each node's two queues, and publishing a frame to one.
+"""The broker's topology: exchanges, each node's queues, and publishing a frame to one.
 
 Queues (durable, ``x-queue-type: classic``), named after the node key (:func:`node_key`):
 
-* ``p2p.inbound.<node key>``: the node's inbound messages, as frames (:mod:`messaging.frame`),
-  each a persistent message whose ``message_id`` property is the message id. A node declares
-  its queues when its :class:`~messaging.amqp.consumer.AmqpMessaging` is built, so a send to
-  a node that has never started is unroutable and raises
-  :class:`~messaging.service.TransportError`.
+* ``p2p.inbound.<node key>.<pp>``, one per partition ``pp`` (``00`` to ``15``) of the node's
+  flows (:mod:`statemachine.partitions`): the node's inbound messages, as frames
+  (:mod:`messaging.frame`), each a persistent message whose ``message_id`` property is the
+  message id. A sender computes a message's partition from its id and sender
+  (:func:`~statemachine.partitions.partition_of_message`) and publishes it to that
+  partition's queue, so each worker of a node run by several workers consumes only the
+  queues of its partitions. A node declares its queues when its
+  :class:`~messaging.amqp.consumer.AmqpMessaging` is built, so a send to a node that has
+  never started is unroutable and raises :class:`~messaging.service.TransportError`.
+* ``p2p.inbound.<node key>``: the node's inbound queue before partitions (and where tools
+  inject raw frames): still declared and consumed, by the holder of partition 0, which
+  forwards each message to its partition's queue.
 * ``p2p.deadletter.<node key>``: frames the node could not take (undecodable, over the frame
   limit, or of a topic it has no handler for), each with the reason in its
   ``x-fiberflow-reason`` header (cut to ``limits.DEAD_LETTER_REASON_CHARS``, so that the
   header always fits). A body over the frame limit is refused on its length, before it is
   decoded, and only its first ``limits.DEAD_LETTER_PREFIX_BYTES`` are kept.
 
-Both are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
+They are bound to a durable direct exchange, ``p2p.inbound`` and ``p2p.deadletter``, with the
 queue name as routing key. Sending publishes to ``p2p.inbound`` (routing key: the target's
 queue), ``mandatory``, in AMQP transactions (:mod:`messaging.amqp.publisher`).
 """
@@ -26,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pika
 
 from messaging.amqp.connection import Channel
+from statemachine.partitions import PARTITIONS, partition_of_message
 
 INBOUND_EXCHANGE = "p2p.inbound"
 """The direct exchange every node's inbound queue is bound to (routing key: the queue name)."""
@@ -55,19 +63,34 @@ def queue_name(address: str) -> str:
     return INBOUND_PREFIX + node_key(address)
 
 
+def partition_queue_name(address: str, partition: int) -> str:
+    """The inbound queue of partition ``partition`` of ``address``'s flows."""
+    return f"{queue_name(address)}.{partition:02d}"
+
+
+def inbound_queue_names(address: str) -> list[str]:
+    """Every inbound queue of ``address``: the one from before partitions, then each one's."""
+    return [queue_name(address)] + [partition_queue_name(address, p) for p in range(PARTITIONS)]
+
+
+def message_queue_name(address: str, message_id: str, sender: str) -> str:
+    """The queue of ``address`` a message with this id from ``sender`` is published to."""
+    return partition_queue_name(address, partition_of_message(message_id, sender))
+
+
 def dead_letter_queue_name(address: str) -> str:
     """The dead-letter queue of the node at ``address``: ``p2p.deadletter.<node key>``."""
     return DEAD_LETTER_PREFIX + node_key(address)
 
 
 def declare_queues(channel: Channel, address: str) -> None:
-    """Make sure the exchanges, the two queues of ``address`` and their bindings exist."""
+    """Make sure the exchanges, the queues of ``address`` and their bindings exist."""
     for exchange in (INBOUND_EXCHANGE, DEAD_LETTER_EXCHANGE):
         channel.exchange_declare(exchange, exchange_type="direct", durable=True)
-    for exchange, name in (
-        (INBOUND_EXCHANGE, queue_name(address)),
+    for exchange, name in [
+        *((INBOUND_EXCHANGE, inbound) for inbound in inbound_queue_names(address)),
         (DEAD_LETTER_EXCHANGE, dead_letter_queue_name(address)),
-    ):
+    ]:
         channel.queue_declare(name, durable=True, arguments=QUEUE_ARGUMENTS)
         channel.queue_bind(name, exchange, routing_key=name)
 
