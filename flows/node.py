@@ -529,15 +529,18 @@ class Node:
         return left
 
     def publish_flow_counts(self) -> None:
-        """Store how many flows are in memory, hibernated and restoring, for ``flow list``.
+        """Say how many flows are in memory, hibernated and restoring, for ``flow list``.
 
-        In the node-wide setting :data:`FLOW_COUNTS_SETTING` (JSON, with when it was taken).
+        A JSON document (with when it was taken and the partitions run) that rides on the
+        lease's next renewal, on this process's row of ``node_workers``: no write of its own.
         """
+        if self._lease is None:
+            return
         counts = self.manager.flow_counts()
         document = {**attrs.asdict(counts), "at": self.clock.now()}
-        self.database.control.set_setting(
-            FLOW_COUNTS_SETTING, json.dumps(document), self.clock.now()
-        )
+        if self.partitions is not None:
+            document["partitions"] = sorted(self.partitions)
+        self._lease.flow_counts = json.dumps(document)
 
     def process_operator_requests(self) -> int:
         """Carry out the operator commands queued in the database; returns how many."""
@@ -643,10 +646,6 @@ class Node:
     def next_deadline(self) -> float | None:
         """The earliest timer a flow waits for, or None."""
         return self.manager.next_deadline()
-
-
-FLOW_COUNTS_SETTING = "flow_counts"
-"""The node-wide setting a node process keeps its flow counts in (every report)."""
 
 
 def new_flow_ids(count: int) -> list[str]:

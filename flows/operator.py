@@ -19,12 +19,13 @@ import attrs
 from sqlalchemy import select
 
 from flows.identity import KeyFileError, load_or_create_identity
-from flows.node import FLOW_COUNTS_SETTING
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
+from persistence.lease import database_clock, read_assignment, read_holders
 from persistence.serialization import PAYLOADS, SerializationError
 from persistence.store import NodeDatabase
+from statemachine.partitions import partition_of, partition_ranges
 
 
 def _database(config: RuntimeConfig, with_mac: bool = False) -> NodeDatabase:
@@ -67,7 +68,11 @@ def _status(flow_id: str, stored: str, paused: set[str], busy: dict[str, tuple[i
 
 
 def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
-    """One dict per flow with a checkpoint: id, class, status, waiting on, age, step."""
+    """One dict per flow with a checkpoint: id, class, status, waiting on, age, step.
+
+    For a node run by several workers also ``worker``: the name of the worker holding the
+    flow's partition (``-``: none now).
+    """
     database = _database(config)
     table = schema.node_checkpoints
     try:
@@ -75,10 +80,12 @@ def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
             rows = connection.execute(select(table).order_by(table.c.created_at)).all()
         paused = database.control.paused_flows()
         busy = database.control.busy_flows()
+        owners = _partition_owners(database)
     finally:
         database.close()
     return [
         {
+            **({} if owners is None else {"worker": owners[partition_of(row.flow_id)]}),
             "flow_id": row.flow_id,
             "class": row.flow_class.rsplit(".", 1)[-1],
             "status": _status(row.flow_id, row.status, paused, busy),
@@ -95,13 +102,27 @@ def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
     ]
 
 
+def _partition_owners(database: NodeDatabase) -> dict[int, str] | None:
+    """The name of the worker holding each partition, if the node runs as several workers."""
+    holders = {h.worker.worker_id: h for h in read_holders(database.engine)}
+    if not any(h.shared for h in holders.values()):
+        return None
+    assignment = read_assignment(database.engine)
+    return {
+        partition: holders[holder].worker.name if holder in holders else "-"
+        for partition, holder in assignment.items()
+    }
+
+
 def print_flow_list(config: RuntimeConfig) -> int:
-    """``fiberflow flow list``: a table of the node's flows."""
+    """``fiberflow flow list``: a table of the node's flows and what its processes said."""
     flows = list_flows(config)
-    header = ("FLOW ID", "CLASS", "STATUS", "WAITING ON", "AGE", "PROGRESS STEP")
-    lines = [header] + [
-        (f["flow_id"], f["class"], f["status"], f["waiting_on"], f["age"], f["step"]) for f in flows
-    ]
+    header: tuple[str, ...] = ("FLOW ID", "CLASS", "STATUS", "WAITING ON", "AGE", "PROGRESS STEP")
+    keys = ["flow_id", "class", "status", "waiting_on", "age", "step"]
+    if any("worker" in f for f in flows):
+        header += ("WORKER",)
+        keys.append("worker")
+    lines = [header] + [tuple(f[key] for key in keys) for f in flows]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))
@@ -109,9 +130,8 @@ def print_flow_list(config: RuntimeConfig) -> int:
     for flow in hospitalized:
         print(f"{flow['flow_id']} is in the hospital: {flow['error']}")
     print(f"{len(flows)} flow(s) with a checkpoint on {config.name}{_by_kind(flows)}")
-    counts = _published_counts(config)
-    if counts is not None:
-        print(counts)
+    for line in process_reports(config):
+        print(line)
     return 0
 
 
@@ -131,19 +151,40 @@ def _by_kind(flows: list[dict[str, Any]]) -> str:
 _WAITS = {"receive": "a receive", "sleep": "a sleep", "operation": "an operation"}
 
 
-def _published_counts(config: RuntimeConfig) -> str | None:
-    """What the running node last said of its flows in memory and hibernated, or None."""
+def process_reports(config: RuntimeConfig) -> list[str]:
+    """One line per live process of the node: who it is and what it last said of its flows.
+
+    From the processes' rows in ``node_workers``: a process's report rides on its lease
+    renewals (every second for a worker of a node run by several workers, every third of the
+    lease otherwise).
+    """
     database = _database(config)
     try:
-        text = database.control.setting(FLOW_COUNTS_SETTING)
+        holders = read_holders(database.engine)
+        assignment = read_assignment(database.engine)
+        now = database_clock(database.engine)
     finally:
         database.close()
+    lines = []
+    for holder in holders:
+        if holder.expires_at <= now:
+            continue  # a dead process's row, not taken over yet
+        held = sorted(p for p, w in assignment.items() if w == holder.worker.worker_id)
+        who = f"worker {holder.worker.name!r}" if holder.shared else "the node"
+        where = f"pid {holder.worker.pid} on host {holder.worker.host}"
+        if holder.shared:
+            where += f", partitions {partition_ranges(held)}"
+        lines.append(f"{who} ({where}) reported {_counts_text(holder.flow_counts)}")
+    return lines
+
+
+def _counts_text(text: str | None) -> str:
     if text is None:
-        return None
+        return "nothing yet"
     counts = json.loads(text)
     waiting = ", ".join(f"{n} on {k}" for k, n in sorted(counts["waiting_in_memory"].items()))
     return (
-        f"the node reported ({_age(int(counts['at'] * 1000))} ago): "
+        f"({_age(int(counts['at'] * 1000))} ago): "
         f"{counts['in_memory'] + counts['dormant']} live, {counts['in_memory']} in memory"
         f"{f' (waiting: {waiting})' if waiting else ''}, {counts['dormant']} hibernated or not "
         f"restored since its start, {counts['restoring']} being restored"

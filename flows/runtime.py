@@ -58,6 +58,7 @@ from persistence.lease import (
 )
 from persistence.store import NodeDatabase
 from statemachine.limits import WORKER_NAME_CHARS
+from statemachine.partitions import partition_ranges
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -305,9 +306,9 @@ class NodeProcess:
             "%s: worker %r now runs partitions %s (handed over %s, took %s)",
             self.config.name,
             self.worker_name,
-            _ranges(after),
-            _ranges(before - after),
-            _ranges(after - before),
+            partition_ranges(after),
+            partition_ranges(before - after),
+            partition_ranges(after - before),
         )
 
     def _run_holding_lease(self, lease: NodeLease) -> int:
@@ -625,20 +626,6 @@ def worker_status_path(path: Path, worker: str) -> Path:
     """The status file of worker ``worker`` of a node whose config names ``path``."""
     head, dot, rest = path.name.partition(".")
     return path.with_name(f"{head}.{worker}{dot}{rest}")
-
-
-def _ranges(partitions: frozenset[int]) -> str:
-    """``0-3,8,10-11`` for a set of partitions (``none`` if empty)."""
-    if not partitions:
-        return "none"
-    ordered = sorted(partitions)
-    runs: list[list[int]] = []
-    for partition in ordered:
-        if runs and partition == runs[-1][-1] + 1:
-            runs[-1].append(partition)
-        else:
-            runs.append([partition])
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def configure_logging(level: str) -> None:

@@ -141,7 +141,7 @@ class RuntimeConfig:
     memory_budget_mb: int | None = None
     """Above this resident memory (MiB), every waiting flow hibernates at once."""
     lease_seconds: float = DEFAULT_LEASE_SECONDS
-    """How long the node lease lasts without renewal (renewed every third of it)."""
+    """How long the node lease lasts without renewal (renewed every second at most)."""
     database_wait_seconds: float = DEFAULT_DATABASE_WAIT_SECONDS
     """How long a starting node waits for an unreachable database before giving up."""
     busy_warning_seconds: float = DEFAULT_BUSY_WARNING_SECONDS

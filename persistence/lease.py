@@ -26,7 +26,7 @@ Rules:
 * A worker of a shared node joins instead: it is refused beside a node run as one process,
   or beside a live worker of the same name; it takes the fair share
   (:func:`~statemachine.partitions.assign_partitions`) of what is free or held by dead
-  workers. :meth:`NodeLease.rebalance`, every :data:`REBALANCE_SECONDS`, renews it and moves
+  workers. :meth:`NodeLease.rebalance`, every :data:`RENEWAL_SECONDS`, renews it and moves
   towards the fair share of the live workers: it takes free and dead partitions (each a
   compare-and-set on holder and epoch), and names the partitions it should hand over; the
   worker stops running their flows, then frees them with :meth:`NodeLease.release_partitions`,
@@ -37,8 +37,9 @@ Rules:
   the worker holds still names it with the epoch it took. If not, the worker has been
   replaced (it was paused or cut off past its lease, and another process took over):
   :class:`LeaseLostError` rolls the transaction back, and the process must exit.
-* :meth:`NodeLease.renew` extends the lease (a worker renews every third of the lease; a
-  node process does it on a thread of its own, so long-running flow code cannot starve it).
+* :meth:`NodeLease.renew` extends the lease (a worker renews every second, or every third
+  of the lease if that is shorter; a node process does it on a thread of its own, so
+  long-running flow code cannot starve it). A renewal also stores the worker's flow counts.
   An expired lease nobody has taken over is renewed: its holder was never replaced.
 * :meth:`NodeLease.release` frees the partitions at a clean stop.
 """
@@ -88,9 +89,11 @@ RETRY_RENEWAL_SECONDS = 0.5
 TAKEOVER_LOCK_TIMEOUT_MS = 2000
 """PostgreSQL: how long a takeover waits for a row lock held by an expired holder's backend
 before ending that backend (a process frozen in the middle of a transaction)."""
-REBALANCE_SECONDS = 1.0
-"""How often a worker of a node run by several workers renews its lease and rebalances (a
-third of the lease if that is shorter): the delay of a hand-over after a join or a leave."""
+RENEWAL_SECONDS = 1.0
+"""How often a worker renews its lease at most (a third of the lease if that is shorter). A
+renewal also carries the worker's flow counts (for ``fiberflow flow list``), and for a worker
+of a node run by several workers it is a rebalance: the delay of a hand-over after a join or
+a leave."""
 SQLITE_SINGLE_PROCESS = (
     "a node on SQLite runs as one process: several workers (--worker) need the node database "
     "on PostgreSQL"
@@ -216,6 +219,8 @@ class Holder:
     expires_at: int
     shared: bool = False
     """True for a worker of a node run by several workers (``--worker``)."""
+    flow_counts: str | None = None
+    """What the worker last said of its flows (JSON), as of its last renewal."""
 
     def describe(self, now: int) -> str:
         """Who holds the lease, since when, and for how much longer."""
@@ -236,7 +241,9 @@ def _holder(row: Any) -> Holder:
         row.pid_namespace,
         row.name,
     )
-    return Holder(worker, row.started_at, row.renewed_at, row.expires_at, bool(row.shared))
+    return Holder(
+        worker, row.started_at, row.renewed_at, row.expires_at, bool(row.shared), row.flow_counts
+    )
 
 
 def _is_dead(holder: Holder, now: int) -> bool:
@@ -295,6 +302,9 @@ class NodeLease:
         self.taken_over_from: list[WorkerInfo] = []
         """Workers whose partitions the last :meth:`acquire` or :meth:`rebalance` that took
         any took (dead or expired): what they held in the transport is released at once."""
+        self.flow_counts: str | None = None
+        """What the worker last said of its flows (JSON), stored on its row at each renewal
+        for ``fiberflow flow list``; set by the serving thread, read by the keeper's."""
         self._joined = False
         self._next_renewal = 0.0
         self._lock = threading.Lock()
@@ -315,9 +325,8 @@ class NodeLease:
 
     @property
     def renewal_interval(self) -> float:
-        """Seconds between renewals: a third of the lease (at most 1 s when shared)."""
-        third = self.lease_seconds / 3
-        return min(third, REBALANCE_SECONDS) if self.shared else third
+        """Seconds between renewals: a third of the lease, at most :data:`RENEWAL_SECONDS`."""
+        return min(self.lease_seconds / 3, RENEWAL_SECONDS)
 
     # --- acquiring ------------------------------------------------------------------------
 
@@ -615,7 +624,11 @@ class NodeLease:
         result = connection.execute(
             update(workers)
             .where(workers.c.worker_id == self.worker_id)
-            .values(renewed_at=now, expires_at=now + round(self.lease_seconds * 1000))
+            .values(
+                renewed_at=now,
+                expires_at=now + round(self.lease_seconds * 1000),
+                flow_counts=self.flow_counts,
+            )
         )
         if result.rowcount != 1:
             raise LeaseLostError(
@@ -685,7 +698,7 @@ class NodeLease:
         log.info("handed partitions %s of the node over", sorted(giving))
 
     def renew_if_due(self) -> bool:
-        """Renew if a third of the lease has passed since the last renewal; True if renewed."""
+        """Renew if the renewal interval has passed since the last renewal; True if renewed."""
         if not self._joined or self.shared or time.monotonic() < self._next_renewal:
             return False
         self.renew()
@@ -693,17 +706,11 @@ class NodeLease:
 
     def holders(self) -> list[Holder]:
         """Every worker row of the node (for reports and tests)."""
-        with self.engine.connect() as connection:
-            return [_holder(row) for row in connection.execute(select(schema.node_workers))]
+        return read_holders(self.engine)
 
     def assignment(self) -> dict[int, str | None]:
         """Which worker id holds each partition now (None: free), as the table says."""
-        partitions = schema.node_partitions
-        with self.engine.connect() as connection:
-            return {
-                row.partition: row.holder
-                for row in connection.execute(select(partitions.c.partition, partitions.c.holder))
-            }
+        return read_assignment(self.engine)
 
     def release(self) -> None:
         """Give everything up (a clean stop); harmless if it was lost or never held."""
@@ -721,6 +728,30 @@ class NodeLease:
         finally:
             self.epochs = {}
             self._joined = False
+
+
+def read_holders(engine: Engine) -> list[Holder]:
+    """Every worker row of the node database behind ``engine``, oldest first."""
+    workers = schema.node_workers
+    with engine.connect() as connection:
+        rows = connection.execute(select(workers).order_by(workers.c.started_at)).all()
+    return [_holder(row) for row in rows]
+
+
+def read_assignment(engine: Engine) -> dict[int, str | None]:
+    """Which worker id holds each partition of the node behind ``engine`` (None: free)."""
+    partitions = schema.node_partitions
+    with engine.connect() as connection:
+        return {
+            row.partition: row.holder
+            for row in connection.execute(select(partitions.c.partition, partitions.c.holder))
+        }
+
+
+def database_clock(engine: Engine) -> int:
+    """The database's clock now, in milliseconds (what lease times are in)."""
+    with engine.connect() as connection:
+        return int(connection.execute(select(database_now(connection))).scalar_one())
 
 
 def _fence_query(postgres: bool) -> Any:
@@ -829,7 +860,7 @@ class LeaseKeeper:
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "PARTITIONS",
-    "REBALANCE_SECONDS",
+    "RENEWAL_SECONDS",
     "SQLITE_SINGLE_PROCESS",
     "Holder",
     "LeaseError",
@@ -841,6 +872,9 @@ __all__ = [
     "WorkerInfo",
     "application_name",
     "database_now",
+    "database_clock",
     "partition_of",
     "process_is_gone",
+    "read_assignment",
+    "read_holders",
 ]

@@ -203,6 +203,7 @@ node_workers = Table(
     Column("expires_at", BigInteger, nullable=False),
     Column("name", String(WORKER_NAME_CHARS), nullable=False, default=""),
     Column("shared", Boolean, nullable=False, default=False),
+    Column("flow_counts", Text, nullable=True),
 )
 """The processes running the node now, each with its lease (see :mod:`persistence.lease`)."""
 

@@ -106,11 +106,25 @@ def assign_partitions(
     return assignment
 
 
+def partition_ranges(partitions: Iterable[int]) -> str:
+    """``0-3,8,10-11`` for a set of partitions (``none`` if empty): for logs and reports."""
+    runs: list[list[int]] = []
+    for partition in sorted(set(partitions)):
+        if runs and partition == runs[-1][-1] + 1:
+            runs[-1].append(partition)
+        else:
+            runs.append([partition])
+    if not runs:
+        return "none"
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
 __all__ = [
     "PARTITIONS",
     "assign_partitions",
     "fair_quotas",
     "partition_of",
     "partition_of_message",
+    "partition_ranges",
     "target_flow_of_message",
 ]

@@ -9,6 +9,7 @@ exactly once and every ledger effect must happen once, counted from the database
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -18,11 +19,14 @@ from typing import Any
 import attrs
 import pytest
 
+from flows import FOREVER
 from flows.client import decode_outcome
+from flows.operator import list_flows, process_reports
 from flows.party import Party
+from flows.runtime_config import load_config
 from persistence import schema
 from samples.pingpong import PingFlow
-from statemachine.partitions import PARTITIONS
+from statemachine.partitions import PARTITIONS, partition_of, partition_ranges
 from tests.conftest import (
     POSTGRES_URL,
     RABBITMQ_URL,
@@ -30,7 +34,7 @@ from tests.conftest import (
     rabbitmq_problem,
     require_service,
 )
-from tests.cordapp import PaymentFlow
+from tests.cordapp import PatientFlow, PaymentFlow
 from tests.process_cluster import Cluster, ClusterNode, check_payments_once, stop_process
 from tests.waiting import serving, still_running, wait_until
 
@@ -106,6 +110,14 @@ def settled(workers: list[Worker]) -> bool:
     return sorted(held) == list(range(PARTITIONS)) and max(sizes) - min(sizes) <= 1
 
 
+def reported_live(reports: list[str]) -> list[int]:
+    """The live flows the workers' report lines add up to (one item), or [] if not two."""
+    counts = [re.search(r"ago\): (\d+) live", line) for line in reports]
+    if len(counts) != 2 or not all(counts):
+        return []
+    return [sum(int(found.group(1)) for found in counts if found)]
+
+
 def start_with_workers(cluster: Cluster, workers: list[Worker]) -> None:
     """Start Bob and Carol, then Alice's workers; wait until they split the partitions."""
     for node in cluster.nodes[1:]:
@@ -140,6 +152,39 @@ def test_two_workers_split_the_partitions_and_serve_ping_pong_and_payments_once(
         for worker in workers:  # both ran some of the flows
             assert "requested flow(s)" in worker.log(), worker.log()[-3000:]
             assert worker.process is not None and worker.process.poll() is None
+        # flow list names the worker of each flow and each worker's report.
+        waiting = alice.client.start_flows([PatientFlow(Party(bob.name), FOREVER, False)] * 8)
+        config = load_config(alice.config_path)
+        wait_until(
+            lambda: sum(f["status"] == "SUSPENDED" for f in list_flows(config)) == 8,
+            "the waiting flows to suspend",
+            60,
+        )
+        owners = {f["flow_id"]: f["worker"] for f in list_flows(config)}
+        shares = {w.name: set(w.partitions() or []) for w in workers}
+        assert {flow_id: owners[flow_id] for flow_id in waiting} == {
+            flow_id: next(n for n, ps in shares.items() if partition_of(flow_id) in ps)
+            for flow_id in waiting
+        }
+        wait_until(
+            lambda: (
+                sum("8 live" in line or "live" in line for line in process_reports(config)) == 2
+                and sum(
+                    int(line.split(" live")[0].rsplit(" ", 1)[-1])
+                    for line in process_reports(config)
+                )
+                == 8
+            ),
+            "both workers to report their live flows",
+            30,
+        )
+        reports = process_reports(config)
+        for worker in workers:
+            assert any(
+                f"worker {worker.name!r} (pid {worker.process.pid}" in line
+                and partition_ranges(worker.partitions() or []) in line
+                for line in reports
+            ), reports
     finally:
         for worker in workers:
             assert worker.stop() in (0, None), worker.log()[-3000:]
