@@ -36,8 +36,9 @@ from persistence import schema
 from persistence.engine import drop_schema
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
+from statemachine.partitions import PARTITIONS
 from tests.cordapp import LEDGER_METADATA, PaymentFlow, ledger_entries
-from tests.waiting import serving, wait_until
+from tests.waiting import serving, still_running, wait_until
 
 RUN = uuid.uuid4().hex[:6]
 """Node names carry it: queues are named after nodes, so two test runs sharing a broker (or
@@ -229,6 +230,66 @@ def check_payments_once(cluster: Cluster, payments: list[PaymentFlow], ids: list
     assert credits == Counter(f"credit {p.amount}" for p in payments)
 
 
+@attrs.define
+class Worker:
+    """One worker process of a node."""
+
+    node: ClusterNode
+    name: str
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.node.short}-{self.name}.log"
+
+    @property
+    def status_path(self) -> Path:
+        return self.node.worker_status_path(self.name)
+
+    def start(self) -> None:
+        self.process = self.node.spawn(self.log_path, worker=self.name)
+
+    def wait_serving(self, timeout: float = 90) -> None:
+        process = self.process
+        assert process is not None
+        wait_until(
+            lambda: serving(self.status_path, process),
+            f"worker {self.name} to start",
+            timeout,
+            check=still_running(process, self.log_path),
+        )
+
+    def partitions(self) -> list[int] | None:
+        """The partitions this incarnation's status file lists (None: not written yet)."""
+        try:
+            status: dict[str, Any] = json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return None
+        if self.process is None or status.get("pid") != self.process.pid:
+            return None
+        found = status.get("partitions")
+        return None if found is None else list(found)
+
+    def log(self) -> str:
+        """Everything the worker's processes logged."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> int | None:
+        """SIGTERM the process (if running); returns its exit code."""
+        return stop_process(self.process)
+
+
+def settled(workers: list[Worker]) -> bool:
+    """True once the running workers' status files show a fair split of every partition."""
+    shares = [w.partitions() for w in workers]
+    if any(share is None for share in shares):
+        return False
+    held = [p for share in shares for p in share or []]
+    sizes = [len(share or []) for share in shares]
+    return sorted(held) == list(range(PARTITIONS)) and max(sizes) - min(sizes) <= 1
+
+
 @attrs.frozen
 class KillReport:
     """What a kill campaign did."""
@@ -300,6 +361,117 @@ def run_kill_campaign(
         _check(cluster, planned, ids, outcomes)
         return KillReport(flows, sum(kills_by_node.values()), dict(kills_by_node), seconds)
     finally:
+        cluster.close()
+
+
+@attrs.frozen
+class WorkerCampaignReport:
+    """What a campaign against the workers of a node did."""
+
+    flows: int
+    kills: int
+    stops: int
+    fenced: int
+    """Workers frozen past their lease whose partitions were taken over: on thawing they
+    committed nothing and exited with status 3."""
+    seconds: float
+
+
+def run_worker_campaign(
+    directory: Path,
+    transport: str,
+    database_url: str,
+    flows: int,
+    disruptions: int,
+    seed: int,
+    workers: int = 3,
+    say: Callable[[str], None] = lambda _: None,
+    lease_seconds: float = 2.0,
+) -> WorkerCampaignReport:
+    """Stream flows into Alice, run by ``workers`` worker processes, while disrupting them.
+
+    Each disruption picks a seeded-random worker and either SIGKILLs it (restarted after a
+    moment) or SIGSTOPs it for a seeded-random while, up to two and a half leases (then
+    SIGCONT): one frozen past its lease has its partitions taken over and, once thawed, must
+    commit nothing and exit with status 3 (it is then restarted). Bob and Carol run as one
+    process each. At the end every flow must have completed exactly once on every node, with
+    every ledger effect once (counted from the databases).
+    """
+    rng = random.Random(seed)
+    cluster = Cluster(directory, transport, database_url, {"lease_seconds": lease_seconds})
+    alice = cluster.nodes[0]
+    crew = [Worker(alice, f"w{i + 1}", directory) for i in range(workers)]
+    kills = stops = fenced = 0
+
+    def restart_the_fenced() -> int:
+        found = 0
+        for worker in crew:
+            assert worker.process is not None
+            code = worker.process.poll()
+            if code is None:
+                continue
+            assert code == 3, f"worker {worker.name} exited with {code}:\n{worker.log()[-3000:]}"
+            assert "lost the node lease" in worker.log()
+            found += 1
+            worker.start()
+            say(f"  worker {worker.name} was fenced out after a takeover (exit 3); restarted")
+        return found
+
+    try:
+        for node in cluster.nodes[1:]:
+            node.start()
+        for node in cluster.nodes[1:]:
+            node.wait_started()
+        for worker in crew:
+            worker.start()
+        for worker in crew:
+            worker.wait_serving()
+        planned = _flows(flows, rng)
+        ids: list[str] = []
+        began = time.perf_counter()
+        batch = max(1, flows // max(disruptions, 1))
+        submitted = 0
+        while submitted < flows or kills + stops < disruptions:
+            if submitted < flows:
+                chunk = planned[submitted : submitted + batch]
+                ids += alice.client.start_flows([flow for _, flow in chunk])
+                submitted += len(chunk)
+            time.sleep(rng.uniform(0.02, 0.3))
+            fenced += restart_the_fenced()
+            if kills + stops < disruptions:
+                victim = rng.choice(crew)
+                assert victim.process is not None
+                if rng.random() < 0.75:
+                    victim.process.send_signal(signal.SIGKILL)
+                    victim.process.wait(30)
+                    time.sleep(rng.uniform(0.0, 0.3))  # the others keep working meanwhile
+                    victim.start()
+                    kills += 1
+                    what = "SIGKILL, restarted"
+                else:
+                    frozen = rng.uniform(0.2, 2.5 * lease_seconds)
+                    victim.process.send_signal(signal.SIGSTOP)
+                    time.sleep(frozen)
+                    victim.process.send_signal(signal.SIGCONT)
+                    stops += 1
+                    what = f"SIGSTOP for {frozen:.1f} s, then SIGCONT"
+                say(f"disruption {kills + stops}/{disruptions}: worker {victim.name} ({what})")
+            for node in cluster.nodes[1:]:
+                node.check_alive()
+        deadline = time.monotonic() + 300
+        while len(alice.client.outcomes(ids)) < len(ids) and time.monotonic() < deadline:
+            fenced += restart_the_fenced()
+            time.sleep(0.2)
+        outcomes = alice.client.wait(ids, timeout=max(1.0, deadline - time.monotonic()))
+        seconds = time.perf_counter() - began
+        _check(cluster, planned, ids, outcomes)
+        fenced += restart_the_fenced()
+        return WorkerCampaignReport(flows, kills, stops, fenced, seconds)
+    finally:
+        for worker in crew:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGCONT)
+            worker.stop()
         cluster.close()
 
 

@@ -8,15 +8,11 @@ exactly once and every ledger effect must happen once, counted from the database
 
 from __future__ import annotations
 
-import json
 import re
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import attrs
 import pytest
 
 from flows import FOREVER
@@ -35,79 +31,33 @@ from tests.conftest import (
     require_service,
 )
 from tests.cordapp import PatientFlow, PaymentFlow
-from tests.process_cluster import Cluster, ClusterNode, check_payments_once, stop_process
-from tests.waiting import serving, still_running, wait_until
+from tests.process_cluster import (
+    Cluster,
+    Worker,
+    check_payments_once,
+    run_worker_campaign,
+    settled,
+)
+from tests.waiting import still_running, wait_until
 
 LEASE_SECONDS = 3.0
 
 
-@attrs.define
-class Worker:
-    """One worker process of a node."""
-
-    node: ClusterNode
-    name: str
-    directory: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / f"{self.node.short}-{self.name}.log"
-
-    @property
-    def status_path(self) -> Path:
-        return self.node.worker_status_path(self.name)
-
-    def start(self) -> None:
-        self.process = self.node.spawn(self.log_path, worker=self.name)
-
-    def wait_serving(self) -> None:
-        process = self.process
-        assert process is not None
-        wait_until(
-            lambda: serving(self.status_path, process),
-            f"worker {self.name} to start",
-            90,
-            check=still_running(process, self.log_path),
-        )
-
-    def partitions(self) -> list[int] | None:
-        try:
-            status: dict[str, Any] = json.loads(self.status_path.read_text())
-        except (OSError, ValueError):
-            return None
-        if self.process is None or status.get("pid") != self.process.pid:
-            return None
-        found = status.get("partitions")
-        return None if found is None else list(found)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self) -> int | None:
-        return stop_process(self.process)
-
-
 @pytest.fixture(params=["sqlqueue", "rabbitmq"])
-def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+def transport(request: pytest.FixtureRequest) -> str:
+    """The SQL queue on PostgreSQL, or RabbitMQ (the node databases are on PostgreSQL)."""
     require_service("PostgreSQL", postgres_problem())
-    transport = POSTGRES_URL
     if request.param == "rabbitmq":
         require_service("RabbitMQ", rabbitmq_problem())
-        transport = RABBITMQ_URL
+        return RABBITMQ_URL
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, transport: str) -> Iterator[Cluster]:
     made = Cluster(tmp_path, transport, POSTGRES_URL, {"lease_seconds": LEASE_SECONDS})
     yield made
     made.close()
-
-
-def settled(workers: list[Worker]) -> bool:
-    """True once the running workers' status files show a fair split of every partition."""
-    shares = [w.partitions() for w in workers]
-    if any(share is None for share in shares):
-        return False
-    held = [p for share in shares for p in share or []]
-    sizes = [len(share or []) for share in shares]
-    return sorted(held) == list(range(PARTITIONS)) and max(sizes) - min(sizes) <= 1
 
 
 def reported_live(reports: list[str]) -> list[int]:
@@ -226,6 +176,40 @@ def test_a_killed_worker_s_partitions_are_taken_over_and_every_flow_finishes_onc
             worker.stop()
 
 
+def test_a_worker_frozen_past_its_lease_is_taken_over_and_commits_nothing_when_it_thaws(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    alice, _, carol = cluster.nodes
+    workers = [Worker(alice, name, tmp_path) for name in ("w1", "w2")]
+    frozen, survivor = workers
+    try:
+        start_with_workers(cluster, workers)
+        payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 41)]
+        ids = alice.client.start_flows(payments[:30])
+        wait_until(lambda: len(alice.client.outcomes(ids)) >= 3, "some payments to finish")
+        assert frozen.process is not None
+        frozen.process.send_signal(signal.SIGSTOP)
+        wait_until(
+            lambda: survivor.partitions() == list(range(PARTITIONS)),
+            "the survivor to take the frozen worker's partitions once its lease expired",
+            60,
+        )
+        ids += alice.client.start_flows(payments[30:])
+        frozen.process.send_signal(signal.SIGCONT)  # it thaws holding stale epochs
+        assert frozen.process.wait(60) == 3, frozen.log()[-3000:]
+        assert "lost the node lease" in frozen.log()
+        outcomes = alice.client.wait(ids, timeout=180)
+        assert [decode_outcome(outcomes[i]) for i in ids] == [
+            f"receipt {p.amount}" for p in payments
+        ]
+        check_payments_once(cluster, payments, ids)
+    finally:
+        if frozen.process is not None and frozen.process.poll() is None:
+            frozen.process.send_signal(signal.SIGCONT)
+        for worker in workers:
+            worker.stop()
+
+
 def test_a_worker_is_refused_on_a_sqlite_node_saying_why(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, f"sqlite:///{tmp_path / 'queue.db'}", None)
     alice = cluster.nodes[0]
@@ -260,3 +244,19 @@ def test_a_second_worker_of_the_same_name_is_refused(cluster: Cluster, tmp_path:
     finally:
         first.stop()
         twin.stop()
+
+
+def test_a_short_campaign_of_kills_and_stops_against_three_workers(
+    transport: str, tmp_path: Path
+) -> None:
+    """The CI run of ``python -m tests.kill_campaign --workers 3`` (which makes 100 and more)."""
+    report = run_worker_campaign(
+        tmp_path,
+        transport,
+        POSTGRES_URL,
+        flows=45,
+        disruptions=6,
+        seed=20261124,
+        workers=3,
+    )
+    assert report.kills + report.stops == 6
