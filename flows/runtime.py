@@ -353,11 +353,16 @@ class NodeProcess:
             config.name,
             consumer_id=self.worker.worker_id,
             tls=tls,
+            heartbeat=consumer_heartbeat(config.lease_seconds),
         )
         if config.former_inbounds:
             former = [
                 open_transport(
-                    settings.libpq_url(url), config.name, consumer_id=self.worker.worker_id, tls=tls
+                    settings.libpq_url(url),
+                    config.name,
+                    consumer_id=self.worker.worker_id,
+                    tls=tls,
+                    heartbeat=consumer_heartbeat(config.lease_seconds),
                 )
                 for url in config.former_inbounds
             ]
@@ -620,6 +625,17 @@ class NodeProcess:
             temporary.replace(path)
         except OSError as error:  # a full disk or a removed directory must not stop the node
             log.warning("%s: cannot write the status file %s: %s", self.config.name, path, error)
+
+
+def consumer_heartbeat(lease_seconds: float) -> int:
+    """The AMQP heartbeat of a node process's consumer: a quarter of its lease, at least 2 s.
+
+    A process frozen past its lease must not keep the deliveries the broker pushed to it:
+    the broker closes a connection silent for about its heartbeat and gives them to the
+    worker that took the partitions over (the broker's default, 60 s, would hold them up
+    to three minutes).
+    """
+    return max(2, round(lease_seconds / 4))
 
 
 def worker_status_path(path: Path, worker: str) -> Path:

@@ -44,12 +44,14 @@ def open_transport(
     synchronous: str = "FULL",
     consumer_id: str | None = None,
     tls: TlsContextFactory | None = None,
+    heartbeat: int | None = None,
 ) -> MessagingService:
     """The messaging service at ``url`` for the node whose address is ``address``.
 
     ``consumer_id`` names the consumer to the transport (a node process passes its worker id,
     so that a process taking over from it can release what it held). ``tls`` makes the TLS
-    context of an ``amqps://`` URL (see :mod:`messaging.tls`).
+    context of an ``amqps://`` URL (see :mod:`messaging.tls`). ``heartbeat`` (seconds) is an
+    AMQP consumer connection's (a node process passes a quarter of its lease).
     """
     scheme = transport_scheme(url)
     if scheme in AMQP_SCHEMES:
@@ -59,7 +61,7 @@ def open_transport(
             raise TransportUrlError(
                 f"{url}: the AMQP transport needs pika (pip install 'fiberflow[amqp]'): {error}"
             ) from error
-        return AmqpMessaging(url, address, consumer_id=consumer_id, tls=tls)
+        return AmqpMessaging(url, address, consumer_id=consumer_id, tls=tls, heartbeat=heartbeat)
     from messaging.sqlqueue import SqlQueueMessaging
 
     return SqlQueueMessaging(url, address, synchronous=synchronous, consumer_id=consumer_id)

@@ -139,6 +139,15 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
+def process_state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (``R``, ``S``, ``T``, ``Z`` ...; Linux), or None."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[0] if fields else None
+
+
 @attrs.frozen
 class WorkerInfo:
     """Who a worker is: enough to name it and to tell whether its process is still alive."""
@@ -187,7 +196,8 @@ def process_is_gone(worker: WorkerInfo) -> bool:
 
     Same host, same boot and same PID namespace are required to judge it: a worker in
     another PID namespace (another container) is never judged by its process id. A process
-    id reused by another program counts as gone (its start time differs).
+    id reused by another program counts as gone (its start time differs), and so does a
+    process that ended but was not reaped yet by its parent (a zombie).
     """
     here = WorkerInfo.of_this_process("")
     if worker.host != here.host or not worker.boot_id or worker.boot_id != here.boot_id:
@@ -200,6 +210,8 @@ def process_is_gone(worker: WorkerInfo) -> bool:
         return True
     except PermissionError:
         return False  # alive, owned by another user
+    if process_state(worker.pid) in ("Z", "X"):
+        return True  # it ended; its parent has not reaped it yet (a zombie)
     started = process_start_ticks(worker.pid)
     return started is not None and worker.process_start != 0 and started != worker.process_start
 
@@ -875,6 +887,8 @@ __all__ = [
     "database_clock",
     "partition_of",
     "process_is_gone",
+    "process_start_ticks",
+    "process_state",
     "read_assignment",
     "read_holders",
 ]

@@ -32,6 +32,8 @@ from persistence.lease import (
     WorkerInfo,
     application_name,
     partition_of,
+    process_start_ticks,
+    process_state,
 )
 from persistence.store import NodeDatabase
 from statemachine.ports import InboundMessage
@@ -173,6 +175,29 @@ def test_a_holder_whose_process_died_is_taken_over_at_once(opened: Opened) -> No
         successor.acquire()
         assert successor.taken_over_from == [ghost.worker]
     finally:
+        first.close()
+        second.close()
+
+
+def test_a_holder_whose_process_ended_unreaped_is_taken_over_at_once(opened: Opened) -> None:
+    """A zombie (killed, its parent not waiting for it yet) is a gone process."""
+    first, second = opened.database(), opened.database()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ghost = attrs.evolve(
+            WorkerInfo.of_this_process(),
+            pid=child.pid,
+            process_start=process_start_ticks(child.pid) or 0,
+        )
+        first.new_lease(ghost, 20).acquire()
+        child.kill()
+        wait_until(lambda: process_state(child.pid) == "Z", "the child to be a zombie", 10)
+        successor = second.new_lease(another_process(), 20)
+        successor.acquire()
+        assert successor.taken_over_from == [ghost]
+    finally:
+        child.kill()
+        child.wait()
         first.close()
         second.close()
 

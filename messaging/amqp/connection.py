@@ -49,13 +49,19 @@ def backoff_seconds(attempt: int) -> float:
     return min(MIN_BACKOFF_SECONDS * 2.0 ** min(max(attempt - 1, 0), 16), MAX_BACKOFF_SECONDS)
 
 
-def connect(url: str, name: str, tls: TlsContextFactory | None = None) -> Connection:
+def connect(
+    url: str, name: str, tls: TlsContextFactory | None = None, heartbeat: int | None = None
+) -> Connection:
     """One attempt to connect to the broker at ``url``; ``name`` shows in its connection list.
 
     An ``amqps://`` URL uses ``tls`` for its context (None: the system's trust store); the
     broker's certificate must be valid for the URL's host. ``tls`` is ignored for ``amqp://``.
+    ``heartbeat`` (seconds) asks for that heartbeat unless the URL names one: the broker
+    closes a connection whose peer stays silent about that long, giving back its deliveries.
     """
     parameters = pika.URLParameters(url)
+    if heartbeat is not None and "heartbeat=" not in url:
+        parameters.heartbeat = heartbeat
     if parameters.ssl_options is not None:
         try:
             context = tls() if tls is not None else ssl.create_default_context()
@@ -72,7 +78,12 @@ def connect(url: str, name: str, tls: TlsContextFactory | None = None) -> Connec
 
 
 def open_channel(
-    url: str, name: str, tls: TlsContextFactory | None = None, *, transactional: bool = False
+    url: str,
+    name: str,
+    tls: TlsContextFactory | None = None,
+    *,
+    transactional: bool = False,
+    heartbeat: int | None = None,
 ) -> tuple[Connection, Channel]:
     """A new connection to ``url`` (see :func:`connect`) and a channel on it.
 
@@ -81,7 +92,7 @@ def open_channel(
     wait and ``tx_commit`` returns once the broker has taken every one of them; see
     :mod:`messaging.amqp.publisher`).
     """
-    connection = connect(url, name, tls)
+    connection = connect(url, name, tls, heartbeat)
     try:
         channel = connection.channel()
         if transactional:

@@ -143,7 +143,10 @@ class AmqpMessaging:
     holds unacknowledged (0: no bound); once it holds that many, the broker sends no more until
     some are acknowledged. ``max_frame_bytes`` is the largest body the node takes (larger ones
     are dead-lettered). ``tls`` makes the context of an ``amqps://`` URL's connections (None:
-    the system's trust store; see :mod:`messaging.tls`).
+    the system's trust store; see :mod:`messaging.tls`). ``heartbeat`` (seconds) is the
+    consumer connection's: a node process frozen (or cut off) that long loses its
+    connection, and the broker gives what it held unacknowledged to the queue's next
+    consumer (a worker that took its partitions over); None leaves the broker's default.
     """
 
     def __init__(
@@ -156,8 +159,10 @@ class AmqpMessaging:
         consumer_id: str | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         tls: TlsContextFactory | None = None,
+        heartbeat: int | None = None,
     ) -> None:
         url, self._declare = split_options(url)
+        self._heartbeat = heartbeat
         self._tls = tls
         self._consumer_id = consumer_id or uuid.uuid4().hex
         self._max_frame_bytes = max_frame_bytes
@@ -367,7 +372,7 @@ class AmqpMessaging:
 
     def _open_consumer(self) -> tuple[Connection, Channel]:
         connection, channel = open_channel(
-            self._url, f"fiberflow consumer {self._address}", self._tls
+            self._url, f"fiberflow consumer {self._address}", self._tls, heartbeat=self._heartbeat
         )
         try:
             if self._declare:
