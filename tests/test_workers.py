@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,6 +207,35 @@ def test_a_worker_frozen_past_its_lease_is_taken_over_and_commits_nothing_when_i
     finally:
         if frozen.process is not None and frozen.process.poll() is None:
             frozen.process.send_signal(signal.SIGCONT)
+        for worker in workers:
+            worker.stop()
+
+
+def test_a_worker_drained_with_sigterm_hands_its_partitions_over_failing_no_flow(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    alice, _, carol = cluster.nodes
+    workers = [Worker(alice, name, tmp_path) for name in ("w1", "w2")]
+    leaving, staying = workers
+    try:
+        start_with_workers(cluster, workers)
+        payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 41)]
+        ids = alice.client.start_flows(payments)
+        wait_until(lambda: len(alice.client.outcomes(ids)) >= 3, "some payments to finish")
+        assert leaving.stop() == 0, leaving.log()[-3000:]  # SIGTERM: a clean stop
+        assert "stopped cleanly" in leaving.log()
+        wait_until(
+            lambda: staying.partitions() == list(range(PARTITIONS)),
+            "the staying worker to take every partition",
+            30,
+        )
+        outcomes = alice.client.wait(ids, timeout=180)
+        assert [decode_outcome(outcomes[i]) for i in ids] == [
+            f"receipt {p.amount}" for p in payments
+        ]
+        check_payments_once(cluster, payments, ids)
+        assert alice.counts(schema.node_flow_exceptions) == Counter()
+    finally:
         for worker in workers:
             worker.stop()
 
