@@ -12,7 +12,7 @@ the shared object, fences every part.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from sqlalchemy import Connection, Engine
 
@@ -40,6 +40,14 @@ class FencedEngine:
         """Inside a write transaction: raise ``LeaseLostError`` unless the lease still holds."""
         if self.lease is not None:
             self.lease.fence(connection)
+
+    def check_writes(self, flow_ids: Collection[str]) -> None:
+        """Before a commit: raise unless the lease holds every written flow's partition.
+
+        See :meth:`~persistence.lease.NodeLease.check_writes` (``PartitionNotHeldError``).
+        """
+        if self.lease is not None and flow_ids:
+            self.lease.check_writes(flow_ids)
 
     @contextlib.contextmanager
     def fenced(self) -> Iterator[Connection]:

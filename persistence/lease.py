@@ -53,7 +53,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,13 @@ class LeaseHeldError(LeaseError):
 
 class LeaseLostError(LeaseError):
     """The process no longer holds the node's lease: another took over. It must exit."""
+
+
+class PartitionNotHeldError(LeaseError):
+    """A worker was about to commit a flow of a partition it does not hold.
+
+    A bug: nothing was committed, and the node is rebuilt on the partitions it holds.
+    """
 
 
 def database_now(connection: Connection) -> Any:
@@ -620,6 +627,24 @@ class NodeLease:
                 "process (this one was paused or cut off past its lease); it must exit"
             )
 
+    def check_writes(self, flow_ids: Collection[str]) -> None:
+        """Raise :class:`PartitionNotHeldError` unless every flow's partition is held.
+
+        Called before a commit with the flows the transaction writes. The fence at the
+        transaction's start checked (and on PostgreSQL locked) the epochs of every partition
+        held, so together they check the epochs of the partitions written.
+        """
+        if not self.shared:
+            return  # a node run as one process holds every partition
+        held = self.epochs
+        strays = sorted({f for f in flow_ids if partition_of(f) not in held})
+        if strays:
+            raise PartitionNotHeldError(
+                f"worker {self.worker.name!r} was about to commit flows of partitions it does "
+                f"not hold ({', '.join(strays[:3])}{' ...' if len(strays) > 3 else ''}, "
+                f"partitions {sorted({partition_of(f) for f in strays})}); nothing was committed"
+            )
+
     def renew(self) -> None:
         """Extend the lease by ``lease_seconds`` from now (database clock).
 
@@ -879,6 +904,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseKeeper",
     "LeaseLostError",
+    "PartitionNotHeldError",
     "NodeLease",
     "Rebalance",
     "WorkerInfo",

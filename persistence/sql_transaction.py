@@ -109,6 +109,9 @@ class SqlTransaction:
         and its blob size; the outbox rows queued in ``waiting_deletes`` are deleted at commit.
         """
         self._seal = seal
+        self._fence = fence
+        self._written: list[str] = []
+        """The flows whose checkpoints this transaction writes or removes."""
         self._note_checkpoint = note_checkpoint
         self._waiting_deletes = waiting_deletes
         self._connection = fence.writer.connect()
@@ -167,6 +170,7 @@ class SqlTransaction:
     def put_checkpoints(self, actions: Sequence[PersistCheckpoint]) -> None:
         """Insert or replace checkpoint rows and blobs (the last one wins per flow)."""
         rows, blobs = [], []
+        self._written.extend(action.checkpoint.flow_id for action in actions)
         for action in actions:
             checkpoint = action.checkpoint
             blob = encode_checkpoint(checkpoint)
@@ -202,6 +206,7 @@ class SqlTransaction:
     def remove_checkpoints(self, actions: Sequence[RemoveCheckpoint]) -> None:
         """Delete checkpoint rows and blobs, where present."""
         flow_ids = [action.flow_id for action in actions]
+        self._written.extend(flow_ids)
         for table in (schema.node_checkpoints, schema.node_checkpoint_blobs):
             self._delete(table, "flow_id", flow_ids)
         forget_journals(flow_ids)
@@ -331,6 +336,11 @@ class SqlTransaction:
         If the commit fails, the rows wait for the next transaction.
         """
         waiting = self._waiting_deletes
+        try:
+            self._fence.check_writes(self._written)
+        except BaseException:
+            self.rollback()
+            raise
         taken = waiting.take() if waiting is not None else []
         pipeline = self._pipeline
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import attrs
@@ -27,9 +27,12 @@ from persistence.lease import (
     LeaseHeldError,
     LeaseLostError,
     NodeLease,
+    PartitionNotHeldError,
     WorkerInfo,
+    partition_of,
 )
 from persistence.store import NodeDatabase
+from statemachine.actions import RemoveCheckpoint
 from tests.test_lease import Opened, dead_process, postgres_opened
 
 __all__ = ["postgres_opened"]  # (a fixture, shared with tests/test_lease.py)
@@ -152,6 +155,32 @@ def test_a_worker_whose_process_died_loses_its_share_at_once(
     alive = workers.start("alive")
     assert sorted(alive.epochs) == list(range(PARTITIONS))  # the ghost's, all of them
     assert [h.worker.name for h in alive.holders()] == ["alive"]
+
+
+def flow_in(partitions: Iterable[int]) -> str:
+    wanted = set(partitions)
+    while True:
+        flow_id = uuid.uuid4().hex
+        if partition_of(flow_id) in wanted:
+            return flow_id
+
+
+def test_a_commit_writing_a_flow_of_another_worker_s_partition_is_refused(
+    workers: Workers,
+) -> None:
+    one, two = workers.start("one"), workers.start("two")
+    settle([one, two])
+    mine, theirs = flow_in(one.epochs), flow_in(two.epochs)
+    one.check_writes([mine])
+    with pytest.raises(PartitionNotHeldError, match="partitions it does not hold"):
+        one.check_writes([mine, theirs])
+    transaction = workers.databases[0].checkpoints.begin()
+    transaction.remove_checkpoints([RemoveCheckpoint(theirs)])
+    with pytest.raises(PartitionNotHeldError, match=theirs):
+        transaction.commit()
+    transaction = workers.databases[0].checkpoints.begin()
+    transaction.remove_checkpoints([RemoveCheckpoint(mine)])
+    transaction.commit()  # its own flow's write goes through
 
 
 def test_a_second_worker_of_the_same_name_is_refused(workers: Workers) -> None:
