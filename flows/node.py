@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import attrs
 
@@ -366,14 +366,14 @@ class Node:
 
     def _partitioned_inbound(self) -> PartitionedInbound:
         """The transport, as one that routes messages by partition (workers need one)."""
-        messaging: Any = self.messaging
+        messaging = self.messaging
         if not (hasattr(messaging, "consume_partitions") and hasattr(messaging, "release")):
             raise ValueError(
                 f"node {self.party}: a worker of a node run by several workers needs a "
                 f"transport that routes messages by partition (the SQL queue, RabbitMQ); "
                 f"{type(messaging).__name__} does not"
             )
-        return messaging  # type: ignore[no-any-return]
+        return cast(PartitionedInbound, messaging)
 
     @property
     def incompatible_flows(self) -> dict[str, str]:

@@ -13,10 +13,11 @@ delivered the message, and sends go through the current inbound's transport.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import attrs
 
-from messaging.service import Message, MessageHandler, MessagingService
+from messaging.service import Message, MessageHandler, MessagingService, PartitionedInbound
 
 __all__ = ["InboundSet"]
 
@@ -92,10 +93,37 @@ class InboundSet:
 
     def acknowledge(self, delivered: Message) -> None:
         """Settle the delivery on the transport that delivered it."""
+        transport, inner = self._origin(delivered)
+        transport.acknowledge(inner)
+
+    def consume_partitions(self, partitions: frozenset[int] | None) -> None:
+        """Take only ``partitions``' messages on every inbound (see ``PartitionedInbound``).
+
+        Raises ValueError if one of the inbounds cannot route by partition.
+        """
+        for transport in self._all:
+            _partitioned(transport).consume_partitions(partitions)
+
+    def release(self, delivered: Message) -> None:
+        """Give the delivery back, unsettled, to the transport that delivered it."""
+        transport, inner = self._origin(delivered)
+        _partitioned(transport).release(inner)
+
+    def _origin(self, delivered: Message) -> tuple[MessagingService, Message]:
         receipt = delivered.receipt
         if not isinstance(receipt, _Receipt):
             raise ValueError(f"{delivered.message_id} was not delivered by this inbound set")
-        receipt.transport.acknowledge(attrs.evolve(delivered, receipt=receipt.inner))
+        return receipt.transport, attrs.evolve(delivered, receipt=receipt.inner)
+
+
+def _partitioned(transport: MessagingService) -> PartitionedInbound:
+    """``transport`` as one that routes by partition, or ValueError naming it."""
+    if not (hasattr(transport, "consume_partitions") and hasattr(transport, "release")):
+        raise ValueError(
+            f"{type(transport).__name__} does not route messages by partition (a worker of a "
+            "node run by several workers needs every inbound to)"
+        )
+    return cast(PartitionedInbound, transport)
 
 
 def _tagging(transport: MessagingService, callback: MessageHandler) -> MessageHandler:

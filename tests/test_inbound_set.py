@@ -67,3 +67,43 @@ def test_a_delivery_from_elsewhere_is_refused_and_another_nodes_inbound_too() ->
         bob.acknowledge(message("m1"))
     with pytest.raises(ValueError, match="is O=Alice"):
         InboundSet(network.endpoint(BOB), [network.endpoint(ALICE)])
+
+
+class PartitionRecorder:
+    """An in-memory endpoint that also records the partition calls a worker makes."""
+
+    def __init__(self, endpoint: object) -> None:
+        self.endpoint = endpoint
+        self.partitions: list[frozenset[int] | None] = []
+        self.released: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.endpoint, name)
+
+    def consume_partitions(self, partitions: frozenset[int] | None) -> None:
+        self.partitions.append(partitions)
+
+    def release(self, delivered: Message) -> None:
+        self.released.append(delivered.message_id)
+
+
+def test_partition_calls_reach_every_inbound_and_a_release_the_one_that_delivered() -> None:
+    old, new = InMemoryNetwork(seed=1), InMemoryNetwork(seed=2)
+    current, former = PartitionRecorder(new.endpoint(BOB)), PartitionRecorder(old.endpoint(BOB))
+    bob = InboundSet(current, [former])  # type: ignore[arg-type]
+    received: list[Message] = []
+    bob.add_handler(TOPIC, received.append)
+    bob.start()
+    bob.consume_partitions(frozenset({1, 2}))
+    assert current.partitions == former.partitions == [frozenset({1, 2})]
+    old.endpoint(ALICE).send(message("from-the-old-inbound"), BOB)
+    old.deliver(BOB)
+    bob.release(received[0])
+    assert (former.released, current.released) == (["from-the-old-inbound"], [])
+
+
+def test_an_inbound_that_cannot_route_by_partition_is_named() -> None:
+    old, new = InMemoryNetwork(seed=1), InMemoryNetwork(seed=2)
+    bob = InboundSet(new.endpoint(BOB), [old.endpoint(BOB)])
+    with pytest.raises(ValueError, match="does not route messages by partition"):
+        bob.consume_partitions(frozenset({0}))
