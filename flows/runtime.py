@@ -49,13 +49,13 @@ from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
     LeaseError,
     LeaseHeldError,
-    LeaseKeeper,
     LeaseLostError,
     NodeLease,
     Rebalance,
     WorkerInfo,
     application_name,
 )
+from persistence.lease_keeper import LeaseKeeper
 from persistence.store import NodeDatabase
 from statemachine.limits import WORKER_NAME_CHARS
 from statemachine.partitions import partition_ranges

@@ -48,13 +48,9 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Collection
-from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 import attrs
@@ -74,9 +70,15 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import OperationalError
 
 from persistence import schema
+from persistence.worker_process import (
+    WorkerInfo,
+    process_is_gone,
+    process_start_ticks,
+    process_state,
+)
 from statemachine.limits import WORKER_NAME_CHARS
 from statemachine.partitions import PARTITIONS, assign_partitions, partition_of
 
@@ -124,103 +126,6 @@ def database_now(connection: Connection) -> Any:
     if connection.dialect.name == "postgresql":
         return cast(func.floor(extract("epoch", func.clock_timestamp()) * 1000), BigInteger)
     return cast((func.julianday("now") - 2440587.5) * 86400000.0, Integer)
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, Linux), or None if unknown."""
-    stat = _read_text(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[19])  # field 22 overall: starttime
-    except (IndexError, ValueError):
-        return None
-
-
-def process_state(pid: int) -> str | None:
-    """Process ``pid``'s state letter (``R``, ``S``, ``T``, ``Z`` ...; Linux), or None."""
-    stat = _read_text(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[0] if fields else None
-
-
-@attrs.frozen
-class WorkerInfo:
-    """Who a worker is: enough to name it and to tell whether its process is still alive."""
-
-    worker_id: str
-    pid: int
-    host: str
-    boot_id: str
-    process_start: int
-    pid_namespace: int = 0
-    """The inode of the process's PID namespace (0: unknown). Process ids of two
-    containers on one host are comparable only within one namespace."""
-    name: str = ""
-    """The worker's name given by the operator (``--worker NAME``); empty for a node run as
-    one process."""
-
-    @classmethod
-    def of_this_process(cls, worker_id: str | None = None, name: str = "") -> WorkerInfo:
-        """Describe the calling process, under a fresh worker id (or ``worker_id``)."""
-        pid = os.getpid()
-        return cls(
-            worker_id=worker_id or uuid.uuid4().hex,
-            pid=pid,
-            host=socket.gethostname()[:255],
-            boot_id=_read_text("/proc/sys/kernel/random/boot_id") or "",
-            process_start=process_start_ticks(pid) or 0,
-            pid_namespace=_pid_namespace(),
-            name=name,
-        )
-
-    def describe(self) -> str:
-        """``pid 123 on host h (worker 3f2a9c1e)``, with the worker's name if it has one."""
-        named = f"{self.name!r}, " if self.name else ""
-        return f"pid {self.pid} on host {self.host} (worker {named}{self.worker_id[:8]})"
-
-
-def _pid_namespace() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def process_is_gone(worker: WorkerInfo) -> bool:
-    """True only if ``worker``'s process, on this host, no longer exists.
-
-    Same host, same boot and same PID namespace are required to judge it: a worker in
-    another PID namespace (another container) is never judged by its process id. A process
-    id reused by another program counts as gone (its start time differs), and so does a
-    process that ended but was not reaped yet by its parent (a zombie).
-    """
-    here = WorkerInfo.of_this_process("")
-    if worker.host != here.host or not worker.boot_id or worker.boot_id != here.boot_id:
-        return False
-    if not worker.pid_namespace or worker.pid_namespace != here.pid_namespace:
-        return False
-    try:
-        os.kill(worker.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, owned by another user
-    if process_state(worker.pid) in ("Z", "X"):
-        return True  # it ended; its parent has not reaped it yet (a zombie)
-    started = process_start_ticks(worker.pid)
-    return started is not None and worker.process_start != 0 and started != worker.process_start
 
 
 def _utc(milliseconds: int) -> str:
@@ -831,69 +736,6 @@ def application_name(worker_id: str) -> str:
     return f"fiberflow {worker_id}"
 
 
-class LeaseKeeper:
-    """Renews a lease on a thread of its own; calls ``on_lost`` once if the lease is lost.
-
-    For a worker of a shared node each renewal is a :meth:`NodeLease.rebalance`; a change is
-    passed to ``on_rebalance`` (which stops running the partitions to release and then
-    releases them). Without ``on_rebalance`` the partitions to release are released at once.
-    Errors other than losing the lease (the database is unreachable for a moment) are logged
-    and retried at the next tick; the lease's own expiry decides whether it survives them.
-    """
-
-    def __init__(
-        self,
-        lease: NodeLease,
-        on_lost: Callable[[LeaseLostError], None],
-        name: str,
-        on_rebalance: Callable[[Rebalance], None] | None = None,
-    ) -> None:
-        self._lease = lease
-        self._on_lost = on_lost
-        self._on_rebalance = on_rebalance
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{name}", daemon=True)
-
-    def start(self) -> None:
-        """Start renewing."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop renewing (the lease itself is released by its owner)."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-    def _tick(self) -> None:
-        lease = self._lease
-        if not lease.shared:
-            lease.renew()
-            return
-        change = lease.rebalance()
-        if not (change.taken or change.to_release):
-            return
-        if self._on_rebalance is not None:
-            self._on_rebalance(change)
-        else:
-            lease.release_partitions(change.to_release)
-
-    def _run(self) -> None:
-        regular = self._lease.renewal_interval
-        interval = regular
-        while not self._stop.wait(interval):
-            interval = regular
-            try:
-                self._tick()
-            except LeaseLostError as error:
-                self._on_lost(error)
-                return
-            except (DBAPIError, OSError) as error:
-                interval = min(RETRY_RENEWAL_SECONDS, regular)  # try again soon
-                log.warning("cannot renew the node lease yet: %s", error)
-            except Exception:  # a bug here must not end renewal silently
-                log.exception("renewing the node lease failed")
-
-
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "PARTITIONS",
@@ -902,7 +744,6 @@ __all__ = [
     "Holder",
     "LeaseError",
     "LeaseHeldError",
-    "LeaseKeeper",
     "LeaseLostError",
     "PartitionNotHeldError",
     "NodeLease",
