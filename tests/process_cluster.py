@@ -215,8 +215,19 @@ class Cluster:
             purge_queues(node.transport_url, [node.name])
 
 
-def check_payments_once(cluster: Cluster, payments: list[PaymentFlow], ids: list[str]) -> None:
-    """Each payment's two ledger effects on Alice and its credit on Carol happened once."""
+def check_payments_once(
+    cluster: Cluster, payments: list[PaymentFlow], ids: list[str], wait: float | None = None
+) -> None:
+    """Each payment's two ledger effects on Alice and its credit on Carol happened once.
+
+    With ``wait``, first wait (that many seconds at most) for every payment's outcome and
+    check each is its receipt.
+    """
+    if wait is not None:
+        outcomes = cluster.nodes[0].client.wait(ids, timeout=wait)
+        assert [decode_outcome(outcomes[i]) for i in ids] == [
+            f"receipt {p.amount}" for p in payments
+        ]
     alice, _, carol = cluster.nodes
     entries = ledger_entries(alice.client.database.engine)
     for payment, flow_id in zip(payments, ids, strict=True):

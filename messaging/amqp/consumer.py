@@ -234,15 +234,7 @@ class AmqpMessaging:
 
         A delivery of a connection that has since closed is back in its queue already.
         """
-        receipt = delivered.receipt
-        if not isinstance(receipt, tuple):
-            raise ValueError(f"{delivered.message_id} was not delivered by this consumer")
-        with self._lock:
-            if receipt[0] != self._generation:
-                return
-            self._pending_releases.append(receipt)
-            connection = self._consumer_connection
-        self._wake(connection)
+        self._settle_later(delivered, release=True)
 
     def release_deliveries_of(self, consumer_ids: Sequence[str]) -> None:
         """Do nothing: the broker requeues a dead consumer's deliveries itself.
@@ -294,13 +286,22 @@ class AmqpMessaging:
         A delivery from a connection that has since closed needs no ack: the broker put it
         back in the queue when the connection closed.
         """
+        self._settle_later(delivered, release=False)
+
+    def _settle_later(self, delivered: Message, *, release: bool) -> None:
+        """Queue the delivery's ack (or with ``release`` its nack) for the consumer thread.
+
+        The thread is woken to send it. A receipt of an earlier connection is dropped (the
+        broker gave that delivery back when the connection closed).
+        """
         receipt = delivered.receipt
         if not isinstance(receipt, tuple):
             raise ValueError(f"{delivered.message_id} was not delivered by this consumer")
         with self._lock:
             if receipt[0] != self._generation:
                 return
-            self._pending_acks.append(receipt)
+            # (chosen under the lock: the consumer thread swaps the lists when it flushes)
+            (self._pending_releases if release else self._pending_acks).append(receipt)
             connection = self._consumer_connection
         self._wake(connection)
 
