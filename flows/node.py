@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -51,7 +51,13 @@ from messaging.codec import SessionCodec
 from messaging.outbox_relay import OutboxRelay
 from messaging.pair_keys import PairKeyCache
 from messaging.relay import OutboxStore, Relay
-from messaging.service import SESSION_TOPIC, Message, MessagingService, PartitionedInbound
+from messaging.service import (
+    SESSION_TOPIC,
+    Message,
+    MessagingService,
+    PartitionedInbound,
+    as_partitioned,
+)
 from persistence.lease import NodeLease, WorkerInfo, application_name
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
@@ -64,7 +70,7 @@ from persistence.store import NodeDatabase
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.hibernation import HibernationPolicy
-from statemachine.manager import FlowCounts, StateMachineManager
+from statemachine.manager import StateMachineManager
 from statemachine.partitions import partition_of, partition_of_message
 from statemachine.ports import Clock, FailurePolicy, InboundMessage
 from statemachine.state import FlowStatus
@@ -299,7 +305,6 @@ class Node:
         """How many checkpoints the node found at start (restored lazily)."""
         self.resent_messages = 0
         self._stopped = False
-        self._published_counts: FlowCounts | None = None
         self.partitions: frozenset[int] | None = None
         """The partitions of the node's flows this node runs: None for a node run as one
         process (all of them); for a worker of a node run by several workers, those its lease
@@ -366,14 +371,7 @@ class Node:
 
     def _partitioned_inbound(self) -> PartitionedInbound:
         """The transport, as one that routes messages by partition (workers need one)."""
-        messaging = self.messaging
-        if not (hasattr(messaging, "consume_partitions") and hasattr(messaging, "release")):
-            raise ValueError(
-                f"node {self.party}: a worker of a node run by several workers needs a "
-                f"transport that routes messages by partition (the SQL queue, RabbitMQ); "
-                f"{type(messaging).__name__} does not"
-            )
-        return cast(PartitionedInbound, messaging)
+        return as_partitioned(self.messaging, f"node {self.party}")
 
     @property
     def incompatible_flows(self) -> dict[str, str]:

@@ -13,11 +13,10 @@ delivered the message, and sends go through the current inbound's transport.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 import attrs
 
-from messaging.service import Message, MessageHandler, MessagingService, PartitionedInbound
+from messaging.service import Message, MessageHandler, MessagingService, as_partitioned
 
 __all__ = ["InboundSet"]
 
@@ -102,28 +101,20 @@ class InboundSet:
         Raises ValueError if one of the inbounds cannot route by partition.
         """
         for transport in self._all:
-            _partitioned(transport).consume_partitions(partitions)
+            as_partitioned(transport, f"inbound of {self.my_address}").consume_partitions(
+                partitions
+            )
 
     def release(self, delivered: Message) -> None:
         """Give the delivery back, unsettled, to the transport that delivered it."""
         transport, inner = self._origin(delivered)
-        _partitioned(transport).release(inner)
+        as_partitioned(transport, f"inbound of {self.my_address}").release(inner)
 
     def _origin(self, delivered: Message) -> tuple[MessagingService, Message]:
         receipt = delivered.receipt
         if not isinstance(receipt, _Receipt):
             raise ValueError(f"{delivered.message_id} was not delivered by this inbound set")
         return receipt.transport, attrs.evolve(delivered, receipt=receipt.inner)
-
-
-def _partitioned(transport: MessagingService) -> PartitionedInbound:
-    """``transport`` as one that routes by partition, or ValueError naming it."""
-    if not (hasattr(transport, "consume_partitions") and hasattr(transport, "release")):
-        raise ValueError(
-            f"{type(transport).__name__} does not route messages by partition (a worker of a "
-            "node run by several workers needs every inbound to)"
-        )
-    return cast(PartitionedInbound, transport)
 
 
 def _tagging(transport: MessagingService, callback: MessageHandler) -> MessageHandler:

@@ -39,7 +39,7 @@ Contract (checked by the conformance suite in ``tests/messaging_conformance.py``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import attrs
 
@@ -130,3 +130,18 @@ class PartitionedInbound(Protocol):
 
     def release(self, delivered: Message) -> None:
         """Give a delivery back unsettled: it is delivered again to its partition's holder."""
+
+
+def as_partitioned(transport: object, who: str) -> PartitionedInbound:
+    """``transport`` as a :class:`PartitionedInbound`.
+
+    Raises ValueError, naming the transport and ``who`` needs it, if it cannot route by
+    partition (a worker of a node run by several workers needs it to).
+    """
+    if not (hasattr(transport, "consume_partitions") and hasattr(transport, "release")):
+        raise ValueError(
+            f"{who}: a worker of a node run by several workers needs a transport that routes "
+            f"messages by partition (the SQL queue, RabbitMQ); {type(transport).__name__} "
+            "does not"
+        )
+    return cast(PartitionedInbound, transport)
