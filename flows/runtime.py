@@ -657,14 +657,14 @@ def run_node(config_path: str | Path, worker: str | None = None) -> int:
 
     With ``worker``, as that worker of a node run by several workers (PostgreSQL only).
     """
+    problem = None if worker is None else worker_name_problem(worker)
+    if problem is not None:
+        print(f"fiberflow node run: --worker: {problem}", file=sys.stderr)
+        return 2
     try:
         config = load_config(config_path)
     except ConfigError as error:
         print(f"fiberflow node run: {error}", file=sys.stderr)
-        return 2
-    problem = None if worker is None else worker_name_problem(worker)
-    if problem is not None:
-        print(f"fiberflow node run: --worker: {problem}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
     return NodeProcess(config, worker_name=worker).run()

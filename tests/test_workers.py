@@ -20,6 +20,7 @@ from flows import FOREVER
 from flows.client import decode_outcome
 from flows.operator import list_flows, process_reports
 from flows.party import Party
+from flows.runtime import run_node, worker_name_problem
 from flows.runtime_config import load_config
 from persistence import schema
 from samples.pingpong import PingFlow
@@ -278,3 +279,16 @@ def test_a_short_campaign_of_kills_and_stops_against_three_workers(
         workers=3,
     )
     assert report.kills + report.stops == 6
+
+
+def test_a_bad_worker_name_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert worker_name_problem("w1") is None and worker_name_problem("eu-west.2_a") is None
+    assert "1 to 64 characters" in (worker_name_problem("") or "")
+    assert "1 to 64 characters" in (worker_name_problem("w" * 65) or "")
+    assert "letters, digits" in (worker_name_problem("w 1") or "")
+    config = tmp_path / "node.toml"
+    config.write_text('name = "O=Alice,L=London,C=GB"\n')
+    assert run_node(config, worker="no spaces please") == 2
+    assert "--worker: 'no spaces please': a worker's name has letters" in capsys.readouterr().err
