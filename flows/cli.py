@@ -49,8 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--worker",
         metavar="NAME",
         help="run as the worker NAME of a node run by several worker processes (node database "
-        "on PostgreSQL, SQL queue transport): each runs a fair share of the node's flows and "
-        "takes over a dead worker's (docs/scaling.md)",
+        "on PostgreSQL; SQL queue or RabbitMQ transport): each runs a fair share of the node's "
+        "flows and takes over a dead worker's (docs/scaling.md)",
     )
     for action, text in (("drain", "refuse new flows"), ("undrain", "accept new flows again")):
         sub = node_commands.add_parser(action, help=f"tell a running node to {text}")
