@@ -3,22 +3,46 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from flows.demo import run_in_process_demo, run_process_demo
 from flows.network_cli import add_network_arguments, run_network_command
-from flows.runtime import run_node
+from flows.runtime import LOG_LEVELS, configure_logging, run_node
 from flows.schedule_cli import add_schedule_arguments
 from persistence.analytics.command import add_analyze_arguments, run_analyze
+
+
+def package_version() -> str:
+    """The installed fiberflow's version (its package metadata)."""
+    try:
+        return importlib.metadata.version("fiberflow")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (fiberflow is not installed: pip install -e .)"
+
+
+def log_level(text: str) -> str:
+    """``--log-level``'s value, upper-cased; a level logging does not know is refused."""
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level (use one of {', '.join(LOG_LEVELS)})"
+        )
+    return level
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fiberflow`` console script."""
     parser = argparse.ArgumentParser(prog="fiberflow", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument("--version", action="version", version=f"fiberflow {package_version()}")
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        help="logging level of every command: DEBUG, INFO, WARNING, ERROR or CRITICAL (default "
+        "WARNING; a node process's default is its config's log_level)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run ping/pong between two nodes")
     demo.add_argument("--flows", type=int, default=10, help="how many ping/pong flows (10)")
@@ -105,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     analyze = commands.add_parser("analyze", help="Spark analytics of node databases (report)")
     add_analyze_arguments(analyze)
     args = parser.parse_args(argv)
+    if not (args.command == "node" and args.node_command == "run"):
+        configure_logging(args.log_level or "WARNING")
     if args.command == "analyze":
         return run_analyze(args)
     if args.command == "network":
@@ -120,12 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "amqp-setup":
         return run_amqp_setup(args.admin_url, args.node)
     if args.command == "node" and args.node_command == "run":
-        return run_node(args.config, worker=args.worker)
+        return run_node(args.config, worker=args.worker, log_level=args.log_level)
     if args.command in ("node", "flow", "checkpoints"):
         from flows.operator import run_operator_command
 
         return run_operator_command(args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     if args.command == "demo":
         if args.flows < 1:
             parser.error("--flows must be at least 1")

@@ -644,18 +644,34 @@ def worker_status_path(path: Path, worker: str) -> Path:
     return path.with_name(f"{head}.{worker}{dot}{rest}")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The levels ``log_level`` and ``--log-level`` take."""
+CHATTY_LIBRARIES = ("pika",)
+"""Libraries whose INFO lines (every connection step) are shown only at DEBUG."""
+
+
 def configure_logging(level: str) -> None:
-    """Log lines with time, level and logger to stderr."""
+    """Log lines with time, level and logger to stderr, at ``level`` (one of LOG_LEVELS).
+
+    The chatty libraries log at WARNING and above unless ``level`` is DEBUG. (Like
+    ``logging.basicConfig``, it leaves a root logger that already has handlers alone.)
+    """
     logging.basicConfig(
         level=getattr(logging, level),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+    quiet = logging.DEBUG if level == "DEBUG" else max(logging.WARNING, getattr(logging, level))
+    for library in CHATTY_LIBRARIES:
+        logging.getLogger(library).setLevel(quiet)
 
 
-def run_node(config_path: str | Path, worker: str | None = None) -> int:
+def run_node(
+    config_path: str | Path, worker: str | None = None, log_level: str | None = None
+) -> int:
     """``fiberflow node run``: load the config, run the node; returns the exit code.
 
     With ``worker``, as that worker of a node run by several workers (PostgreSQL only).
+    ``log_level`` (the command line's ``--log-level``) overrides the config's ``log_level``.
     """
     problem = None if worker is None else worker_name_problem(worker)
     if problem is not None:
@@ -666,7 +682,7 @@ def run_node(config_path: str | Path, worker: str | None = None) -> int:
     except ConfigError as error:
         print(f"fiberflow node run: {error}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level)
+    configure_logging(log_level or config.log_level)
     return NodeProcess(config, worker_name=worker).run()
 
 
@@ -683,6 +699,7 @@ __all__ = [
     "ConfigError",
     "NodeProcess",
     "RuntimeConfig",
+    "LOG_LEVELS",
     "configure_logging",
     "load_config",
     "run_node",

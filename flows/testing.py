@@ -29,6 +29,7 @@ from messaging.inmemory import Faults, InMemoryNetwork
 from persistence.engine import drop_schema
 from persistence.memory_store import MEMORY_URL
 from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
+from statemachine.executor import AFTER_COMMIT_ORDER, IN_TRANSACTION_ORDER
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
@@ -69,6 +70,22 @@ class NetworkNotQuiescentError(RuntimeError):
     """``run_network`` hit its round limit with work still to do."""
 
 
+CRASH_POINTS: tuple[str, ...] = (
+    "before_transaction",
+    *(f"after_{kind.__name__}" for kind in IN_TRANSACTION_ORDER),
+    "after_commit",
+    *(f"after_{kind.__name__}" for kind in AFTER_COMMIT_ORDER),
+    "after_hand_off",
+    "after_outbox_delete",
+    "flow_suspended",
+    "during_replay",
+)
+"""Every point :meth:`MockNode.crash_at` can crash a node at: the executor's action
+boundaries (before the transaction, after each kind of action in it, after the commit, after
+each kind of action after it), the relay's (after a hand-off, after deleting sent rows), and
+the fibers' (every suspension; a suspension answered from the journal during a replay)."""
+
+
 class MockNode:
     """A node of a :class:`MockNetwork`."""
 
@@ -107,6 +124,11 @@ class MockNode:
         """
         if nth < 1:
             raise ValueError("nth counts from 1")
+        if point not in CRASH_POINTS:
+            raise ValueError(
+                f"no crash point {point!r} (it would never fire); the points are: "
+                + ", ".join(CRASH_POINTS)
+            )
         self._armed = (point, nth)
         self.boundary_counts.clear()
 
