@@ -88,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     flow_commands = flow.add_subparsers(dest="flow_command", required=True)
     flow_list = flow_commands.add_parser("list", help="the node's flows with a checkpoint")
     flow_list.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    flow_list.add_argument(
+        "--json", action="store_true", help="print the flows and reports as one JSON document"
+    )
     for action in ("kill", "pause", "resume", "retry"):
         sub = flow_commands.add_parser(action, help=f"{action} a flow on a running node")
         sub.add_argument("flow_id")
@@ -154,6 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         if args.flows < 1:
             parser.error("--flows must be at least 1")
+        if args.timeout is not None and not args.timeout > 0:
+            parser.error(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
+        if args.database is not None and not args.database.startswith(("postgresql", "postgres")):
+            parser.error(
+                f"--database takes a postgresql:// URL (both nodes get a schema of their own in "
+                f"it), not {args.database!r}; without it the demo uses SQLite files in its "
+                "directory"
+            )
         if args.in_process:
             if args.transport or args.database or args.topology != "shared":
                 parser.error("--in-process uses the in-memory network and SQLite files")

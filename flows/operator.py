@@ -114,9 +114,16 @@ def _partition_owners(database: NodeDatabase) -> dict[int, str] | None:
     }
 
 
-def print_flow_list(config: RuntimeConfig) -> int:
-    """``fiberflow flow list``: a table of the node's flows and what its processes said."""
+def print_flow_list(config: RuntimeConfig, as_json: bool = False) -> int:
+    """``fiberflow flow list``: a table of the node's flows and what its processes said.
+
+    With ``as_json``, one JSON document instead: ``flows`` (what :func:`list_flows` returns)
+    and ``processes`` (the report lines of :func:`process_reports`).
+    """
     flows = list_flows(config)
+    if as_json:
+        print(json.dumps({"flows": flows, "processes": process_reports(config)}, indent=2))
+        return 0
     header: tuple[str, ...] = ("FLOW ID", "CLASS", "STATUS", "WAITING ON", "AGE", "PROGRESS STEP")
     keys = ["flow_id", "class", "status", "waiting_on", "age", "step"]
     if any("worker" in f for f in flows):
@@ -250,6 +257,8 @@ def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
         if row is None:
             raise KeyError(f"no checkpoint for flow {flow_id} on {config.name}")
         expected = database.checkpoints.checkpoint_mac(flow_id, row.checkpoint_version, row.blob)
+        paused = database.control.paused_flows()
+        busy = database.control.busy_flows()
     finally:
         database.close()
     if expected is None:
@@ -261,7 +270,8 @@ def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
     document: dict[str, Any] = {
         "flow_id": flow_id,
         "flow_class": row.flow_class,
-        "status": row.status,
+        "status": _status(flow_id, row.status, paused, busy),  # as flow list shows it
+        "stored_status": row.status,
         "progress_step": row.progress_step,
         "error": row.error_message,
         "checkpoint_bytes": row.checkpoint_bytes,
@@ -304,7 +314,7 @@ def run_operator_command(args: Any) -> int:
         if args.command == "node":
             return request_operation(config, args.node_command, None, args.timeout)
         if args.flow_command == "list":
-            return print_flow_list(config)
+            return print_flow_list(config, as_json=args.json)
         return request_operation(config, args.flow_command, args.flow_id, args.timeout)
     except (KeyError, KeyFileError) as error:
         print(f"fiberflow: {error.args[0] if error.args else error}", file=sys.stderr)

@@ -114,3 +114,22 @@ def test_crash_at_refuses_a_point_that_would_never_fire_and_lists_the_points(
         node.crash_at("after_commit")  # a real one is armed
     finally:
         network.stop_nodes()
+
+
+def test_demo_refuses_a_bad_timeout_and_a_non_postgresql_database_creating_nothing(
+    tmp_path: Path,
+) -> None:
+    for arguments, problem in (
+        (["--timeout", "-1"], "--timeout must be a positive number of seconds, not -1"),
+        (["--database", "sqlite:///x.db"], "--database takes a postgresql:// URL"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "demo", "--directory", "work", *arguments],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2 and problem in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no x.db, no work directory

@@ -158,6 +158,14 @@ def test_operator_commands_reach_a_running_node(
             json.dumps(dumped)
             assert request_operation(alice, "pause", flow_id, 30) == 0
             assert list_flows(alice)[0]["status"] == "PAUSED"
+            paused = dump_checkpoint(alice, flow_id)  # says what flow list says
+            assert (paused["status"], paused["stored_status"]) == ("PAUSED", "SUSPENDED")
+            capsys.readouterr()
+            assert print_flow_list(alice, as_json=True) == 0
+            listed_json = json.loads(capsys.readouterr().out)
+            assert [f["flow_id"] for f in listed_json["flows"]] == [flow_id]
+            assert listed_json["flows"][0]["status"] == "PAUSED"
+            assert len(listed_json["processes"]) == 1  # the running node's report
             assert request_operation(alice, "resume", flow_id, 30) == 0
             assert request_operation(alice, "kill", flow_id, 30) == 0
             with pytest.raises(FlowKilledException):
