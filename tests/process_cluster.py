@@ -51,6 +51,19 @@ NAMES = (
 CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp"]
 
 
+def wait_serving(
+    status_path: Path, process: subprocess.Popen[bytes], what: str, timeout: float, log: Path
+) -> None:
+    """Wait until node process ``process`` writes ``status_path`` as serving; fail at once,
+    with the end of ``log``, if it exits first."""
+    wait_until(
+        lambda: serving(status_path, process),
+        f"{what} to start",
+        timeout,
+        check=still_running(process, log),
+    )
+
+
 def stop_process(process: subprocess.Popen[bytes] | None) -> int | None:
     """SIGTERM a node process (if running; SIGKILL after 60 s); returns its exit code."""
     if process is None:
@@ -133,14 +146,8 @@ class ClusterNode:
 
     def wait_started(self, timeout: float = 60.0) -> None:
         """Wait until this incarnation serves (its status file says so, with its pid)."""
-        process = self.process
-        assert process is not None
-        wait_until(
-            lambda: serving(self.status_path, process),
-            f"{self.name} to start",
-            timeout,
-            check=self.check_alive,
-        )
+        assert self.process is not None
+        wait_serving(self.status_path, self.process, self.name, timeout, self.log_path)
 
     def check_alive(self) -> None:
         """Raise with the end of the log if the process exited on its own."""
@@ -262,14 +269,9 @@ class Worker:
         self.process = self.node.spawn(self.log_path, worker=self.name)
 
     def wait_serving(self, timeout: float = 90) -> None:
-        process = self.process
-        assert process is not None
-        wait_until(
-            lambda: serving(self.status_path, process),
-            f"worker {self.name} to start",
-            timeout,
-            check=still_running(process, self.log_path),
-        )
+        """Wait until this incarnation serves (its status file says so, with its pid)."""
+        assert self.process is not None
+        wait_serving(self.status_path, self.process, f"worker {self.name}", timeout, self.log_path)
 
     def partitions(self) -> list[int] | None:
         """The partitions this incarnation's status file lists (None: not written yet)."""

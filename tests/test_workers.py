@@ -70,6 +70,18 @@ def reported_live(reports: list[str]) -> list[int]:
     return [sum(int(found.group(1)) for found in counts if found)]
 
 
+def start_paying(
+    cluster: Cluster, count: int, now: int | None = None
+) -> tuple[list[PaymentFlow], list[str]]:
+    """Payments of 1 to ``count`` from Alice to Carol; the first ``now`` of them (all by
+    default) are requested, and the first few have finished when it returns."""
+    alice, _, carol = cluster.nodes
+    payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, count + 1)]
+    ids = alice.client.start_flows(payments[:now])
+    wait_until(lambda: len(alice.client.outcomes(ids)) >= 3, "some payments to finish")
+    return payments, ids
+
+
 def start_with_workers(cluster: Cluster, workers: list[Worker]) -> None:
     """Start Bob and Carol, then Alice's workers; wait until they split the partitions."""
     for node in cluster.nodes[1:]:
@@ -177,14 +189,12 @@ def test_a_killed_worker_s_partitions_are_taken_over_and_every_flow_finishes_onc
 def test_a_worker_frozen_past_its_lease_is_taken_over_and_commits_nothing_when_it_thaws(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    alice, _, carol = cluster.nodes
+    alice = cluster.nodes[0]
     workers = [Worker(alice, name, tmp_path) for name in ("w1", "w2")]
     frozen, survivor = workers
     try:
         start_with_workers(cluster, workers)
-        payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 41)]
-        ids = alice.client.start_flows(payments[:30])
-        wait_until(lambda: len(alice.client.outcomes(ids)) >= 3, "some payments to finish")
+        payments, ids = start_paying(cluster, 40, now=30)
         assert frozen.process is not None
         frozen.process.send_signal(signal.SIGSTOP)
         wait_until(
@@ -207,14 +217,12 @@ def test_a_worker_frozen_past_its_lease_is_taken_over_and_commits_nothing_when_i
 def test_a_worker_drained_with_sigterm_hands_its_partitions_over_failing_no_flow(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    alice, _, carol = cluster.nodes
+    alice = cluster.nodes[0]
     workers = [Worker(alice, name, tmp_path) for name in ("w1", "w2")]
     leaving, staying = workers
     try:
         start_with_workers(cluster, workers)
-        payments = [PaymentFlow(Party(carol.name), amount) for amount in range(1, 41)]
-        ids = alice.client.start_flows(payments)
-        wait_until(lambda: len(alice.client.outcomes(ids)) >= 3, "some payments to finish")
+        payments, ids = start_paying(cluster, 40)
         assert leaving.stop() == 0, leaving.log()[-3000:]  # SIGTERM: a clean stop
         assert "stopped cleanly" in leaving.log()
         wait_until(
