@@ -168,10 +168,13 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
                     "flows.errors.FlowException",
                     f"refused by {name}",
                     START_MS + k,
+                    None,
                 )
                 for k in range(finished // 10)
             ]
-            connection.executemany("INSERT INTO node_flow_exceptions VALUES (?,?,?,?,?,?)", failed)
+            connection.executemany(
+                "INSERT INTO node_flow_exceptions VALUES (?,?,?,?,?,?,?)", failed
+            )
         for connection in connections.values():
             connection.commit()
     for connection in connections.values():

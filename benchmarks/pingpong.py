@@ -17,7 +17,8 @@ The garbage collector is tuned first, as a node process tunes it once started
 
 Configurations: ``off`` (the non-durable in-memory store), ``full`` (SQLite, WAL,
 synchronous=FULL), ``normal`` (synchronous=NORMAL). Run:
-``python benchmarks/pingpong.py [--flows 2000] [--wave 100] [--configs off full normal]``.
+``python benchmarks/pingpong.py [--flows 2000] [--wave 100] [--configs off full normal]
+[--metrics]``; ``--metrics`` runs both nodes with Prometheus metrics on.
 """
 
 from __future__ import annotations
@@ -52,8 +53,12 @@ GOALS = {
 }
 
 
-def run(config: str, flows: int, wave: int) -> dict[str, Any]:
-    """Run ``flows`` ping/pongs in steady state on ``config``; the figures."""
+def run(config: str, flows: int, wave: int, metrics: bool = False) -> dict[str, Any]:
+    """Run ``flows`` ping/pongs in steady state on ``config``; the figures.
+
+    With ``metrics`` each node feeds Prometheus metrics (:mod:`flows.metrics`), as a node
+    process with a ``[metrics]`` section does.
+    """
     database, synchronous = CONFIGS[config]
     with tempfile.TemporaryDirectory() as directory:
         net = MockNetwork(
@@ -63,8 +68,14 @@ def run(config: str, flows: int, wave: int) -> dict[str, Any]:
             synchronous=synchronous,
         )
         try:
-            alice = net.create_node("O=Alice,L=London,C=GB")
-            bob = net.create_node("O=Bob,L=New York,C=US")
+            if metrics:
+                from flows.metrics import NodeMetrics
+
+                alice = net.create_node("O=Alice,L=London,C=GB", metrics=NodeMetrics())
+                bob = net.create_node("O=Bob,L=New York,C=US", metrics=NodeMetrics())
+            else:
+                alice = net.create_node("O=Alice,L=London,C=GB")
+                bob = net.create_node("O=Bob,L=New York,C=US")
             counts = {"commits": 0, "statements": 0}
             for mock in (alice, bob):
                 engine = getattr(mock.node.database, "engine", None)
@@ -124,6 +135,9 @@ def main() -> None:
     parser.add_argument("--flows", type=int, default=2000)
     parser.add_argument("--wave", type=int, default=100, help="flows started at a time")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument(
+        "--metrics", action="store_true", help="each node feeds Prometheus metrics (flows.metrics)"
+    )
     args = parser.parse_args()
     tune_collector()  # as a node process does once started (flows/gc_tuning.py)
     bounds = {
@@ -133,6 +147,8 @@ def main() -> None:
     print(f"bound: greenlet + msgpack hub {bounds['off']:,.0f} pairs/s; raw sqlite3 FULL, 64 per")
     print(f"       transaction {bounds['full']:,.0f} checkpoint groups/s (same run)")
     print(f"{args.flows} flows per configuration, started {args.wave} at a time (steady state)")
+    if args.metrics:
+        print("with Prometheus metrics on both nodes (--metrics)")
     header = (
         f"{'config':<8} {'flows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'commits':>8} "
         f"{'stmts':>7} {'of bound':>9}"
@@ -140,7 +156,7 @@ def main() -> None:
     print(header)
     results = {}
     for config in args.configs:
-        row = results[config] = run(config, args.flows, args.wave)
+        row = results[config] = run(config, args.flows, args.wave, args.metrics)
         bound = bounds.get(config)
         ratio = f"{row['flows/s'] / bound:>8.1%}" if bound else f"{'-':>9}"
         commits = "-" if row["commits/flow"] is None else f"{row['commits/flow']:.2f}"
@@ -151,7 +167,7 @@ def main() -> None:
         )
         sys.stdout.flush()
     if "full" in args.configs:
-        single = run("full", min(args.flows, 200), 1)
+        single = run("full", min(args.flows, 200), 1, args.metrics)
         print(
             f"one flow in flight, SQLite FULL: p50 {single['p50 ms']:.1f} ms, p99 "
             f"{single['p99 ms']:.1f} ms, {single['commits/flow']:.1f} commits and "

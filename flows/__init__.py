@@ -26,6 +26,7 @@ from flows.errors import (
     OperationFailedException,
     OperationTimeoutException,
     UnexpectedFlowEndException,
+    UnknownPartyError,
 )
 from flows.flow_logic import FOREVER, FlowLogic, FlowSession
 from flows.party import Party
@@ -84,6 +85,7 @@ __all__ = [
     "Party",
     "RetryPolicy",
     "UnexpectedFlowEndException",
+    "UnknownPartyError",
     "UntrustworthyData",
     "initiated_by",
     "initiating_flow",

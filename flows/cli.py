@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from flows.db_cli import add_db_arguments, run_db_command
 from flows.demo import run_in_process_demo, run_process_demo
+from flows.flow_cli import add_connection_arguments, add_flow_start_arguments, run_flow_command
 from flows.network_cli import add_network_arguments, run_network_command
-from flows.runtime import LOG_LEVELS, configure_logging, run_node
+from flows.operator import FAILED_SHOWN
+from flows.runtime import LOG_LEVELS, configure_logging, run_node, startup_problem
 from flows.schedule_cli import add_schedule_arguments
+from messaging.transports import TransportUrlError, transport_scheme
 from persistence.analytics.command import add_analyze_arguments, run_analyze
 
 
@@ -78,23 +84,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for action, text in (("drain", "refuse new flows"), ("undrain", "accept new flows again")):
         sub = node_commands.add_parser(action, help=f"tell a running node to {text}")
-        sub.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+        add_connection_arguments(sub)
         sub.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
     outbox = node_commands.add_parser(
         "outbox", help="messages waiting for each peer, and what the network map says of it"
     )
     outbox.add_argument("--config", type=Path, required=True, help="the node's TOML config")
-    flow = commands.add_parser("flow", help="list flows, or kill/pause/resume/retry one")
+    add_outbox_arguments(commands)
+    flow = commands.add_parser(
+        "flow",
+        help="start a flow, list flows, or kill/pause/resume/retry one (--config or --url)",
+    )
     flow_commands = flow.add_subparsers(dest="flow_command", required=True)
-    flow_list = flow_commands.add_parser("list", help="the node's flows with a checkpoint")
-    flow_list.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    add_flow_start_arguments(flow_commands)
+    flow_list = flow_commands.add_parser(
+        "list",
+        help="the node's flows with a checkpoint, and the failed flows with their errors",
+        description="The node's flows with a checkpoint (running, waiting, paused, in the "
+        f"hospital), then the {FAILED_SHOWN} most recent failed flows with their error class "
+        "and message; --all lists every failed flow and the completed ones too.",
+    )
+    add_connection_arguments(flow_list)
     flow_list.add_argument(
         "--json", action="store_true", help="print the flows and reports as one JSON document"
     )
+    flow_list.add_argument(
+        "--all",
+        action="store_true",
+        help=f"every failed flow (not only the {FAILED_SHOWN} most recent) and the completed ones",
+    )
+    flow_error = flow_commands.add_parser(
+        "error", help="a failed flow's error and the traceback its node kept"
+    )
+    flow_error.add_argument("flow_id")
+    add_connection_arguments(flow_error)
     for action in ("kill", "pause", "resume", "retry"):
         sub = flow_commands.add_parser(action, help=f"{action} a flow on a running node")
         sub.add_argument("flow_id")
-        sub.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+        add_connection_arguments(sub)
         sub.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (30)")
     checkpoints = commands.add_parser("checkpoints", help="inspect stored checkpoints")
     checkpoint_commands = checkpoints.add_subparsers(dest="checkpoints_command", required=True)
@@ -129,6 +156,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "schedule", help="start flows on a schedule: add, list, pause, resume, remove"
     )
     add_schedule_arguments(schedule)
+    database = commands.add_parser(
+        "db", help="the node database's schema version: upgrade it, or print it"
+    )
+    add_db_arguments(database)
+    rpc = commands.add_parser(
+        "rpc", help="the node's HTTP API: hash a user's password, make an API token (docs/rpc.md)"
+    )
+    rpc_commands = rpc.add_subparsers(dest="rpc_command", required=True)
+    rpc_commands.add_parser(
+        "hash-password",
+        help="read a password (stdin, or a prompt) and print its argon2 hash for password_hash",
+    )
+    rpc_commands.add_parser(
+        "new-token", help="print a new random API token and its argon2 hash for token_hash"
+    )
     analyze = commands.add_parser("analyze", help="Spark analytics of node databases (report)")
     add_analyze_arguments(analyze)
     args = parser.parse_args(argv)
@@ -138,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_analyze(args)
     if args.command == "network":
         return run_network_command(args)
+    if args.command == "db":
+        return run_db_command(args)
+    if args.command == "rpc":
+        return run_rpc(args.rpc_command)
     if args.command == "schedule":
         from flows.schedule_cli import run_schedule_command
 
@@ -147,13 +193,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_peer_account(args.inbound, args.node, args.user, args.password, args.apply)
     if args.command == "amqp-setup":
-        return run_amqp_setup(args.admin_url, args.node)
+        return failing_in_one_line("amqp-setup", run_amqp_setup, args.admin_url, args.node)
     if args.command == "node" and args.node_command == "run":
         return run_node(args.config, worker=args.worker, log_level=args.log_level)
-    if args.command in ("node", "flow", "checkpoints"):
+    if args.command == "flow" or (
+        args.command == "node" and args.node_command in ("drain", "undrain")
+    ):
+        name = f"{args.command} {getattr(args, f'{args.command}_command')}"
+        return failing_in_one_line(name, run_flow_command, args)
+    if args.command in ("node", "flow", "checkpoints", "outbox"):
         from flows.operator import run_operator_command
 
-        return run_operator_command(args)
+        name = f"{args.command} {getattr(args, f'{args.command}_command')}"
+        return failing_in_one_line(name, run_operator_command, args)
     if args.command == "demo":
         if args.flows < 1:
             parser.error("--flows must be at least 1")
@@ -165,6 +217,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"it), not {args.database!r}; without it the demo uses SQLite files in its "
                 "directory"
             )
+        if args.transport is not None:
+            try:
+                transport_scheme(args.transport)
+            except TransportUrlError as error:
+                parser.error(f"--transport: {error}")
         if args.in_process:
             if args.transport or args.database or args.topology != "shared":
                 parser.error("--in-process uses the in-memory network and SQLite files")
@@ -181,9 +238,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+def failing_in_one_line(command: str, run: Callable[..., int], *args: Any) -> int:
+    """``run(*args)``; an error escaping it is one line on stderr and exit status 2.
+
+    The line names the command, the error's class and its first line; the traceback is
+    logged at DEBUG (``fiberflow --log-level DEBUG ...`` shows it).
+    """
+    try:
+        return run(*args)
+    except Exception as error:
+        logging.getLogger("fiberflow.cli").debug("fiberflow %s failed", command, exc_info=True)
+        print(f"fiberflow {command}: {startup_problem(error)}", file=sys.stderr)
+        return 2
+
+
+def run_rpc(command: str) -> int:
+    """``fiberflow rpc hash-password|new-token`` (needs the ``rpc`` extra)."""
+    try:
+        from flows.rpc.hashing import run_rpc_command
+    except ImportError as error:
+        print(
+            f"fiberflow rpc {command}: needs fiberflow's rpc extra (pip install "
+            f"'fiberflow[rpc]'): {error}",
+            file=sys.stderr,
+        )
+        return 2
+    return run_rpc_command(command)
+
+
+def add_outbox_arguments(commands: Any) -> None:
+    """``fiberflow outbox list|drop`` (:mod:`flows.outbox_cli`)."""
+    outbox = commands.add_parser(
+        "outbox", help="messages not yet taken by their peer; drop those of a party that left"
+    )
+    outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
+    listing = outbox_commands.add_parser(
+        "list", help="every waiting message: peer, age, sending flow, what the map says"
+    )
+    listing.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    listing.add_argument("--json", action="store_true", help="every row, as one JSON document")
+    listing.add_argument("--limit", type=int, default=50, help="rows printed one by one (50)")
+    drop = outbox_commands.add_parser(
+        "drop", help="delete the messages for a party that is not on the network map"
+    )
+    drop.add_argument("--config", type=Path, required=True, help="the node's TOML config")
+    drop.add_argument("--peer", required=True, help="the party's name, as `outbox list` shows")
+
+
 def run_amqp_setup(admin_url: str, nodes: list[str]) -> int:
     """Create the exchanges, queues and bindings; print each node user's rabbitmqctl commands."""
-    from messaging.amqp import permission_commands, setup_topology
+    from messaging.amqp import node_url, permission_commands, setup_topology, url_vhost
 
     pairs = []
     for item in nodes:
@@ -193,12 +297,13 @@ def run_amqp_setup(admin_url: str, nodes: list[str]) -> int:
             return 2
         pairs.append((name, user))
     setup_topology(admin_url, [name for name, _ in pairs])
-    print("# topology created; now give each node its own broker user:")
+    vhost = url_vhost(admin_url)
+    print(f"# topology created on vhost {vhost!r}; now give each node its own broker user:")
     for name, user in pairs:
         print(f"# {name}")
-        for command in permission_commands(name, user, "<password>"):
+        for command in permission_commands(name, user, "<password>", vhost):
             print(command)
-    print("# then use amqp://USER:PASSWORD@HOST:5672/%2F?declare=false as each transport_url")
+    print(f"# then use {node_url(admin_url, 'USER', 'PASSWORD')} as each transport_url")
     return 0
 
 

@@ -4,6 +4,11 @@ A node process reads its flow requests from its own database (``node_flow_reques
 client needs only the node's database URL: ``start_flow`` commits a request and returns the
 flow id the node will give the flow (the request id: asking twice starts it once);
 ``wait`` polls ``node_flow_results`` / ``node_flow_exceptions`` until the flows finish.
+
+It is for local use (tests, scripts on the node's own machine): whoever uses it holds the node
+database's rights, and it starts any flow of the node, ``@startable_by_rpc`` or not. A client
+from elsewhere uses the node's HTTP API as one of its users instead:
+:class:`flows.rpc.client.RpcClient` (the same shape; docs/rpc.md).
 """
 
 from __future__ import annotations
@@ -30,10 +35,21 @@ class FlowWaitTimeoutError(FiberflowError):
 
 
 class NodeClient:
-    """A client of one node process, through the node's database."""
+    """A client of one node process, through the node's database (local use; see above).
+
+    Over the network, use :class:`flows.rpc.client.RpcClient`: it needs a user of the
+    node's ``[rpc]`` section, not the database's rights.
+    """
 
     def __init__(self, database_url: str, *, database_schema: str | None = None) -> None:
-        self.database = NodeDatabase(database_url, schema_name=database_schema)
+        """Open the node's existing database (a client never creates one).
+
+        Raises :class:`~persistence.migration.NodeDatabaseMissingError` naming the URL if
+        there is no node database there (a missing SQLite file, a database or schema without
+        the node tables: a typo, or a node that never ran), and
+        :class:`~persistence.migration.SchemaVersionError` for another schema version.
+        """
+        self.database = NodeDatabase(database_url, schema_name=database_schema, create=False)
 
     def start_flow(self, flow: FlowLogic[Any], request_id: str | None = None) -> str:
         """Ask the node to start ``flow``; returns its flow id."""
@@ -154,6 +170,6 @@ class NodeClient:
 def decode_outcome(outcome: StoredOutcome) -> Any:
     """A stored outcome's result, or its error raised."""
     if outcome.error is not None:
-        raise exception_from_error(outcome.error)
+        raise exception_from_error(outcome.error, outcome.traceback)
     assert outcome.result is not None
     return PAYLOADS.decode(outcome.result)

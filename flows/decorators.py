@@ -137,7 +137,12 @@ def initiated_by(initiator: type) -> Callable[[C], C]:
 
 
 def startable_by_rpc(cls: C) -> C:
-    """Allow operators to start this flow from outside the node (``fiberflow flow start``)."""
+    """Allow clients to start this flow from outside the node.
+
+    The node's HTTP API starts only flows marked so (to users whose ``start`` permission
+    names the class, or ``"*"``; docs/rpc.md), and so do schedules and ``fiberflow flow
+    start`` (through ``--url`` or ``--config``).
+    """
     _check_flow_class(cls, "startable_by_rpc")
     mark_startable_by_rpc(cls)
     return cls

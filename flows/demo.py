@@ -21,6 +21,7 @@ by name at run time. No framework module imports a sample.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +41,13 @@ from flows.cordapps import CordappError, Cordapps
 from flows.flow_logic import FlowLogic
 from flows.party import Party
 from flows.progress import ProgressBar
+from flows.runtime import startup_problem
 from flows.testing import MockNetwork
 from messaging.transports import purge_queues
 from persistence.engine import drop_schema
 from statemachine.state import Checkpoint
+
+log = logging.getLogger("fiberflow.demo")
 
 ALICE = "O=Alice,L=London,C=GB"
 BOB = "O=Bob,L=New York,C=US"
@@ -57,6 +62,13 @@ DEMO_REPLY = "Pong"
 
 class DemoNodeDiedError(RuntimeError):
     """A node process of the demo exited before the flows finished."""
+
+
+class DemoStartError(DemoNodeDiedError):
+    """A node process of the demo exited before it started serving.
+
+    The message is the one line it gave as its reason (a database or broker it cannot use).
+    """
 
 
 def demo_flows(count: int, counterparty: Party) -> list[FlowLogic[Any]]:
@@ -183,10 +195,21 @@ class _DemoNode:
     def wait_started(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while not self.status().get("running"):
-            self.check_alive()
+            assert self.process is not None
+            code = self.process.poll()
+            if code is not None:
+                raise DemoStartError(
+                    f"node {self.name} could not start (exit {code}): {self.last_log_line()} "
+                    f"(its log: {self.log_path})"
+                )
             if time.monotonic() > deadline:
                 raise DemoNodeDiedError(f"node {self.name} did not start within {timeout:.0f} s")
             time.sleep(0.02)
+
+    def last_log_line(self) -> str:
+        """The last line the node wrote (a node that cannot start says why in it)."""
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return lines[-1].strip() if lines else "(its log is empty)"
 
     def check_alive(self) -> None:
         assert self.process is not None
@@ -276,11 +299,13 @@ def run_pingpong_processes(
         else:
             print(f"  transport:  {transport}")
     client: NodeClient | None = None
+    serving = False
     try:
         for node in (alice, bob):
             node.start()
         for node in (alice, bob):
             node.wait_started()
+        serving = True
         client = NodeClient(alice.database_url, database_schema=alice.schema)
         pids = [node.process.pid for node in (alice, bob) if node.process is not None]
         if on_phase is not None:
@@ -321,12 +346,30 @@ def run_pingpong_processes(
             node.stop()
         if client is not None:
             client.close()
-        if database_url is not None:
-            for node in (alice, bob):
-                assert node.schema is not None
-                drop_schema(database_url, node.schema)
-        for node in (alice, bob):
-            purge_queues(node.transport, [node.name])
+        _clean_up(alice, bob, database_url, purge=serving)
+
+
+def _clean_up(alice: _DemoNode, bob: _DemoNode, database_url: str | None, purge: bool) -> None:
+    """Drop the nodes' schemas and (with ``purge``: they ran) empty their queues.
+
+    A failure here is one warning line: after a failed start the database or broker may be
+    the very thing that cannot be reached, and the start's own error is the one to report.
+    """
+    steps: list[tuple[str, Callable[[], None]]] = []
+    for node in (alice, bob):
+        if database_url is not None and node.schema is not None:
+            steps.append(
+                (f"drop schema {node.schema}", partial(drop_schema, database_url, node.schema))
+            )
+        if purge:
+            steps.append(
+                (f"purge {node.name}'s queues", partial(purge_queues, node.transport, [node.name]))
+            )
+    for what, step in steps:
+        try:
+            step()
+        except Exception as error:
+            log.warning("fiberflow demo: could not %s: %s", what, startup_problem(error))
 
 
 def _p2p_nodes(
@@ -380,9 +423,16 @@ def run_process_demo(
         run = run_pingpong_processes(
             flows, workdir, transport, database_url, timeout, True, True, topology
         )
+    except DemoStartError as error:
+        print(f"fiberflow demo: {error}", file=sys.stderr)
+        return 2
     except DemoNodeDiedError as error:
         print(f"  FAILED: {error}", file=sys.stderr)
         return 1
+    except Exception as error:  # the demo's own start-up (its database, its broker)
+        log.debug("fiberflow demo failed", exc_info=True)
+        print(f"fiberflow demo: {startup_problem(error)}", file=sys.stderr)
+        return 2
     for result in run.results[:3]:
         print(f"  result      PingFlow -> {result!r}")
     print(

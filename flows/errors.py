@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from flows.tracebacks import FlowTraceback
 from persistence.serialization import qualified_name
 from statemachine.flow_error import ErrorKind, FlowError
 
@@ -34,6 +35,10 @@ class FlowNonDeterminismError(FiberflowError):
 
 class FlowFailedError(FiberflowError):
     """A flow failed with an error whose original class cannot be rebuilt here."""
+
+
+class UnknownPartyError(FiberflowError):
+    """``initiate_flow`` named a party the node's network map does not know."""
 
 
 class FlowTimeoutException(FlowException):
@@ -100,8 +105,19 @@ def _loaded_class(name: str, base: type[BaseException]) -> type[BaseException] |
     return None
 
 
-def exception_from_error(error: FlowError) -> BaseException:
-    """The exception flow code (or a handle's ``result()``) sees for ``error``."""
+def exception_from_error(error: FlowError, traceback: str = "") -> BaseException:
+    """The exception flow code (or a handle's ``result()``) sees for ``error``.
+
+    With the ``traceback`` its node stored, the exception's ``__cause__`` is a
+    :class:`~flows.tracebacks.FlowTraceback` holding it (printed above the caller's frames).
+    """
+    exception = _rebuilt_exception(error)
+    if traceback:
+        exception.__cause__ = FlowTraceback(traceback)
+    return exception
+
+
+def _rebuilt_exception(error: FlowError) -> BaseException:
     if error.kind is ErrorKind.UNEXPECTED_END:
         return UnexpectedFlowEndException(error.message)
     if error.kind is ErrorKind.NON_DETERMINISM:

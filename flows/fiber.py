@@ -33,6 +33,7 @@ from flows.effects import FlowEffect, FlowEffectRegistry
 from flows.errors import error_from_exception, exception_from_error
 from flows.flow_logic import FlowInfo, FlowLogic, FlowSession
 from flows.party import Party
+from flows.tracebacks import flow_traceback
 from persistence.serialization import Serializer
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain, RetryPolicy
@@ -108,8 +109,10 @@ class _FiberRuntime:
         payloads: Serializer,
         max_payload_bytes: int,
         operations: ExternalOperations | None = None,
+        unknown_party: Callable[[str], str | None] | None = None,
     ) -> None:
         self._fiber: GreenletFiber | None = fiber
+        self._unknown_party = unknown_party
         """None once the flow has ended (see :meth:`GreenletFiber._run`)."""
         self.flow_id = flow_id
         self.our_identity = our_identity
@@ -123,6 +126,12 @@ class _FiberRuntime:
         self._next_effect = 0
         self._operations = operations
         self._next_operation = 0
+
+    def unknown_party(self, name: str) -> str | None:
+        """Why the node's network map does not know the party ``name``; None if it does."""
+        if self._unknown_party is None or name == self.our_identity.name:
+            return None
+        return self._unknown_party(name)
 
     def suspend(self, request: IORequest) -> Plain:
         """Switch to the scheduler with ``request``; return (or raise) what it sends back."""
@@ -169,6 +178,7 @@ class GreenletFiber:
         payloads: Serializer,
         max_payload_bytes: int,
         operations: ExternalOperations | None = None,
+        unknown_party: Callable[[str], str | None] | None = None,
     ) -> None:
         self._runtime = _FiberRuntime(
             self,
@@ -180,6 +190,7 @@ class GreenletFiber:
             payloads,
             max_payload_bytes,
             operations,
+            unknown_party,
         )
         self._monitor = monitor
         self.flow_class = flow_class
@@ -205,7 +216,7 @@ class GreenletFiber:
             raise  # the carrier itself is being collected: let it end
         except Exception as error:
             log.debug("flow %s raised", self._runtime.flow_id, exc_info=True)
-            return Failed(error_from_exception(error))
+            return Failed(error_from_exception(error), flow_traceback(error))
         finally:
             # The flow, its runtime and this fiber refer to each other: break the circle, so
             # that an ended flow is freed by reference counting at once, not by a collection
@@ -308,7 +319,10 @@ class GreenletFiberFactory:
         payloads: Serializer,
         max_payload_bytes: int,
         operations: ExternalOperations | None = None,
+        unknown_party: Callable[[str], str | None] | None = None,
     ) -> None:
+        """``unknown_party(name)``: why the network map does not know a party (None: it does)."""
+        self._unknown_party = unknown_party
         self._payloads = payloads
         self._max_payload_bytes = max_payload_bytes
         self._operations = operations
@@ -357,4 +371,5 @@ class GreenletFiberFactory:
             payloads=self._payloads,
             max_payload_bytes=self._max_payload_bytes,
             operations=self._operations,
+            unknown_party=self._unknown_party,
         )

@@ -56,6 +56,9 @@ class FlowRuntime(Protocol):
     max_payload_bytes: int
     """The largest payload that fits in one of the node's session messages."""
 
+    def unknown_party(self, name: str) -> str | None:
+        """Why the node's network map does not know the party ``name``; None if it does."""
+
     def suspend(self, request: IORequest) -> Plain:
         """Suspend the flow with ``request``; returns its result or raises its error."""
 
@@ -176,7 +179,11 @@ class FlowLogic(Generic[T]):
             )
         runtime = self._runtime()
         request = InitiateSession(
-            party.name, initiator.flow_class, initiator.version, initiator.app_name
+            party.name,
+            initiator.flow_class,
+            initiator.version,
+            initiator.app_name,
+            runtime.unknown_party(party.name) or "",
         )
         session_id = runtime.suspend(request)
         assert isinstance(session_id, str)

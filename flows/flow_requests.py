@@ -24,6 +24,7 @@ from typing import Any
 from flows.cordapps import Cordapps
 from flows.flow_logic import FlowLogic
 from flows.flow_logic import encode_arguments as encode_flow_arguments
+from flows.markings import responder_initiator
 from flows.party import Party
 from persistence.node_store import ControlPlane, FlowRequest
 from persistence.serialization import PAYLOADS, Serializer
@@ -103,8 +104,15 @@ class FlowRequestIntake:
         """Why ``request`` cannot be started now, or None."""
         if self._manager.draining:
             return f"node {self._party} is draining: it starts no new flows"
-        if self._cordapps.flow_class(request.flow_class) is None:
+        cls = self._cordapps.flow_class(request.flow_class)
+        if cls is None:
             return f"{request.flow_class} is not a flow in this node's CorDapps"
+        initiator = responder_initiator(cls)
+        if initiator is not None:
+            return (
+                f"{request.flow_class} is a responder (@initiated_by {initiator.__qualname__}): "
+                "its node starts it when a peer opens a session; it cannot be requested"
+            )
         return None
 
     def _refused(self, flow_id: str, flow_class: str, reason: str) -> StoreFlowError:

@@ -153,6 +153,11 @@ class StaticPeerKeys:
         self._keys[name] = public_key
         self._agreement_keys[name] = agreement_key
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (a node that left the network)."""
+        self._keys.pop(name, None)
+        self._agreement_keys.pop(name, None)
+
     def public_key(self, name: str) -> bytes | None:
         """The raw Ed25519 public key of ``name``, or None if it is not known."""
         return self._keys.get(name)
@@ -169,8 +174,10 @@ class StaticPeerKeys:
 class NetworkMapPeerKeys:
     """Public keys from the network map directory.
 
-    The map is read again at most every :attr:`RELOAD_SECONDS` when a name is unknown, and
-    at least every :attr:`REFRESH_SECONDS` anyway, so that a key whose node-info no longer
+    The map is read again when a name is unknown and the map's directory changed since the
+    last reading (a node-info was published: one ``stat`` tells), or at most every
+    :attr:`RELOAD_SECONDS` when a name is unknown, and at least every
+    :attr:`REFRESH_SECONDS` anyway, so that a key whose node-info no longer
     verifies (expired, replaced, removed) stops being trusted within seconds, and a changed
     agreement key is followed as soon (the node's
     :class:`~messaging.pair_keys.PairKeyCache` recomputes the pair keys when it sees it).
@@ -191,6 +198,8 @@ class NetworkMapPeerKeys:
         """By node name: its Ed25519 public key (None if absent or not hex), its agreement key."""
         self._refusals: dict[str, str] = {}
         self._loaded_at = -1e9
+        self._loaded_stamp: int | None = None
+        """The map directory's modification time at the last reading (publishing changes it)."""
         self._lock = threading.Lock()
 
     def public_key(self, name: str) -> bytes | None:
@@ -218,10 +227,21 @@ class NetworkMapPeerKeys:
 
     def _stale(self, unknown: bool) -> bool:
         age = time.monotonic() - self._loaded_at
-        return age > self.REFRESH_SECONDS or (unknown and age > self.RELOAD_SECONDS)
+        if age > self.REFRESH_SECONDS:
+            return True
+        return unknown and (
+            age > self.RELOAD_SECONDS or self._directory_stamp() != self._loaded_stamp
+        )
+
+    def _directory_stamp(self) -> int | None:
+        try:
+            return self._map.directory.stat().st_mtime_ns
+        except OSError:
+            return None
 
     def _reload(self) -> None:
         self._loaded_at = time.monotonic()
+        self._loaded_stamp = self._directory_stamp()
         try:
             scan = self._map.scan()
         except NetworkMapError:

@@ -40,6 +40,7 @@ from flows.fiber import GreenletFiberFactory
 from flows.flow_logic import FlowLogic
 from flows.flow_requests import FlowRequestIntake, encode_arguments
 from flows.identity import NodeIdentity, PeerKeys
+from flows.instruments import NodeInstruments
 from flows.node_config import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.operations import OperatorCommands
 from flows.party import Party
@@ -71,8 +72,15 @@ from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.hibernation import HibernationPolicy
 from statemachine.manager import StateMachineManager
-from statemachine.partitions import partition_of, partition_of_message
-from statemachine.ports import Clock, FailurePolicy, InboundMessage
+from statemachine.partitions import partition_of, partition_of_message, sending_flow_of_message
+from statemachine.ports import (
+    CheckpointStore,
+    Clock,
+    FailurePolicy,
+    FiberFactory,
+    InboundMessage,
+    OutboxRow,
+)
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
@@ -117,6 +125,30 @@ class UntrustedCheckpointError(FiberflowError):
     """A flow cannot be retried: its stored checkpoint still fails its integrity check."""
 
 
+def log_flow_failure(end: FlowEnd) -> None:
+    """Log a flow that failed because its code raised: one ERROR line, then the traceback."""
+    if end.error is None or not end.traceback:
+        return
+    log.error(
+        "flow %s (%s) failed: %s: %s\n%s",
+        end.flow_id,
+        end.flow_class,
+        end.error.exception_class,
+        end.error.message,
+        end.traceback.rstrip(),
+    )
+
+
+class RetryFailedError(FiberflowError):
+    """An operator's retry replayed the flow and it went straight back to the hospital."""
+
+
+def _error_text(error: FlowError) -> str:
+    """``Class: message`` of a stored flow error (its class's last name)."""
+    name = error.exception_class.rpartition(".")[2] or error.kind.name
+    return f"{name}: {error.message}" if error.message else name
+
+
 class FlowHandle(Generic[T]):
     """A started flow: its id, and its result once it has finished."""
 
@@ -153,6 +185,7 @@ class Node:
         hospital: FailurePolicy | None = None,
         busy: BusyMonitor | None = None,
         relay_factory: RelayFactory | None = None,
+        instruments: NodeInstruments | None = None,
     ) -> None:
         """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
 
@@ -172,6 +205,9 @@ class Node:
 
         ``relay_factory`` builds the outbox relay from the outbox and the authenticator instead (the
         peer-to-peer topology's bridges, :class:`~messaging.bridges.BridgeManager`).
+
+        ``instruments`` observe the node (:mod:`flows.instruments`: the Prometheus metrics of
+        :mod:`flows.metrics`); without them the node runs no hook at all.
         """
         self.hospital = hospital
         if identity.name != config.name:
@@ -227,6 +263,7 @@ class Node:
             self.relay = OutboxRelay(
                 messaging, self.database.outbox, on_boundary, authenticator=self.authenticator
             )
+        self.relay.abandon = self.abandoned_reason
         self.wakeup = threading.Event()
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
         self.busy = busy or BusyMonitor()
@@ -249,13 +286,20 @@ class Node:
             payloads=self.payloads,
             max_payload_bytes=self.codec.max_payload_bytes,
             operations=self.operations,
+            unknown_party=self.unknown_party,
         )
+        self._instruments = instruments
+        store: CheckpointStore = self.database.checkpoints
+        fiber_factory: FiberFactory = fibers
+        if instruments is not None:
+            store = instruments.checkpoint_store(store)
+            fiber_factory = instruments.fibers(fibers)
         self.manager = StateMachineManager(
             our_identity=config.name,
-            store=self.database.checkpoints,
+            store=store,
             codec=self.codec,
             outbound=self.relay,
-            fibers=fibers,
+            fibers=fiber_factory,
             responders=self.cordapps,
             acknowledge=self._acknowledge,
             clock=self.clock,
@@ -273,6 +317,7 @@ class Node:
             compatibility=self.cordapps.compatibility_problem,
         )
         self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
+        self.manager.add_end_listener(log_flow_failure)
         self.flow_requests = FlowRequestIntake(
             party=self.party,
             control=self.database.control,
@@ -291,10 +336,10 @@ class Node:
                 "kill": self.kill_flow,
                 "pause": self.pause_flow,
                 "resume": self.resume_flow,
-                "retry": self.retry_flow,
+                "retry": self.retry_and_observe,
             },
             set_draining=self.set_draining,
-            refusals=(KeyError, UntrustedCheckpointError),
+            refusals=(KeyError, UntrustedCheckpointError, RetryFailedError),
         )
         """Carries out the operator commands queued in the database."""
         schedules = self.database.schedules
@@ -309,6 +354,8 @@ class Node:
         """The partitions of the node's flows this node runs: None for a node run as one
         process (all of them); for a worker of a node run by several workers, those its lease
         held when the node started (:mod:`persistence.lease`; a change rebuilds the node)."""
+        if instruments is not None:
+            instruments.bind(self)
 
     def _check_running(self) -> None:
         if self._stopped:
@@ -333,6 +380,11 @@ class Node:
         """Settle the transport delivery an inbound message came from."""
         if isinstance(inbound.delivery, Message):
             self.messaging.acknowledge(inbound.delivery)
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopped
 
     @property
     def lease(self) -> NodeLease | None:
@@ -503,6 +555,55 @@ class Node:
         self.manager.retry_flow(stored.checkpoint)  # its row shows the status it resumes with
         self.wakeup.set()
 
+    def abandoned_reason(self, row: OutboxRow) -> str | None:
+        """Why the relay should stop trying ``row``, whose target it cannot reach, or None.
+
+        Only a row for a party off the network map is ever given up: if an operator dropped
+        it (``fiberflow outbox drop``), or the flow that sent it has ended (killed, failed,
+        or finished: no checkpoint left). A live flow's row is kept and tried again (the
+        party may join again); ``fiberflow outbox list`` shows it.
+        """
+        if self.knows_party(row.target):
+            return None
+        if not self.database.outbox.contains(row.message_id):
+            return "dropped by an operator"
+        flow_id = sending_flow_of_message(row.message_id, row.target)
+        if flow_id is None:
+            return None
+        if self.manager.flow_state(flow_id) is not None or self.manager.is_dormant(flow_id):
+            return None
+        if self.database.checkpoints.has_checkpoint(flow_id):
+            return None
+        return f"{row.target} is not on the network map and flow {flow_id} has ended"
+
+    def knows_party(self, name: str) -> bool:
+        """True if the network map has an entry for party ``name`` that verified (or it is us)."""
+        return name == self.config.name or self.peers.agreement_key(name) is not None
+
+    def unknown_party(self, name: str) -> str | None:
+        """Why party ``name`` cannot be reached (not on the network map, its entry refused)."""
+        if self.knows_party(name):
+            return None
+        refusal = self.peers.refusal(name)
+        if refusal is not None:
+            return f"its node-info on the network map is refused ({refusal})"
+        return "it is not on this node's network map (check the name)"
+
+    def retry_and_observe(self, flow_id: str) -> None:
+        """Retry a hospitalized flow and replay it at once (the operator's ``flow retry``).
+
+        Raises :class:`RetryFailedError` with the reason when the replay sends the flow
+        straight back to the hospital (the fix is not there yet), so the command answers
+        with that rather than ``ok``.
+        """
+        self.retry_flow(flow_id)
+        self.run_once()  # the replay, now: the answer says what became of the flow
+        state = self.manager.flow_state(flow_id)
+        if state is not None and state.status is FlowStatus.HOSPITALIZED:
+            error = state.checkpoint.error
+            reason = "no reason recorded" if error is None else _error_text(error)
+            raise RetryFailedError(f"flow {flow_id} went straight back to the hospital: {reason}")
+
     @property
     def draining(self) -> bool:
         """True while the node refuses new flows (local or from peers)."""
@@ -611,7 +712,7 @@ class Node:
         if stored is None:
             raise KeyError(f"no flow {flow_id} on {self.party}")
         if stored.error is not None:
-            raise exception_from_error(stored.error)
+            raise exception_from_error(stored.error, stored.traceback)
         assert stored.result is not None
         return self.payloads.decode(stored.result)
 
@@ -639,6 +740,8 @@ class Node:
         did_work = self.relay.retry_due()
         did_work = self.manager.run_once() or did_work
         self.relay.flush()
+        if self._instruments is not None:
+            self._instruments.after_round()
         return did_work
 
     def next_deadline(self) -> float | None:
@@ -662,6 +765,7 @@ __all__ = [
     "encode_arguments",
     "NodeDrainingError",
     "NodeStoppedError",
+    "RetryFailedError",
     "UntrustedCheckpointError",
     "NodeConfig",
     "SystemClock",

@@ -15,9 +15,12 @@ import secrets
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import attrs
 from sqlalchemy import select
 
 from flows.network_map import NetworkMap, NetworkMapError, node_key
@@ -76,36 +79,52 @@ def outbox_by_peer(config: RuntimeConfig, database: Any) -> list[dict[str, Any]]
     with database.engine.connect() as connection:
         for target, created_at in connection.execute(select(table.c.target, table.c.created_at)):
             waiting[target].append(int(created_at))
-    network_map = NetworkMap(config.network_map) if config.network_map else None
-    verdicts: dict[str, str] = {}
-    if network_map is not None:
-        root = _root(config)
-        rooted = NetworkMap(network_map.directory, root) if root is not None else network_map
-        try:
-            scan = rooted.scan()
-        except NetworkMapError as error:
-            scan = None
-            verdicts = {peer: f"network map unreadable: {error}" for peer in waiting}
-        if scan is not None:
-            accepted = {info.name: info.transport for _, info in scan.accepted}
-            refused = {path.stem: reason for path, reason in scan.rejected}
-            for peer in waiting:
-                if peer in accepted:
-                    verdicts[peer] = f"in the network map at {accepted[peer]}"
-                elif node_key(peer) in refused:
-                    verdicts[peer] = f"node-info refused: {refused[node_key(peer)]}"
-                else:
-                    verdicts[peer] = "not in the network map (left, or never joined)"
+    verdicts = peer_verdicts(config, waiting)
     now = time.time() * 1000
     return [
         {
             "peer": peer,
             "messages": len(times),
             "oldest_seconds": round((now - min(times)) / 1000, 1),
-            "network_map": verdicts.get(peer, "no network map configured"),
+            "network_map": verdicts[peer].text,
+            "on_network_map": verdicts[peer].on_map,
         }
         for peer, times in sorted(waiting.items())
     ]
+
+
+@attrs.frozen
+class PeerVerdict:
+    """What the node's network map says of a peer."""
+
+    on_map: bool | None
+    """True: its node-info is accepted; False: absent or refused; None: no map to ask."""
+    text: str
+    """The verdict in words (where it is, or why it is not there)."""
+
+
+def peer_verdicts(config: RuntimeConfig, peers: Iterable[str]) -> dict[str, PeerVerdict]:
+    """What the node's network map (as its config names it) says of each of ``peers``."""
+    peers = list(peers)
+    directory = config.network_map or Path("network-map")  # the node process's default
+    if not directory.is_dir():
+        return {peer: PeerVerdict(None, f"no network map at {directory}") for peer in peers}
+    root = _root(config)
+    try:
+        scan = NetworkMap(directory, root).scan()
+    except NetworkMapError as error:
+        return {peer: PeerVerdict(None, f"network map unreadable: {error}") for peer in peers}
+    accepted = {info.name: info.transport for _, info in scan.accepted}
+    refused = {path.stem: reason for path, reason in scan.rejected}
+    verdicts = {}
+    for peer in peers:
+        if peer in accepted:
+            verdicts[peer] = PeerVerdict(True, f"in the network map at {accepted[peer]}")
+        elif node_key(peer) in refused:
+            verdicts[peer] = PeerVerdict(False, f"node-info refused: {refused[node_key(peer)]}")
+        else:
+            verdicts[peer] = PeerVerdict(False, "not in the network map (left, or never joined)")
+    return verdicts
 
 
 def _root(config: RuntimeConfig) -> Any:

@@ -9,6 +9,10 @@ One process runs a node at a time: at start the process takes the node's lease
 node refuses to start with one line naming the holder (exit status 2). A process that loses
 the lease (it was paused or cut off past its expiry and another took over) commits nothing
 more and exits with status 3.
+
+With an ``[rpc]`` section in its config the process also serves the node's HTTP API
+(:mod:`flows.rpc`) on a thread, from when it holds the lease until it stops; an address in
+use or a bad certificate is a start-up failure (exit status 2).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -42,7 +46,11 @@ from messaging.authentication import MessageAuthenticator
 from messaging.bridges import BridgeManager
 from messaging.inbound_set import InboundSet
 from messaging.relay import OutboxStore, Relay
-from messaging.service import MessagingService
+from messaging.service import (
+    MessagingService,
+    TransportAuthenticationError,
+    fatal_transport_error,
+)
 from messaging.tls import TlsSetupError
 from messaging.transports import open_transport
 from persistence.engine import is_permanent_connect_error
@@ -56,9 +64,13 @@ from persistence.lease import (
     application_name,
 )
 from persistence.lease_keeper import LeaseKeeper
+from persistence.migration import SchemaVersionError
 from persistence.store import NodeDatabase
 from statemachine.limits import WORKER_NAME_CHARS
 from statemachine.partitions import partition_ranges
+
+if TYPE_CHECKING:
+    from flows.metrics import MetricsServer, NodeMetrics
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -74,13 +86,14 @@ EXIT_LEASE_LOST = 3
 """Exit status of a node process that lost its lease to another process."""
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """The first line of an error's message (drivers add hints and SQL on later lines)."""
     text = str(getattr(error, "orig", None) or error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _safe_url(url: str) -> str:
+def url_without_password(url: str) -> str:
+    """``url`` with its password hidden (for messages and logs)."""
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
         credentials, host = rest.rsplit("@", 1)
@@ -112,6 +125,7 @@ class NodeProcess:
         self._last_failure = 0.0
         self._next_poll = 0.0
         self._identity_cache: NodeIdentity | None = None
+        self._identity_note = ""
         self.trust = NodeTrust()
         """The network root the node trusts and its certificate (loaded at start)."""
         self._started_at = time.time()
@@ -123,6 +137,17 @@ class NodeProcess:
         self._watchdog: BusyWatchdog | None = None
         self.lease_lost: LeaseLostError | None = None
         """Set when the lease was lost: the process stops and exits with status 3."""
+        self.refused: TransportAuthenticationError | None = None
+        """Set when the transport refused the node's login while it ran: the process stops
+        and exits with status 2 (retrying cannot help)."""
+        self.metrics: NodeMetrics | None = None
+        """The node's Prometheus metrics, with the config's ``[metrics]`` (across rebuilds)."""
+        self.metrics_server: MetricsServer | None = None
+        """The HTTP server serving them, while the process runs."""
+        self.rpc_server: Any = None
+        """The API server (:class:`flows.rpc.server.RpcServer`) while it serves, else None."""
+        self.metrics_app: Any = None
+        """An ASGI app the API serves at ``/metrics`` (set before :meth:`run`), or None."""
 
     def request_stop(self) -> None:
         """Ask the loop to stop after its current round (safe from any thread)."""
@@ -149,6 +174,11 @@ class NodeProcess:
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        if config.rpc is not None:
+            problem = config.rpc.worker_problem(self.worker_name)
+            if problem is not None:
+                log.error("%s: %s; refusing to start", config.name, problem)
+                return EXIT_REFUSED
         self._identity_cache = self._identity()
         try:
             self.trust = NodeTrust.load(
@@ -162,6 +192,41 @@ class NodeProcess:
         except TlsSetupError as error:
             log.error("%s: %s; refusing to start", config.name, error)
             return EXIT_REFUSED
+        if not self._serve_metrics():
+            return EXIT_REFUSED
+        try:
+            return self._run_serving_metrics()
+        finally:
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
+
+    def _serve_metrics(self) -> bool:
+        """Serve the metrics if the config has ``[metrics]``; False if the port is taken.
+
+        ``prometheus_client`` is imported here, only when metrics are configured.
+        """
+        settings = self.config.metrics
+        if settings is None:
+            return True
+        from flows.metrics import MetricsServerError, NodeMetrics, serve_metrics
+
+        self.metrics = NodeMetrics()
+        try:
+            self.metrics_server = serve_metrics(self.metrics, settings.address, settings.port)
+        except MetricsServerError as error:
+            log.error("%s: %s; refusing to start", self.config.name, error)
+            return False
+        log.info(
+            "%s: metrics at http://%s:%d/metrics",
+            self.config.name,
+            settings.address,
+            self.metrics_server.port,
+        )
+        return True
+
+    def _run_serving_metrics(self) -> int:
+        config = self.config
         lease_database = self._open_database()
         if lease_database is None:
             return EXIT_REFUSED
@@ -186,6 +251,14 @@ class NodeProcess:
                 )
                 return EXIT_REFUSED
             self.lease = lease
+            try:
+                serving = self._start_rpc()  # before any line is logged: a failure is one line
+            except BaseException:
+                lease.release()
+                raise
+            if not serving:
+                lease.release()
+                return EXIT_REFUSED
             keeper = LeaseKeeper(
                 lease,
                 self._on_lease_lost,
@@ -205,6 +278,7 @@ class NodeProcess:
             try:
                 return self._run_holding_lease(lease)
             finally:
+                self._stop_rpc()
                 watchdog.close()
                 self._watchdog = None
                 keeper.stop()
@@ -221,7 +295,7 @@ class NodeProcess:
         Returns None when the node must not start (the reason was logged).
         """
         config = self.config
-        url = _safe_url(config.database_url)
+        url = url_without_password(config.database_url)
         deadline = time.monotonic() + config.database_wait_seconds
         attempt = 0
         while True:
@@ -233,8 +307,11 @@ class NodeProcess:
                     schema_name=config.database_schema,
                     application_name=application_name(self.worker.worker_id),
                 )
+            except SchemaVersionError as error:
+                log.error("%s: %s; refusing to start", config.name, error)
+                return None
             except (SQLAlchemyError, OSError) as error:
-                problem = _first_line(error)
+                problem = first_line(error)
                 if is_permanent_connect_error(error):
                     log.error("%s: cannot use the database %s: %s", config.name, url, problem)
                     return None
@@ -314,6 +391,7 @@ class NodeProcess:
     def _run_holding_lease(self, lease: NodeLease) -> int:
         config = self.config
         node = self._build_node()
+        log.info("%s", self._identity_note)
         self._publish(node)
         tune_collector()  # after start-up: what it built is frozen (flows/gc_tuning.py)
         log.info(
@@ -324,9 +402,9 @@ class NodeProcess:
             self.worker.describe() if self.worker_name else self.worker.worker_id[:8],
             max(lease.epochs.values(), default=0),
             node.restored_flows,
-            _safe_url(config.database_url),
+            url_without_password(config.database_url),
             node.resent_messages,
-            _safe_url(config.transport_url),
+            url_without_password(config.transport_url),
             ", ".join(config.cordapps) or "none",
         )
         log.info("%s: amqps:// connections: %s", config.name, config.tls_settings().describe())
@@ -337,9 +415,98 @@ class NodeProcess:
             assert final is not None
             self._write_status(final, running=False)
             final.stop()
-            if self.lease_lost is None:
+            if self.lease_lost is None and self.refused is None:
                 log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
-        return EXIT_LEASE_LOST if self.lease_lost is not None else 0
+        if self.lease_lost is not None:
+            return EXIT_LEASE_LOST
+        return EXIT_REFUSED if self.refused is not None else 0
+
+    def _start_rpc(self) -> bool:
+        """Serve the API if the config asks for it; False (logged) if it cannot be served."""
+        rpc = self.config.rpc
+        if rpc is None:
+            return True
+        port = rpc.port_for(self.worker_name)
+        if port is None:
+            log.info(
+                "%s: worker %r serves no API (rpc.worker_ports does not name it)",
+                self.config.name,
+                self.worker_name,
+            )
+            return True
+        from flows.rpc.service import RpcStartError, start_rpc_server
+
+        assert self._identity_cache is not None
+        if self.metrics_app is None and self.metrics is not None:  # [metrics] too: at /metrics
+            from flows.metrics import metrics_asgi_app
+
+            self.metrics_app = metrics_asgi_app(self.metrics)
+        try:
+            self.rpc_server = start_rpc_server(
+                self.config,
+                port,
+                mac_key=self._identity_cache.mac_key(),
+                ready=self._ready,
+                process_info=self._process_info,
+                metrics_app=self.metrics_app,
+            )
+        except RpcStartError as error:
+            log.error("%s: %s; refusing to start", self.config.name, error)
+            return False
+        return True
+
+    def _stop_rpc(self) -> None:
+        if self.rpc_server is not None:
+            self.rpc_server.stop()
+            self.rpc_server = None
+
+    def _ready(self) -> bool:
+        """True while the process holds the node's lease and serves (``GET /ready``)."""
+        lease = self.lease
+        return (
+            self.node is not None
+            and lease is not None
+            and lease.held
+            and self.lease_lost is None
+            and not self._stop.is_set()
+        )
+
+    def _process_info(self) -> dict[str, Any]:
+        """What ``GET /api/node`` says of this process."""
+        node, lease = self.node, self.lease
+        partitions: str | None = None  # not running
+        if node is not None:
+            partitions = "all" if node.partitions is None else partition_ranges(node.partitions)
+        return {
+            "pid": os.getpid(),
+            "worker": self.worker_name,
+            "worker_id": self.worker.worker_id,
+            "started_at": self._started_at,
+            "lease_held": bool(lease is not None and lease.held and self.lease_lost is None),
+            "lease_epoch": max(lease.epochs.values(), default=0) if lease is not None else None,
+            "partitions": partitions,
+            "topology": self.config.topology,
+        }
+
+    def _refused_by_transport(self, error: TransportAuthenticationError) -> None:
+        """The transport refused the node's login: stop (every flow stays checkpointed)."""
+        if self.refused is None:
+            self.refused = error
+            log.error(
+                "%s: %s; stopping the node (every unfinished flow is checkpointed): fix the "
+                "credentials in transport_url and start it again",
+                self.config.name,
+                error,
+            )
+        self.request_stop()
+
+    def _check_transport(self, node: Node) -> bool:
+        """False (and the node stopping) if its transport can no longer work."""
+        error = fatal_transport_error(node.messaging)
+        if error is None:
+            return True
+        self._refused_by_transport(error)
+        return False
 
     def _build_node(self) -> Node:
         """A node from the config, started: flows restored, flows kept in the hospital kept."""
@@ -377,6 +544,7 @@ class NodeProcess:
             hospital=self.hospital,
             busy=self.busy,
             relay_factory=self._bridges(network_map) if config.topology == "p2p" else None,
+            instruments=None if self.metrics is None else self.metrics.instruments(),
         )
         self.node = node
         if self._stop.is_set():
@@ -440,6 +608,9 @@ class NodeProcess:
             except LeaseLostError as lost:
                 self._on_lease_lost(lost)
                 return
+            except TransportAuthenticationError as refused:
+                self._refused_by_transport(refused)
+                return
             except Exception as rebuild_error:  # still down: keep trying, backing off
                 self.hospital.diagnose(rebuild_error)
                 delay = self.hospital.backoff_seconds()
@@ -457,13 +628,10 @@ class NodeProcess:
         path = self.config.key_file
         created = not path.exists()
         identity = load_or_create_identity(path, self.config.name)
-        log.info(
-            "%s: %s key pair %s (public key %s)",
-            self.config.name,
-            "created" if created else "loaded",
-            path,
-            identity.public_key_hex[:16] + "...",
-        )
+        self._identity_note = (
+            f"{self.config.name}: {'created' if created else 'loaded'} key pair {path} (public "
+            f"key {identity.public_key_hex[:16]}...)"
+        )  # logged once the node has its database: a failed start stays one line
         return identity
 
     def _publish(self, node: Node) -> None:
@@ -502,11 +670,16 @@ class NodeProcess:
                 continue
             node = self.node
             assert node is not None
+            if not self._check_transport(node):
+                break
             node.wakeup.clear()
             try:
                 worked = self._round(node)
             except LeaseLostError as error:
                 self._on_lease_lost(error)
+                break
+            except TransportAuthenticationError as refused:
+                self._refused_by_transport(refused)
                 break
             except NodeStopping as stopping:
                 log.warning(
@@ -646,8 +819,17 @@ def worker_status_path(path: Path, worker: str) -> Path:
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The levels ``log_level`` and ``--log-level`` take."""
-CHATTY_LIBRARIES = ("pika",)
-"""Libraries whose INFO lines (every connection step) are shown only at DEBUG."""
+CHATTY_LIBRARIES = ("pika", "alembic")
+"""Libraries whose INFO lines (every connection step; Alembic's at every schema check) are
+shown only at DEBUG."""
+CONNECTION_FAILURE_LOGGERS = (
+    "pika.adapters.blocking_connection",
+    "pika.adapters.utils.connection_workflow",
+    "pika.adapters.utils.io_services_utils",
+    "pika.connection",
+)
+"""pika's loggers that report a failed connection attempt in ten ERROR lines and a traceback:
+shown only at DEBUG, since fiberflow reports each attempt (and a final failure) in one line."""
 
 
 def configure_logging(level: str) -> None:
@@ -663,6 +845,9 @@ def configure_logging(level: str) -> None:
     quiet = logging.DEBUG if level == "DEBUG" else max(logging.WARNING, getattr(logging, level))
     for library in CHATTY_LIBRARIES:
         logging.getLogger(library).setLevel(quiet)
+    silent = logging.DEBUG if level == "DEBUG" else logging.CRITICAL
+    for name in CONNECTION_FAILURE_LOGGERS:
+        logging.getLogger(name).setLevel(silent)
 
 
 def run_node(
@@ -683,7 +868,20 @@ def run_node(
         print(f"fiberflow node run: {error}", file=sys.stderr)
         return 2
     configure_logging(log_level or config.log_level)
-    return NodeProcess(config, worker_name=worker).run()
+    try:
+        return NodeProcess(config, worker_name=worker).run()
+    except Exception as error:  # a start-up failure: one line; the traceback at DEBUG only
+        log.debug("%s: the node could not start", config.name, exc_info=True)
+        print(f"fiberflow node run: {config.name}: {startup_problem(error)}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+def startup_problem(error: BaseException) -> str:
+    """One line saying why a command could not start: the error's class and first line.
+
+    (Run with ``--log-level DEBUG`` for the traceback.)
+    """
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def worker_name_problem(name: str) -> str | None:

@@ -33,9 +33,14 @@
                                              # from; it drains them until they are removed
     require_tls = false                      # optional, p2p: send only to peers whose inbound
                                              # is TLS-verified (amqps://, sslmode=verify-full)
+    [metrics]                                # optional: serve Prometheus metrics at
+    address = "127.0.0.1"                    # http://address:port/metrics (the default
+    port = 9464                              # address; port required, 0: any free port)
     [bridge_credentials."O=Bob,L=New York,C=US"]   # optional, p2p: how this node logs into
     user = "alice"                                 # a peer's transport ("*": any peer not
     password = "secret"                            # named); the peer's operator made them
+    [rpc]                                    # optional: the node's HTTP API and its users
+    port = 8080                              # (flows.rpc.config, docs/rpc.md)
 
 With ``network_root`` the node trusts only node-infos certified by that root and signed by
 their node (:mod:`flows.network_trust`), and ``certificate`` (issued to it by the root) is
@@ -61,14 +66,17 @@ from typing import Any
 import attrs
 
 from flows.cordapps import CordappError, Cordapps
+from flows.markings import is_startable_by_rpc
 from flows.network_map import NodeInfo, NodeInfoSigner, node_key
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.node_config import DEFAULT_HIBERNATE_AFTER
 from flows.party import Party
+from flows.rpc.config import ALL_FLOWS, RpcConfig, parse_rpc_section
 from messaging.codec import wire_limits_problem
 from messaging.peer_senders import Credentials, public_address
 from messaging.tls import TlsSettings
 from messaging.transports import TransportUrlError, transport_scheme
+from persistence.engine import database_url_problem
 from persistence.lease import DEFAULT_LEASE_SECONDS
 from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 
@@ -97,6 +105,8 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "bridge_credentials": dict,
     "former_inbounds": list,
     "require_tls": bool,
+    "metrics": dict,
+    "rpc": dict,
 }
 _REQUIRED = ("name", "database_url", "transport_url")
 
@@ -113,6 +123,16 @@ DEFAULT_BUSY_WARNING_SECONDS = 5.0
 """A flow whose code runs this long without suspending is logged (and shown as RUNNING)."""
 DEFAULT_DATABASE_WAIT_SECONDS = 60.0
 """How long a starting node retries a database that refuses connections."""
+
+
+@attrs.frozen
+class MetricsSettings:
+    """Where a node process serves its Prometheus metrics (the ``[metrics]`` section)."""
+
+    port: int
+    """The TCP port (0: one the OS picks, logged at start)."""
+    address: str = "127.0.0.1"
+    """The address to listen on (the default: this machine only)."""
 
 
 @attrs.frozen
@@ -160,6 +180,10 @@ class RuntimeConfig:
     former_inbounds: tuple[str, ...] = ()
     """Inbounds this node moved away from: it keeps consuming them (peers may have sent
     there before they saw its new address) until the operator removes them."""
+    metrics: MetricsSettings | None = None
+    """Where to serve Prometheus metrics (None: not served, ``prometheus_client`` not loaded)."""
+    rpc: RpcConfig | None = None
+    """The node's HTTP API (``[rpc]``), or None: the node serves none."""
 
     def tls_settings(self) -> TlsSettings:
         """What the node's ``amqps://`` connections trust and present (:mod:`messaging.tls`).
@@ -246,12 +270,13 @@ def config_from_mapping(
     if not all(isinstance(c, str) for c in cordapps):
         raise fail("cordapps", "must be a list of module names")
     try:
-        Cordapps(cordapps)
+        installed = Cordapps(cordapps)
     except CordappError as error:
         raise fail("cordapps", str(error)) from None
     database_url = _resolve_sqlite(document["database_url"], base)
-    if "://" not in database_url:
-        raise fail("database_url", f"{database_url!r} is not a URL (e.g. sqlite:///alice.db)")
+    problem = database_url_problem(database_url)
+    if problem is not None:
+        raise fail("database_url", problem)
     transport_url = _resolve_sqlite(document["transport_url"], base)
     try:
         transport_scheme(transport_url)
@@ -345,6 +370,11 @@ def config_from_mapping(
             raise fail("former_inbounds", str(error)) from None
         if url == transport_url:
             raise fail("former_inbounds", "lists the current transport_url")
+    metrics = _metrics_settings(document.get("metrics"), fail)
+    rpc = None
+    if "rpc" in document:
+        rpc = parse_rpc_section(document["rpc"], base, fail)
+        _check_startable(rpc, installed, fail)
     return RuntimeConfig(
         name=document["name"],
         database_url=database_url,
@@ -370,7 +400,46 @@ def config_from_mapping(
         bridge_credentials=credentials,
         former_inbounds=former_inbounds,
         require_tls=require_tls,
+        metrics=metrics,
+        rpc=rpc,
     )
+
+
+def _check_startable(
+    rpc: RpcConfig, installed: Cordapps, fail: Callable[[str, str], ConfigError]
+) -> None:
+    """Each class a user's ``start`` names must be a ``@startable_by_rpc`` flow of the node."""
+    for user in rpc.users:
+        for name in user.start:
+            if name == ALL_FLOWS:
+                continue
+            cls = installed.flow_class(name)
+            if cls is None:
+                raise fail(f"rpc.users[{user.name}].start", f"{name} is not a flow in cordapps")
+            if not is_startable_by_rpc(cls):
+                raise fail(
+                    f"rpc.users[{user.name}].start", f"{name} is not marked @startable_by_rpc"
+                )
+
+
+def _metrics_settings(
+    table: dict[str, Any] | None, fail: Callable[[str, str], ConfigError]
+) -> MetricsSettings | None:
+    """The ``[metrics]`` section checked: a port (0 to 65535) and an optional address."""
+    if table is None:
+        return None
+    unknown = sorted(set(table) - {"address", "port"})
+    if unknown:
+        raise fail(f"metrics.{unknown[0]}", "unknown field (known: address, port)")
+    if "port" not in table:
+        raise fail("metrics.port", "missing (required in [metrics])")
+    port = table["port"]
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise fail("metrics.port", f"must be a port number from 0 to 65535, not {port!r}")
+    address = table.get("address", "127.0.0.1")
+    if not isinstance(address, str) or not address:
+        raise fail("metrics.address", f"must be a host name or IP address, not {address!r}")
+    return MetricsSettings(port=port, address=address)
 
 
 def _bridge_credentials(

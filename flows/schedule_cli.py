@@ -25,6 +25,7 @@ from flows.flow_logic import FlowLogic
 from flows.party import Party
 from flows.runtime_config import ConfigError, load_config
 from flows.schedules import MISSED_POLICIES, ScheduleError, listing
+from persistence.migration import NodeDatabaseMissingError, SchemaVersionError
 from persistence.schedule_store import ScheduleExistsError
 
 
@@ -59,7 +60,11 @@ def run_schedule_command(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"fiberflow schedule: {error}", file=sys.stderr)
         return 2
-    client = NodeClient(config.database_url, database_schema=config.database_schema)
+    try:
+        client = NodeClient(config.database_url, database_schema=config.database_schema)
+    except (NodeDatabaseMissingError, SchemaVersionError) as error:
+        print(f"fiberflow schedule: {error}", file=sys.stderr)
+        return 2
     try:
         if args.schedule_command == "add":
             flow = _flow(args.flow, args.args, args.kwargs)

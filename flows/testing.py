@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flows.flow_logic import FlowLogic
 from flows.hospital import Hospital
@@ -28,9 +28,12 @@ from flows.party import Party
 from messaging.inmemory import Faults, InMemoryNetwork
 from persistence.engine import drop_schema
 from persistence.memory_store import MEMORY_URL
-from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
+from persistence.serialization import DEFAULT_LIMITS, SerializationLimits, qualified_name
 from statemachine.executor import AFTER_COMMIT_ORDER, IN_TRANSACTION_ORDER
 from statemachine.state import FlowStatus
+
+if TYPE_CHECKING:
+    from flows.metrics import NodeMetrics
 
 T = TypeVar("T")
 
@@ -89,9 +92,13 @@ the fibers' (every suspension; a suspension answered from the journal during a r
 class MockNode:
     """A node of a :class:`MockNetwork`."""
 
-    def __init__(self, network: MockNetwork, config: NodeConfig) -> None:
+    def __init__(
+        self, network: MockNetwork, config: NodeConfig, metrics: NodeMetrics | None = None
+    ) -> None:
         self._network = network
         self.config = config
+        self.metrics = metrics
+        """The node's Prometheus metrics, if it was created with them (kept across restarts)."""
         self.party = Party(config.name)
         self.boundary_counts: Counter[str] = Counter()
         self.crashes = 0
@@ -164,6 +171,7 @@ class MockNode:
                 identity=self.identity,
                 peers=self._network.peer_keys,
                 hospital=self.hospital,
+                instruments=None if self.metrics is None else self.metrics.instruments(),
             )
             try:
                 node.start()
@@ -245,6 +253,16 @@ class MockNode:
         """The result of a flow of this node (see ``Node.flow_result``)."""
         return self.node.flow_result(flow_id)
 
+    def completed_flows(self, flow_class: type[FlowLogic[Any]] | None = None) -> list[str]:
+        """Ids of this node's flows that finished with a result (of ``flow_class`` only, if given).
+
+        Oldest first. Crash tests use it to show a flow finished exactly once: a responder
+        the node started twice would have two ids here (``flow_result(id)`` gives each
+        result).
+        """
+        name = None if flow_class is None else qualified_name(flow_class)
+        return self.node.database.checkpoints.completed_flow_ids(name)
+
     def checkpoints(self) -> list[tuple[str, str, str]]:
         """(flow id, flow class, status) of every flow with a stored checkpoint."""
         return self.node.checkpoints()
@@ -322,10 +340,12 @@ class MockNetwork:
         cordapps: Sequence[str] | None = None,
         *,
         limits: SerializationLimits = DEFAULT_LIMITS,
+        metrics: NodeMetrics | None = None,
     ) -> MockNode:
         """Add a node called ``name`` (an X.500 name such as ``O=Alice,L=London,C=GB``).
 
-        ``limits`` bound its payloads and session messages (``NodeConfig.limits``).
+        ``limits`` bound its payloads and session messages (``NodeConfig.limits``);
+        ``metrics`` (:class:`flows.metrics.NodeMetrics`) are fed by the node and its restarts.
         """
         if any(node.name == name for node in self.nodes):
             raise ValueError(f"the network already has a node called {name}")
@@ -352,7 +372,7 @@ class MockNetwork:
             operation_threads=self.operation_threads,
             hibernate_after=self.hibernate_after,
         )
-        node = MockNode(self, config)
+        node = MockNode(self, config, metrics)
         self.nodes.append(node)
         return node
 

@@ -23,8 +23,14 @@ import threading
 import time
 from collections.abc import Sequence
 
-from messaging.authentication import MessageAuthenticator
-from messaging.relay import DeferredDeletes, OutboxStore, ThreadedRelayBase
+from messaging.authentication import CannotAuthenticateError, MessageAuthenticator
+from messaging.relay import (
+    AbandonCheck,
+    DeferredDeletes,
+    OutboxStore,
+    ThreadedRelayBase,
+    log_abandoned,
+)
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
 from statemachine.ports import OutboxRow
 
@@ -81,6 +87,8 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
         """Messages the transport has taken."""
         self.refused = 0
         """Send attempts the transport refused (each one is retried)."""
+        self.abandon: AbandonCheck | None = None
+        """Asked about a row whose target is off the network map (see the Relay protocol)."""
 
     # --- the scheduler's side ---------------------------------------------------------
 
@@ -174,6 +182,8 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
                     self._transport.send_batch([self._prepare(row)])
                     taken.append(row)
                 except Exception as single_error:
+                    if self._abandoned(row, single_error):
+                        continue
                     if not isinstance(single_error, TransportError):
                         log.error(
                             "message %s for %s cannot be sent (%s); it stays in the outbox",
@@ -184,6 +194,20 @@ class BackgroundOutboxRelay(ThreadedRelayBase):
                     self._schedule_retry(row, single_error)
         if taken:
             self._delete([row.message_id for row in taken])
+
+    def _abandoned(self, row: OutboxRow, error: Exception) -> bool:
+        """True if ``row`` (its target off the network map) is no longer to be sent: dropped."""
+        if not isinstance(error, CannotAuthenticateError) or self.abandon is None:
+            return False
+        reason = self.abandon(row)
+        if reason is None:
+            return False
+        self._store.delete_outbox([row.message_id])
+        log_abandoned(row, reason)
+        self._failed_attempts.pop(row.message_id, None)
+        with self._lock:
+            self._outstanding -= 1
+        return True
 
     def _prepare(self, row: OutboxRow) -> tuple[Message, str]:
         message = self._message(row)

@@ -37,9 +37,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 
-from messaging.authentication import MessageAuthenticator
+from messaging.authentication import CannotAuthenticateError, MessageAuthenticator
 from messaging.peer_senders import Credentials, PeerSender, open_peer_sender, with_credentials
-from messaging.relay import OutboxStore, ThreadedRelayBase
+from messaging.relay import AbandonCheck, OutboxStore, ThreadedRelayBase, log_abandoned
 from messaging.service import SESSION_TOPIC, Message, TransportError
 from messaging.tls import TlsContextFactory
 from statemachine.ports import OutboxRow
@@ -154,6 +154,8 @@ class BridgeManager(ThreadedRelayBase):
         """Messages peers' transports confirmed (all bridges)."""
         self.refused = 0
         """Send attempts a peer's transport refused (each one is retried)."""
+        self.abandon: AbandonCheck | None = None
+        """Asked about the rows of a peer off the network map (see the Relay protocol)."""
 
     # --- the Relay protocol ---------------------------------------------------------------
 
@@ -248,8 +250,13 @@ class BridgeManager(ThreadedRelayBase):
             message = self._authenticator.authenticate(message, row.target)
         return message, row.target
 
-    def delete(self, message_ids: list[str], stopping: threading.Event) -> bool:
-        """Delete confirmed rows, retrying while the database is busy; False if given up."""
+    def delete(
+        self, message_ids: list[str], stopping: threading.Event, *, sent: bool = True
+    ) -> bool:
+        """Delete confirmed rows, retrying while the database is busy; False if given up.
+
+        ``sent=False``: rows dropped unsent (not counted as handed off).
+        """
         delay = MIN_BACKOFF_SECONDS
         while True:
             try:
@@ -262,8 +269,9 @@ class BridgeManager(ThreadedRelayBase):
                 stopping.wait(delay)
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
                 continue
-            with self._lock:
-                self.handed_off += len(message_ids)
+            if sent:
+                with self._lock:
+                    self.handed_off += len(message_ids)
             return True
 
     def backoff(self, attempts: int) -> float:
@@ -361,6 +369,8 @@ class _Bridge:
             self._set_state("sending")
             self._sender.send_batch([self._manager.prepare(row) for row in batch])
         except TransportError as error:
+            if isinstance(error, CannotAuthenticateError):  # no key: off the network map
+                self._drop_abandoned()
             self._refused(error, len(batch))
             return
         except Exception as error:  # a row that cannot be framed: find it
@@ -445,9 +455,11 @@ class _Bridge:
 
     def _peer_missing(self, waiting: int) -> None:
         self._close()
+        self._drop_abandoned()
         with self._condition:
             self._address = None
             self._state = "not in the network map"
+            waiting = len(self._rows)
         if not self._said_missing:
             log.warning(
                 "bridge to %s: the peer is not in the network map; %d message(s) kept in the "
@@ -457,6 +469,24 @@ class _Bridge:
             )
             self._said_missing = True
         self._stopping.wait(LOOK_AGAIN_SECONDS)
+
+    def _drop_abandoned(self) -> None:
+        """Drop the rows the node no longer wants sent to this peer (off the network map)."""
+        abandon = self._manager.abandon
+        if abandon is None:
+            return
+        with self._condition:
+            rows = list(self._rows.values())
+        dropped = []
+        for row in rows:
+            reason = abandon(row)
+            if reason is not None:
+                log_abandoned(row, reason)
+                dropped.append(row.message_id)
+        if dropped and self._manager.delete(dropped, self._stopping, sent=False):
+            with self._condition:
+                for message_id in dropped:
+                    self._rows.pop(message_id, None)
 
     def _refused(self, error: Exception, waiting: int) -> None:
         self._close()

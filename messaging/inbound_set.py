@@ -16,7 +16,14 @@ from collections.abc import Sequence
 
 import attrs
 
-from messaging.service import Message, MessageHandler, MessagingService, as_partitioned
+from messaging.service import (
+    Message,
+    MessageHandler,
+    MessagingService,
+    TransportAuthenticationError,
+    as_partitioned,
+    fatal_transport_error,
+)
 
 __all__ = ["InboundSet"]
 
@@ -45,6 +52,15 @@ class InboundSet:
     @property
     def _all(self) -> list[MessagingService]:
         return [self.current, *self.former]
+
+    @property
+    def fatal_error(self) -> TransportAuthenticationError | None:
+        """The first inbound's reason to stop for good, if one has one."""
+        for transport in self._all:
+            error = fatal_transport_error(transport)
+            if error is not None:
+                return error
+        return None
 
     @property
     def my_address(self) -> str:

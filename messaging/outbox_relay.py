@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from messaging.authentication import MessageAuthenticator
-from messaging.relay import OutboxStore
+from messaging.authentication import CannotAuthenticateError, MessageAuthenticator
+from messaging.relay import AbandonCheck, OutboxStore, log_abandoned
 from messaging.service import SESSION_TOPIC, Message, MessagingService, TransportError
 from statemachine.ports import OutboxRow
 
@@ -31,6 +31,8 @@ class _Retry:
     row: OutboxRow
     attempts: int
     due_round: int
+    off_map: bool = False
+    """Its target is not on the network map: no round of a test network can deliver it."""
 
 
 class OutboxRelay:
@@ -59,6 +61,8 @@ class OutboxRelay:
         """Messages the transport has taken (for statistics and benchmarks)."""
         self.refused = 0
         """Send attempts the transport refused (each one is retried)."""
+        self.abandon: AbandonCheck | None = None
+        """Asked about a row whose target is off the network map (see the Relay protocol)."""
 
     def resend_pending(self) -> int:
         """Send every row left in the outbox (node start); returns how many there were."""
@@ -78,6 +82,12 @@ class OutboxRelay:
                 message = self._authenticator.authenticate(message, row.target)
             self._transport.send(message, row.target)
         except Exception as error:  # a refusal, or a row that cannot be framed or tagged
+            if isinstance(error, CannotAuthenticateError) and self.abandon is not None:
+                reason = self.abandon(row)
+                if reason is not None:
+                    self._store.delete_outbox([row.message_id])
+                    log_abandoned(row, reason)
+                    return False
             if not isinstance(error, TransportError):
                 log.error(
                     "message %s for %s cannot be sent (%s); it stays in the outbox",
@@ -90,7 +100,8 @@ class OutboxRelay:
             log.info(
                 "transport refused %s (%s); retry in %d rounds", row.message_id, error, backoff
             )
-            self._retries.append(_Retry(row, attempts + 1, self._round + backoff))
+            off_map = isinstance(error, CannotAuthenticateError)
+            self._retries.append(_Retry(row, attempts + 1, self._round + backoff, off_map))
             return False
         self.handed_off += 1
         self._taken.append(row.message_id)
@@ -110,10 +121,14 @@ class OutboxRelay:
         return True
 
     def retry_all_now(self) -> bool:
-        """Make every waiting retry due at once (a test network that is otherwise idle)."""
+        """Make every waiting retry due at once (a test network that is otherwise idle).
+
+        True if one of them may get through: a row for a target off the network map waits for
+        the map to change, which no round of the network brings about.
+        """
         for retry in self._retries:
             retry.due_round = self._round
-        return bool(self._retries)
+        return any(not retry.off_map for retry in self._retries)
 
     def waiting(self) -> int:
         """Rows refused by the transport and waiting for a retry."""

@@ -15,12 +15,35 @@ the receiver drops the duplicate by its message id.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from statemachine.ports import OutboxRow
 
-__all__ = ["DeferredDeletes", "OutboxStore", "Relay", "ThreadedRelayBase"]
+__all__ = [
+    "AbandonCheck",
+    "DeferredDeletes",
+    "OutboxStore",
+    "Relay",
+    "ThreadedRelayBase",
+    "log_abandoned",
+]
+
+log = logging.getLogger("fiberflow.outbox")
+
+AbandonCheck = Callable[[OutboxRow], "str | None"]
+"""Asked by a relay about a row for a target that is not on the network map: the reason to
+stop trying it (its flow has ended, an operator dropped it), or None to keep trying.
+
+A relay that gets a reason stops retrying the row and deletes it from the outbox (it may
+already be gone). The node gives its relay :meth:`flows.node.Node.abandoned_reason`.
+"""
+
+
+def log_abandoned(row: OutboxRow, reason: str) -> None:
+    """One WARNING line for a row a relay stopped trying."""
+    log.warning("message %s for %s is no longer sent: %s", row.message_id, row.target, reason)
 
 
 class OutboxStore(Protocol):
@@ -60,6 +83,8 @@ class Relay(Protocol):
     """Messages the transport has taken (for statistics and benchmarks)."""
     refused: int
     """Send attempts the transport refused (each one is retried)."""
+    abandon: AbandonCheck | None
+    """Asked before a row for a target off the network map is tried again (None: always)."""
 
     def start(self) -> None:
         """Begin relaying (a threaded relay starts its thread)."""

@@ -74,6 +74,23 @@ class TransportError(Exception):
     """The transport could not take or deliver a message; nothing was lost, try again."""
 
 
+class TransportAuthenticationError(TransportError):
+    """The transport refused this node's credentials (a wrong password, no access).
+
+    Final: trying again cannot help, so nothing retries it; a node process stops with it.
+    """
+
+
+def fatal_transport_error(transport: object) -> TransportAuthenticationError | None:
+    """Why ``transport`` can no longer work, if it says so (its ``fatal_error``), else None.
+
+    A transport that can be refused for good (RabbitMQ refusing the login) has a
+    ``fatal_error`` property; the others never fail for good and have none.
+    """
+    error = getattr(transport, "fatal_error", None)
+    return error if isinstance(error, TransportAuthenticationError) else None
+
+
 class MessagingService(Protocol):
     """A node's connection to the network. See the module docstring for the contract."""
 

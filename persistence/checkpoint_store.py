@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import insert, select
 
@@ -209,8 +210,19 @@ class SqlCheckpointStore:
             row = connection.execute(select(errors).where(errors.c.flow_id == flow_id)).first()
         if row is None:
             return None
-        error = FlowError(ErrorKind(row.error_kind), row.exception_class, row.message)
-        return StoredOutcome(flow_id, row.flow_class, None, error)
+        return _failed_outcome(row)
+
+    def completed_flow_ids(self, flow_class: str | None = None) -> list[str]:
+        """Ids of the flows that finished with a result, oldest first (by time, then id).
+
+        With ``flow_class`` (a qualified class name), only the flows of that class.
+        """
+        table = schema.node_flow_results
+        query = select(table.c.flow_id).order_by(table.c.completed_at, table.c.flow_id)
+        if flow_class is not None:
+            query = query.where(table.c.flow_class == flow_class)
+        with self._fence.reader.connect() as connection:
+            return list(connection.execute(query).scalars())
 
     def stored_outcomes(self, flow_ids: Sequence[str]) -> dict[str, StoredOutcome]:
         """The kept outcomes of those of ``flow_ids`` that have finished."""
@@ -224,8 +236,7 @@ class SqlCheckpointStore:
                         row.flow_id, row.flow_class, row.result, None
                     )
                 for row in connection.execute(select(errors).where(errors.c.flow_id.in_(chunk))):
-                    error = FlowError(ErrorKind(row.error_kind), row.exception_class, row.message)
-                    found[row.flow_id] = StoredOutcome(row.flow_id, row.flow_class, None, error)
+                    found[row.flow_id] = _failed_outcome(row)
         return found
 
     def dead_letter(self, message: InboundMessage, reason: str, at: float) -> None:
@@ -246,3 +257,9 @@ class SqlCheckpointStore:
                     received_at=millis(at),
                 )
             )
+
+
+def _failed_outcome(row: Any) -> StoredOutcome:
+    """The outcome a ``node_flow_exceptions`` row describes."""
+    error = FlowError(ErrorKind(row.error_kind), row.exception_class, row.message)
+    return StoredOutcome(row.flow_id, row.flow_class, None, error, row.traceback or "")

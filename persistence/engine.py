@@ -39,6 +39,23 @@ SQLITE_BEGIN_OPTION = "fiberflow_sqlite_begin"
 NO_BEGIN = "NONE"
 
 
+DATABASE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
+"""The URL schemes of the databases fiberflow runs on (SQLite, PostgreSQL through psycopg)."""
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot name a fiberflow database (not a URL, another database), or None."""
+    if "://" not in url:
+        return f"{url!r} is not a URL (e.g. sqlite:///alice.db)"
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in DATABASE_SCHEMES:
+        return (
+            f"unsupported database scheme {scheme!r} in {url.split('://', 1)[0]}://...: "
+            "fiberflow runs on sqlite:///path.db or postgresql://user@host/db"
+        )
+    return None
+
+
 def normalize_url(url: str) -> str:
     """Pick psycopg (version 3) for plain ``postgresql://`` URLs; leave others alone."""
     if url.startswith("postgresql://") or url.startswith("postgres://"):
@@ -52,12 +69,14 @@ def open_engine(
     synchronous: str = "FULL",
     schema_name: str | None = None,
     application_name: str | None = None,
+    create_schema: bool = True,
 ) -> Engine:
     """An engine on ``url`` (normalised), configured for fiberflow.
 
     SQLite: :func:`configure_sqlite` with ``synchronous``; a ``schema_name`` is refused (SQLite
     keeps a node per file). PostgreSQL: with ``schema_name``, the schema is created if missing
-    and every table of the engine's statements is put in it (a schema translate map);
+    (unless not ``create_schema``) and every table of the engine's statements is put in it (a
+    schema translate map);
     ``application_name`` names the connections (see :func:`persistence.lease.application_name`).
     """
     url = normalize_url(url)
@@ -70,8 +89,9 @@ def open_engine(
             raise ValueError("a schema name is for PostgreSQL; SQLite keeps a node per file")
         configure_sqlite(engine, synchronous)
     elif schema_name is not None:
-        with engine.begin() as connection:
-            connection.execute(CreateSchema(schema_name, if_not_exists=True))
+        if create_schema:
+            with engine.begin() as connection:
+                connection.execute(CreateSchema(schema_name, if_not_exists=True))
         engine = engine.execution_options(schema_translate_map={None: schema_name})
     return engine
 

@@ -680,6 +680,18 @@ def read_holders(engine: Engine) -> list[Holder]:
     return [_holder(row) for row in rows]
 
 
+def live_holders(connection: Connection) -> tuple[int, list[Holder]]:
+    """The database's clock (ms) and the workers whose lease runs and whose process lives.
+
+    A row whose lease expired, or whose process on this host is gone (a SIGKILLed node),
+    is not a live holder.
+    """
+    now = int(connection.execute(select(database_now(connection))).scalar_one())
+    workers = schema.node_workers
+    rows = connection.execute(select(workers).order_by(workers.c.started_at)).all()
+    return now, [h for h in map(_holder, rows) if not _is_dead(h, now)]
+
+
 def read_assignment(engine: Engine) -> dict[int, str | None]:
     """Which worker id holds each partition of the node behind ``engine`` (None: free)."""
     partitions = schema.node_partitions

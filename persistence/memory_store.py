@@ -101,7 +101,9 @@ class _MemoryTransaction:
 
     def store_errors(self, actions: Sequence[StoreFlowError]) -> None:
         """Keep errors."""
-        outcomes = [StoredOutcome(a.flow_id, a.flow_class, None, a.error) for a in actions]
+        outcomes = [
+            StoredOutcome(a.flow_id, a.flow_class, None, a.error, a.traceback) for a in actions
+        ]
         self._writes.append(lambda t: t.outcomes.update((o.flow_id, o) for o in outcomes))
 
     def record_statuses(self, actions: Sequence[RecordStatus]) -> None:
@@ -190,6 +192,10 @@ class MemoryCheckpointStore:
     def check_lease(self) -> None:
         """No lease: a non-durable store is never shared."""
 
+    def has_checkpoint(self, flow_id: str) -> bool:
+        """True if ``flow_id`` has a stored checkpoint."""
+        return flow_id in self.tables.checkpoints
+
     def checkpoint_summaries(
         self, flow_ids: Sequence[str] | None = None
     ) -> list[CheckpointSummary]:
@@ -207,6 +213,17 @@ class MemoryCheckpointStore:
     def stored_outcome(self, flow_id: str) -> StoredOutcome | None:
         """A finished flow's result or error."""
         return self.tables.outcomes.get(flow_id)
+
+    def completed_flow_ids(self, flow_class: str | None = None) -> list[str]:
+        """Ids of the flows that finished with a result, in the order they finished.
+
+        With ``flow_class`` (a qualified class name), only the flows of that class.
+        """
+        return [
+            flow_id
+            for flow_id, outcome in self.tables.outcomes.items()
+            if outcome.error is None and flow_class in (None, outcome.flow_class)
+        ]
 
     def stored_outcomes(self, flow_ids: Sequence[str]) -> dict[str, StoredOutcome]:
         """The kept outcomes of those of ``flow_ids`` that have finished."""
@@ -236,6 +253,14 @@ class MemoryOutbox:
     def pending_outbox(self) -> list[OutboxRow]:
         """Outbox rows, in the order they were written."""
         return list(self.tables.outbox.values())
+
+    def contains(self, message_id: str) -> bool:
+        """True if the row ``message_id`` is still in the outbox."""
+        return message_id in self.tables.outbox
+
+    def depth(self) -> tuple[int, float | None]:
+        """How many rows the outbox holds (this store keeps no time: the oldest is None)."""
+        return len(self.tables.outbox), None
 
     def delete_outbox(self, message_ids: Sequence[str]) -> None:
         """Delete outbox rows."""

@@ -38,6 +38,8 @@ class StoredOutcome:
     flow_class: str
     result: bytes | None
     error: FlowError | None
+    traceback: str = ""
+    """The formatted traceback of the exception flow code raised (empty if none did)."""
 
 
 @attrs.frozen

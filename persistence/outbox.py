@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, bindparam, delete, select
+from sqlalchemy import Connection, bindparam, delete, func, select
 
 from persistence import schema
 from persistence.engine import chunks
@@ -103,6 +103,24 @@ class SqlOutbox:
         )
         with self._fence.reader.connect() as connection:
             return [OutboxRow(*row) for row in connection.execute(query)]
+
+    def contains(self, message_id: str) -> bool:
+        """True if the row ``message_id`` is still in the outbox."""
+        table = schema.node_outbox
+        query = select(table.c.message_id).where(table.c.message_id == message_id)
+        with self._fence.reader.connect() as connection:
+            return connection.execute(query).first() is not None
+
+    def depth(self) -> tuple[int, float | None]:
+        """How many rows the outbox holds, and when the oldest was written (None if empty).
+
+        One query; rows the transport took and the next transaction will delete count too.
+        """
+        table = schema.node_outbox
+        query = select(func.count(), func.min(table.c.created_at))
+        with self._fence.reader.connect() as connection:
+            count, oldest = connection.execute(query.select_from(table)).one()
+        return int(count), None if oldest is None else oldest / 1000
 
     def delete_outbox(self, message_ids: Sequence[str]) -> None:
         """Delete outbox rows the transport has durably taken (a transaction of their own)."""

@@ -36,8 +36,9 @@ from statemachine.limits import (
     WORKER_NAME_CHARS,
 )
 
-SCHEMA_VERSION = 7
-"""Bumped whenever a table or column changes; a node refuses a database of another version."""
+SCHEMA_VERSION = 8
+"""Bumped whenever a table or column changes, with a migration of the same number
+(``persistence/migrations/versions``); a node refuses a database of another version."""
 
 metadata = MetaData()
 
@@ -92,6 +93,7 @@ node_flow_exceptions = Table(
     Column("exception_class", String(EXCEPTION_CLASS_CHARS), nullable=False),
     Column("message", Text, nullable=False),
     Column("failed_at", BigInteger, nullable=False),
+    Column("traceback", Text, nullable=True),
 )
 
 node_message_ids = Table(

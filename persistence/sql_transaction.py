@@ -270,6 +270,7 @@ class SqlTransaction:
                     "exception_class": a.error.exception_class,
                     "message": a.error.message,
                     "failed_at": millis(a.at),
+                    "traceback": a.traceback or None,
                 }
                 for a in actions
             ],

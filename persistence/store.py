@@ -19,32 +19,33 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, insert, make_url, select
 
 from persistence import schema
 from persistence.checkpoint_store import SqlCheckpointStore
 from persistence.control_plane import SqlControlPlane
-from persistence.engine import (
-    create_tables,
-    existing_tables,
-    normalize_url,
-    open_engine,
-    write_engine,
-)
+from persistence.engine import normalize_url, open_engine, write_engine
 from persistence.fencing import FencedEngine
 from persistence.lease import NodeLease, WorkerInfo
+from persistence.migration import (
+    NodeDatabaseMissingError,
+    SchemaVersionError,
+    check_revision,
+    head_revision,
+    node_tables,
+    stamp_head,
+    stored_revision,
+    where,
+)
 from persistence.outbox import SqlOutbox
 from persistence.schedule_store import SqlSchedules
 from persistence.schema import millis
 
 
-class SchemaVersionError(RuntimeError):
-    """The database was made by another schema version of fiberflow."""
-
-
 class NodeDatabase:
-    """A node's database: opens (and if new, creates) the schema at ``url``."""
+    """A node's database: opens the schema at ``url`` (and, with ``create``, makes a new one)."""
 
     durable = True
     """What is committed survives the process."""
@@ -57,21 +58,36 @@ class NodeDatabase:
         schema_name: str | None = None,
         mac_key: bytes | None = None,
         application_name: str | None = None,
+        create: bool = True,
     ) -> None:
         """Open the database; with ``mac_key``, checkpoint blobs carry and need a MAC.
 
         ``application_name`` names the connections on PostgreSQL (a node process uses
-        :func:`persistence.lease.application_name` of its worker id).
+        :func:`persistence.lease.application_name` of its worker id). ``create``: make the
+        node tables if there are none (a node does; clients and operator tools pass False
+        and get :class:`NodeDatabaseMissingError`, naming the URL, for a missing SQLite file
+        or a database or schema without the node tables, so a typo creates nothing).
+        Either way a database of another schema version raises :class:`SchemaVersionError`.
         """
         self.url = normalize_url(url)
         self.schema_name = schema_name
+        if not create:
+            require_sqlite_file(self.url)
         engine = open_engine(
             self.url,
             synchronous=synchronous,
             schema_name=schema_name,
             application_name=application_name,
+            create_schema=create,
         )
-        create_node_schema(engine, self.url)
+        try:
+            if create:
+                create_node_schema(engine, self.url, schema_name)
+            else:
+                open_node_schema(engine, self.url, schema_name)
+        except BaseException:
+            engine.dispose()
+            raise
         self._fence = FencedEngine(engine)
         self.engine: Engine = engine
         """The engine (for PostgreSQL, translated to the node's schema)."""
@@ -120,36 +136,73 @@ class NodeDatabase:
         self.engine.dispose()
 
 
-def create_node_schema(engine: Engine, url: str) -> None:
-    """Create the node tables if missing and check the schema version (``url`` names it).
+def require_sqlite_file(url: str) -> None:
+    """Raise :class:`NodeDatabaseMissingError` if ``url`` names a SQLite file that is not there.
 
-    Raises :class:`SchemaVersionError` if the database was made by another schema version.
-    A database that is already current is only read: no write lock is taken (a busy node
-    may hold it).
+    (Connecting would create it.) Other databases are left to :func:`open_node_schema`.
     """
-    if _schema_is_current(engine):
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
         return
-    create_tables(engine, schema.metadata)
-    with write_engine(engine).begin() as connection:
-        versions = connection.execute(select(schema.node_schema_version.c.version)).scalars()
-        found = list(versions)
-        if not found:
-            connection.execute(
-                insert(schema.node_schema_version).values(
-                    version=schema.SCHEMA_VERSION, applied_at=millis(time.time())
-                )
-            )
-        elif found != [schema.SCHEMA_VERSION]:
-            raise SchemaVersionError(
-                f"{url} has schema version {found}, this fiberflow needs {schema.SCHEMA_VERSION}"
-            )
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        raise NodeDatabaseMissingError(
+            f"no node database at {where(url, None)}: a node's SQLite database is a file"
+        )
+    if not Path(database).is_file():
+        raise NodeDatabaseMissingError(
+            f"no node database at {where(url, None)}: the file {database} does not exist (a "
+            "node creates it when it first runs: fiberflow node run)"
+        )
 
 
-def _schema_is_current(engine: Engine) -> bool:
-    """True if every table exists and the schema version is this fiberflow's (a read)."""
+def open_node_schema(engine: Engine, url: str, schema_name: str | None = None) -> None:
+    """Check that the node tables are there, at this fiberflow's schema version (a read).
+
+    Raises :class:`NodeDatabaseMissingError` if the database (or schema) has no node tables,
+    :class:`SchemaVersionError` if it has another schema version.
+    """
     with engine.connect() as connection:
-        present = existing_tables(connection)
-        if not set(schema.metadata.tables) <= present:
-            return False
-        versions = connection.execute(select(schema.node_schema_version.c.version))
-        return list(versions.scalars()) == [schema.SCHEMA_VERSION]
+        revision = stored_revision(connection, schema_name)
+    if revision is None:
+        raise NodeDatabaseMissingError(
+            f"no node database at {where(url, schema_name)}: it has no node tables (a node "
+            "creates them when it first runs: fiberflow node run)"
+        )
+    check_revision(revision, where(url, schema_name))
+
+
+def create_node_schema(engine: Engine, url: str, schema_name: str | None = None) -> None:
+    """Create the node tables in an empty database, at the newest version; check the version.
+
+    A new database gets every table of :mod:`persistence.schema`, ``node_schema_version`` =
+    :data:`~persistence.schema.SCHEMA_VERSION` and ``alembic_version`` at the newest revision.
+    Raises :class:`SchemaVersionError` if the database has another schema version (older:
+    the message names the command that upgrades it). A database that is already current is
+    only read: no write lock is taken (a busy node may hold it).
+    """
+    with engine.connect() as connection:
+        revision = stored_revision(connection, schema_name)
+    if revision is None:
+        with write_engine(engine).begin() as connection:
+            revision = stored_revision(connection, schema_name)  # another process made it?
+            if revision is None:
+                schema.metadata.create_all(connection)
+                connection.execute(
+                    insert(schema.node_schema_version).values(
+                        version=schema.SCHEMA_VERSION, applied_at=millis(time.time())
+                    )
+                )
+                stamp_head(connection, schema_name)
+                revision = head_revision()
+    check_revision(revision, where(url, schema_name))
+
+
+__all__ = [
+    "NodeDatabase",
+    "NodeDatabaseMissingError",
+    "SchemaVersionError",
+    "create_node_schema",
+    "node_tables",
+    "open_node_schema",
+]

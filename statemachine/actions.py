@@ -87,13 +87,14 @@ class StoreFlowResult:
 
 @attrs.frozen
 class StoreFlowError:
-    """Keep a failed flow's error."""
+    """Keep a failed flow's error (and the traceback of the exception, if flow code raised)."""
 
     phase: ClassVar[Phase] = Phase.IN_TRANSACTION
     flow_id: str
     flow_class: str
     error: FlowError
     at: float
+    traceback: str = ""
 
 
 @attrs.frozen

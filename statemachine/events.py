@@ -155,6 +155,8 @@ class FlowFailed:
 
     error: FlowError
     at: float
+    traceback: str = ""
+    """The exception's formatted traceback (empty when no flow code raised: a kill)."""
 
 
 Event = Union[

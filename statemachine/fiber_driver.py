@@ -44,6 +44,8 @@ class FiberDriver:
             outcome = runtime.fiber.throw(continuation.error)
         if isinstance(outcome, Returned):
             runtime.result = outcome.result
+        elif isinstance(outcome, Failed):
+            runtime.traceback = outcome.traceback
         if isinstance(outcome, Suspended) and self._on_boundary is not None:
             self._on_boundary("flow_suspended")
             if runtime.state.status is FlowStatus.REPLAYING:
@@ -58,4 +60,4 @@ class FiberDriver:
         if isinstance(outcome, Returned):
             return FlowFinished(outcome.result, at)
         assert isinstance(outcome, Failed)
-        return FlowFailed(outcome.error, at)
+        return FlowFailed(outcome.error, at, outcome.traceback)

@@ -17,6 +17,8 @@ class FlowEnd:
     status: FlowStatus
     result: bytes | None = None
     error: FlowError | None = None
+    traceback: str = ""
+    """The formatted traceback of the exception flow code raised (empty if none did)."""
 
 
 @attrs.frozen

@@ -35,6 +35,8 @@ class FlowRuntime:
     events: deque[Event] = attrs.field(factory=deque)
     continuation: Continuation | None = None
     result: bytes | None = None
+    traceback: str = ""
+    """The traceback of the exception ``call()`` raised, if it did (the flow's end reports it)."""
     holding: bool = False
     """The flow does not run: it waits for a retry after a failure. Messages for it are
     held raw in ``held`` (unacknowledged)."""

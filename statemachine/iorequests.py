@@ -31,6 +31,10 @@ class SessionPayload:
     payload: bytes
 
 
+UNKNOWN_PARTY_EXCEPTION = "flows.errors.UnknownPartyError"
+"""What ``initiate_flow`` raises for a party the network map does not know."""
+
+
 @attrs.frozen
 class InitiateSession:
     """Open a session with ``counterparty`` on behalf of the initiating flow class named."""
@@ -39,6 +43,9 @@ class InitiateSession:
     initiating_flow: str
     flow_version: int
     app_name: str
+    unknown_because: str = ""
+    """Empty if the node's network map knew ``counterparty`` when the flow asked; else why not
+    (the flow gets :data:`UNKNOWN_PARTY_EXCEPTION`, journaled, so a replay sees the same)."""
 
     def signature(self) -> tuple[Plain, ...]:
         """The journal signature: kind, counterparty and initiating flow."""

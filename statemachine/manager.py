@@ -634,6 +634,7 @@ class StateMachineManager:
             state.status,
             result=runtime.result,
             error=state.checkpoint.error,
+            traceback=runtime.traceback,
         )
         if state.status is FlowStatus.COMPLETED:
             self.statistics.flows_completed += 1

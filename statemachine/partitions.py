@@ -51,6 +51,21 @@ def target_flow_of_message(message_id: str, sender: str) -> str | None:
     return owner_of_session(peer_session_id(session_id), sender)
 
 
+def sending_flow_of_message(message_id: str, target: str) -> str | None:
+    """The id of our flow that sent the session message ``message_id`` to ``target``.
+
+    The message id names the sending session (ours); the flow that owns it is found as for a
+    session ``target`` talks on (:func:`~statemachine.session_ids.owner_of_session`). None if
+    ``message_id`` does not have a session message's shape.
+    """
+    if not message_id.startswith(MESSAGE_ID_PREFIX):
+        return None
+    session_id, dash, sequence = message_id[len(MESSAGE_ID_PREFIX) :].rpartition("-")
+    if not dash or not session_id or not sequence.isdigit():
+        return None
+    return owner_of_session(session_id, target)
+
+
 def partition_of_message(message_id: str, sender: str) -> int:
     """The partition whose holder must process the message ``message_id`` from ``sender``.
 

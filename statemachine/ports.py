@@ -259,6 +259,8 @@ class Failed:
     """``call()`` raised (or the flow could not be constructed)."""
 
     error: FlowError
+    traceback: str = ""
+    """The exception's formatted traceback, bounded (kept on the node, never sent)."""
 
 
 FiberOutcome = Union[Suspended, Returned, Failed]

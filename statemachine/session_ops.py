@@ -12,7 +12,12 @@ from typing import Any
 
 from statemachine.errors import UnknownSessionError
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.iorequests import InitiateSession, Receive, SessionPayload
+from statemachine.iorequests import (
+    UNKNOWN_PARTY_EXCEPTION,
+    InitiateSession,
+    Receive,
+    SessionPayload,
+)
 from statemachine.session_ids import (
     initiator_session_id,
     message_id,
@@ -142,7 +147,17 @@ def _queue_many(
 
 
 def open_session(state: FlowState, request: InitiateSession) -> tuple[FlowState, Outcome]:
-    """Create a new session with ``request.counterparty``; nothing is sent yet."""
+    """Create a new session with ``request.counterparty``; nothing is sent yet.
+
+    A counterparty the network map did not know gets no session: the flow is resumed with
+    :data:`~statemachine.iorequests.UNKNOWN_PARTY_EXCEPTION` (journaled like any outcome).
+    """
+    if request.unknown_because:
+        message = (
+            f"initiate_flow from {request.initiating_flow} cannot reach "
+            f"{request.counterparty}: {request.unknown_because}"
+        )
+        return state, Raised(FlowError(ErrorKind.INTERNAL, UNKNOWN_PARTY_EXCEPTION, message))
     index = state.checkpoint.next_session_index
     session_id = initiator_session_id(state.flow_id, index, state.checkpoint.session_tag)
     session = SessionState(

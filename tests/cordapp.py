@@ -20,6 +20,7 @@ from flows import (
     FlowTimeoutException,
     OperationContext,
     Party,
+    UnknownPartyError,
     initiated_by,
     initiating_flow,
     serializable,
@@ -618,3 +619,61 @@ class ContinuingResponder(FlowLogic[None]):
             self.continue_as_new(None)
         except FlowDefinitionError as error:
             self.session.send(f"refused: {error}")
+
+
+def look_up_price(prices: dict[str, int], item: str) -> int:
+    """A helper with the bug: it assumes every item has a price."""
+    return prices[item]
+
+
+class BuggyFlow(FlowLogic[int]):
+    """Fails with a KeyError in a helper of flow code (a bug, not a FlowException)."""
+
+    def __init__(self, item: str, depth: int = 0) -> None:
+        self.item = item
+        self.depth = depth
+
+    def call(self) -> int:
+        return self.descend(self.depth)
+
+    def descend(self, depth: int) -> int:
+        if depth > 0:
+            return self.descend_again(depth - 1)  # two functions: no "repeated" lines
+        return look_up_price({"apple": 3}, self.item)
+
+    def descend_again(self, depth: int) -> int:
+        return self.descend(depth)
+
+
+@initiating_flow
+class AskStrangerFlow(FlowLogic[str]):
+    """Initiates a flow with ``peer``; with ``fallback``, asks it instead if ``peer`` is unknown."""
+
+    def __init__(self, peer: Party, fallback: Party | None = None) -> None:
+        self.peer = peer
+        self.fallback = fallback
+
+    def call(self) -> str:
+        try:
+            session = self.initiate_flow(self.peer)
+            after_initiate = BEHAVIOUR.get("after_initiate")
+            if callable(after_initiate):  # a test's hook: the peer leaves the network now
+                after_initiate()
+        except UnknownPartyError:
+            if self.fallback is None:
+                raise
+            self.progress("stranger unknown: asking the fallback")
+            session = self.initiate_flow(self.fallback)
+        return session.send_and_receive(str, "hello?").unwrap(str)
+
+
+@initiated_by(AskStrangerFlow)
+class StrangerResponder(FlowLogic[None]):
+    """Answers whoever asks."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> None:
+        self.session.receive(str).unwrap(str)
+        self.session.send("hello")

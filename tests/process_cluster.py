@@ -34,6 +34,7 @@ from flows.runtime import worker_status_path
 from messaging.transports import purge_queues
 from persistence import schema
 from persistence.engine import drop_schema
+from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
 from statemachine.partitions import PARTITIONS
@@ -119,8 +120,14 @@ class ClusterNode:
         lines = [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
         self.config_path.write_text("\n".join(lines) + "\n" + extra_toml)
         self.process: subprocess.Popen[bytes] | None = None
+        # The node database is made as the node process makes it (NodeDatabase creates it;
+        # a client only opens one), before the process starts: the ledger's tables go in it.
+        made = NodeDatabase(self.database_url, schema_name=self.schema)
+        try:
+            LEDGER_METADATA.create_all(made.engine)
+        finally:
+            made.close()
         self.client = NodeClient(self.database_url, database_schema=self.schema)
-        LEDGER_METADATA.create_all(self.client.database.engine)
         self.starts = 0
 
     def start(self) -> None:

@@ -1,8 +1,9 @@
 """Per-node RabbitMQ users: a node may publish to other nodes' inbound queues (through the
 ``p2p.inbound`` exchange) and consume only its own queue; nothing else.
 
-Uses ``rabbitmqctl`` to create the users with the commands ``permission_commands`` prints
-(the ones docs/security.md tells operators to run).
+Uses ``rabbitmqctl`` to create the users with the commands ``fiberflow amqp-setup`` prints
+(the ones docs/security.md tells operators to run), on the default vhost and on a vhost the
+test creates (the commands and the printed URL carry the admin URL's vhost).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
+from flows.cli import main
 from messaging.service import Message
 from tests.conftest import PIKA_MISSING, RABBITMQ_URL, rabbitmq_problem, require_service
 
@@ -28,10 +31,8 @@ from messaging.amqp import (
     dead_letter_queue_name,
     delete_queues,
     inject_raw,
-    permission_commands,
     queue_name,
     read_dead_letters,
-    setup_topology,
 )
 
 TOPIC = "permissions.topic"
@@ -41,30 +42,89 @@ def rabbitmqctl(command: str) -> None:
     subprocess.run(shlex.split(command), check=True, capture_output=True, timeout=120)
 
 
-@pytest.fixture
-def nodes() -> Iterator[dict[str, str]]:
-    """Two node names mapped to their restricted broker URLs."""
+def on_vhost(url: str, vhost: str) -> str:
+    """``url`` on ``vhost`` (percent-encoded in the path)."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + quote(vhost, safe="")))
+
+
+@pytest.fixture(params=["default", "own"], ids=["default-vhost", "own-vhost"])
+def admin_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An administrator's URL: the test broker's own, or on a vhost made for the test."""
     require_service("RabbitMQ", rabbitmq_problem())
     require_service(
         "rabbitmqctl", None if shutil.which("rabbitmqctl") else "rabbitmqctl is not on PATH"
     )
+    if request.param == "default":
+        yield RABBITMQ_URL
+        return
+    vhost = f"ff/vhost {uuid.uuid4().hex[:8]}"  # a '/' and a space: both percent-encoded
+    admin = urlsplit(RABBITMQ_URL).username or "guest"
+    subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True)
+    try:
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", vhost, admin, ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+        )
+        yield on_vhost(RABBITMQ_URL, vhost)
+    finally:
+        subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, timeout=120)
+
+
+def amqp_setup(
+    admin_url: str, nodes: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> list[str]:
+    """What ``fiberflow amqp-setup`` prints for ``nodes`` (name -> user), line by line."""
+    capsys.readouterr()
+    arguments = [item for name, user in nodes.items() for item in ("--node", f"{name}={user}")]
+    assert main(["amqp-setup", "--admin-url", admin_url, *arguments]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.fixture
+def nodes(admin_url: str, capsys: pytest.CaptureFixture[str]) -> Iterator[dict[str, str]]:
+    """Two node names mapped to their restricted broker URLs, set up as amqp-setup says."""
     tag = uuid.uuid4().hex[:8]
     names = {
         f"O=Alice {tag},L=London,C=GB": f"ff-alice-{tag}",
         f"O=Bob {tag},L=Paris,C=FR": f"ff-bob-{tag}",
     }
-    setup_topology(RABBITMQ_URL, list(names))
+    printed = amqp_setup(admin_url, names, capsys)
+    commands = [line for line in printed if line.startswith("rabbitmqctl ")]
+    assert len(commands) == 2 * len(names)
+    (advice,) = [line for line in printed if line.startswith("# then use ")]
+    template = advice.removeprefix("# then use ").split(" ")[0]
     urls = {}
     for name, user in names.items():
-        for command in permission_commands(name, user, "secret-" + tag):
-            rabbitmqctl(command)
-        urls[name] = f"amqp://{user}:secret-{tag}@127.0.0.1:5672/%2F?declare=false"
+        for command in commands:
+            if f"'{user}'" in command:
+                rabbitmqctl(command.replace("<password>", "secret-" + tag))
+        urls[name] = template.replace("USER", user).replace("PASSWORD", "secret-" + tag)
     try:
         yield urls
     finally:
         for name, user in names.items():
             rabbitmqctl(f"rabbitmqctl delete_user '{user}'")
-            delete_queues(RABBITMQ_URL, name)
+            delete_queues(admin_url, name)
+
+
+def test_amqp_setup_prints_commands_and_a_url_on_the_admin_urls_vhost(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The printed lines alone (no broker: the topology set-up is left out)."""
+    import messaging.amqp
+
+    monkeypatch.setattr(messaging.amqp, "setup_topology", lambda *_: None)
+    names = {"O=Alice,L=London,C=GB": "alice"}
+    url = "amqp://admin:pw@broker.example:5673/team%2Fa?heartbeat=5"
+    printed = amqp_setup(url, names, capsys)
+    assert "rabbitmqctl add_user 'alice' '<password>'" in printed
+    (granting,) = [line for line in printed if "set_permissions" in line]
+    assert granting.startswith("rabbitmqctl set_permissions -p 'team/a' 'alice' '^$' ")
+    assert printed[-1] == (
+        "# then use amqp://USER:PASSWORD@broker.example:5673/team%2Fa?declare=false as each "
+        "transport_url"
+    )
 
 
 def refused(url: str, operation: str, target: str) -> bool:
@@ -103,7 +163,9 @@ def test_a_node_reads_only_its_own_queue_and_publishes_only_through_the_exchange
 
 
 @pytest.mark.slow
-def test_restricted_nodes_still_exchange_messages_and_dead_letter(nodes: dict[str, str]) -> None:
+def test_restricted_nodes_still_exchange_messages_and_dead_letter(
+    admin_url: str, nodes: dict[str, str]
+) -> None:
     (alice, alice_url), (bob, bob_url) = nodes.items()
     sender = AmqpMessaging(alice_url, alice)
     receiver = AmqpMessaging(bob_url, bob)
@@ -118,15 +180,15 @@ def test_restricted_nodes_still_exchange_messages_and_dead_letter(nodes: dict[st
     receiver.add_handler(TOPIC, on_message)
     receiver.start()
     try:
-        inject_raw(RABBITMQ_URL, bob, b"garbage, dead-lettered through p2p.deadletter")
+        inject_raw(admin_url, bob, b"garbage, dead-lettered through p2p.deadletter")
         sender.send(Message("M-1", TOPIC, alice, b"hello"), bob)
         assert arrived.wait(30)
         assert [m.data for m in received] == [b"hello"]
         for _ in range(300):
-            if read_dead_letters(RABBITMQ_URL, bob):
+            if read_dead_letters(admin_url, bob):
                 break
             arrived.wait(0.1)
-        ((_, reason),) = read_dead_letters(RABBITMQ_URL, bob)
+        ((_, reason),) = read_dead_letters(admin_url, bob)
         assert "undecodable frame" in reason
     finally:
         receiver.stop()

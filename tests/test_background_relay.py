@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from messaging.authentication import CannotAuthenticateError
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.frame import MAX_FRAME_BYTES, encode_frame
 from messaging.service import Message
@@ -85,3 +86,42 @@ def test_a_row_that_cannot_be_framed_stays_in_the_outbox_and_the_relay_goes_on()
     relay.stop()
     assert sorted(outbox.deleted) == ["m1", "m2", "m3"]
     assert list(outbox.rows) == ["huge"]  # kept, never lost
+
+
+class OffMapAuthenticator:
+    """Tags nothing; has no key for the target "Gone" (a party off the network map)."""
+
+    def authenticate(self, message: Message, target: str) -> Message:
+        if target == "Gone":
+            raise CannotAuthenticateError(f"cannot authenticate messages for {target}")
+        return message
+
+
+def test_rows_for_a_party_off_the_map_are_kept_or_dropped_as_the_node_says() -> None:
+    rows = [
+        OutboxRow("m1", "A", b"x"),
+        OutboxRow("g1", "Gone", b"x"),
+        OutboxRow("g2", "Gone", b"x"),
+    ]
+    outbox = ListOutbox(rows)
+    relay = BackgroundOutboxRelay(
+        TakingTransport("nobody", refusals=0),
+        outbox,
+        seed=3,
+        authenticator=OffMapAuthenticator(),  # type: ignore[arg-type]
+    )
+    asked: list[str] = []
+
+    def abandon(row: OutboxRow) -> str | None:
+        asked.append(row.message_id)
+        return "its flow has ended" if row.message_id == "g1" else None
+
+    relay.abandon = abandon
+    relay.start()
+    relay.resend_pending()
+    wait_until(lambda: {"m1", "g1"} <= set(outbox.deleted), "m1 sent and g1 dropped", 30)
+    wait_until(lambda: asked.count("g2") >= 2, "g2 to be tried again", 30)
+    relay.stop()
+    assert list(outbox.rows) == ["g2"]
+    assert asked.count("g1") == 1  # dropped at its first refusal, never tried again
+    assert relay.handed_off == 1 and relay.waiting() == 1

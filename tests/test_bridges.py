@@ -382,3 +382,22 @@ def test_with_require_tls_a_plain_peer_gets_nothing_and_a_tls_peer_everything(
 )
 def test_which_addresses_are_tls_verified(address: str, verified: bool) -> None:
     assert (tls_problem(address) is None) == verified
+
+
+def test_rows_for_a_peer_off_the_map_are_dropped_when_the_node_gives_them_up(
+    manager: BridgeManager, outbox: FakeOutbox
+) -> None:
+    dave = "O=Dave,L=Oslo,C=NO"
+    asked: list[str] = []
+
+    def abandon(row: OutboxRow) -> str | None:
+        asked.append(row.message_id)
+        return "its flow has ended" if row.message_id == "d1" else None
+
+    manager.abandon = abandon
+    commit(outbox, manager, [row("d1", dave), row("d2", dave)])
+    wait_until(lambda: "d1" in outbox.deleted, "d1 dropped", 30)
+    wait_until(lambda: asked.count("d2") >= 2, "d2 asked about again", 30)
+    assert set(outbox.rows) == {"d2"}  # kept: its flow lives
+    assert status_of(manager, dave).waiting == 1
+    assert manager.handed_off == 0  # a dropped row was not sent

@@ -15,6 +15,7 @@ import pytest
 from flows import cli
 from flows.cli import main
 from flows.runtime import configure_logging
+from persistence.store import NodeDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,7 @@ def test_the_global_log_level_reaches_every_command(
         f'database_url = "sqlite:///{tmp_path / "alice.db"}"\n'
         f'transport_url = "sqlite:///{tmp_path / "queue.db"}"\n'
     )
+    NodeDatabase(f"sqlite:///{tmp_path / 'alice.db'}").close()  # as the node makes it
     assert main(["--log-level", "debug", "flow", "list", "--config", str(config)]) == 0
     assert main(["flow", "list", "--config", str(config)]) == 0
     assert levels == ["DEBUG", "WARNING"]

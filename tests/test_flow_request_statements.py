@@ -90,3 +90,22 @@ def test_a_request_whose_id_is_a_flow_already_is_only_claimed(net: MockNetwork) 
     assert alice.node.start_requested_flows() == 0
     assert alice.node.database.control.pending_flow_requests(10) == []  # claimed all the same
     assert alice.node.flow_result(handle.flow_id) == "Pong"
+
+
+def test_a_responder_class_cannot_be_requested(net: MockNetwork) -> None:
+    """A responder runs when a peer opens a session; a request for one fails at once."""
+    from flows.errors import FlowFailedError
+    from samples.pingpong import PongFlow
+
+    alice = net.create_node(ALICE)
+    responder = PongFlow(None)  # type: ignore[arg-type]  (the issue's example)
+    request = FlowRequest(uuid.uuid4().hex, qualified_name(PongFlow), encode_arguments(responder))
+    alice.node.database.control.request_flows([request], time.time())
+    alice.node.start_requested_flows()
+    net.run_network()
+    try:
+        alice.node.flow_result(request.request_id)
+    except FlowFailedError as error:
+        assert "is a responder (@initiated_by PingFlow)" in str(error)
+    else:
+        raise AssertionError("a responder was started by a request")

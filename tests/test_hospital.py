@@ -17,7 +17,7 @@ from messaging.service import TransportError
 from persistence.sql_transaction import SqlTransaction
 from samples.pingpong import PingFlow
 from tests.cordapp import FailingEffectFlow, FlakyEffectsFlow
-from tests.test_runtime import running, two_nodes
+from tests.test_runtime import client_of, running, two_nodes
 from tests.waiting import wait_until
 
 
@@ -96,7 +96,7 @@ def test_a_transient_database_error_resumes_from_the_checkpoints(
             raise locked()  # the executor rolls the transaction back
         commit(self)
 
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     try:
         with running([alice, bob]) as processes:
             monkeypatch.setattr(SqlTransaction, "commit", flaky_commit)
@@ -112,8 +112,8 @@ def test_a_flow_whose_effect_has_a_bug_fails_and_its_counterparty_is_told(
     tmp_path: Path,
 ) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
-    client = NodeClient(alice.database_url)
-    bobs = NodeClient(bob.database_url)
+    client = client_of(alice)
+    bobs = client_of(bob)
     try:
         with running([alice, bob]) as processes:
             (broken,) = client.start_flows([FailingEffectFlow(Party(bob.name))])
@@ -148,7 +148,7 @@ def _responder_error(client: NodeClient) -> str | None:
 
 def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_path: Path) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     try:
         with running([alice, bob]) as processes:
             (broken,) = client.start_flows([FailingEffectFlow(Party(bob.name), transient=True)])
@@ -168,7 +168,7 @@ def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_pa
                 "Bob's responder to wait for the second message",
                 explain=lambda: str(responder_statuses()),
             )
-            assert _responder_error(NodeClient(bob.database_url)) is None
+            assert _responder_error(client_of(bob)) is None
             assert processes[0].hospital.pinned == MAX_FLOW_FAILURES
             assert processes[0].recoveries == 0  # the others never waited for it
         with running([alice]) as again:  # a restart keeps it in the hospital
@@ -180,7 +180,7 @@ def test_a_flow_that_fails_again_and_again_is_kept_while_the_others_go_on(tmp_pa
 
 def test_failures_in_a_row_count_again_once_the_flow_gets_past_the_step(tmp_path: Path) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     try:
         with running([alice, bob]) as processes:
             # Each of its two steps fails twice before it works: 4 failures, never 3 in a row.

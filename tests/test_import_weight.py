@@ -52,3 +52,12 @@ def test_every_public_name_is_light_but_the_node_s() -> None:
 def test_the_node_s_names_still_load_on_first_use() -> None:
     loaded = _loaded_after("import flows\nassert flows.Node.__name__ == 'Node'")
     assert "sqlalchemy" in loaded
+
+
+def test_a_node_process_without_metrics_never_loads_the_prometheus_client() -> None:
+    loaded = _loaded_after(
+        "import flows.runtime, flows.testing, flows.cli\nassert flows.runtime.NodeProcess"
+    )
+    assert "sqlalchemy" in loaded  # (the node's machinery is loaded)
+    assert "prometheus_client" not in loaded
+    assert "prometheus_client" in _loaded_after("import flows.metrics")

@@ -329,7 +329,9 @@ def test_a_flow_class_whose_name_does_not_fit_is_refused_when_declared() -> None
 
 
 def test_a_client_request_id_must_fit_a_flow_id(tmp_path: Path) -> None:
-    client = NodeClient(f"sqlite:///{tmp_path / 'node.db'}")
+    url = f"sqlite:///{tmp_path / 'node.db'}"
+    NodeDatabase(url).close()  # made as a node makes it (a client only opens one)
+    client = NodeClient(url)
     flow = PingFlow(Party("O=Bob,L=New York,C=US"))
     with pytest.raises(ValueError, match=f"1 to {limits.FLOW_ID_CHARS} characters"):
         client.start_flow(flow, "r" * (limits.FLOW_ID_CHARS + 1))

@@ -541,3 +541,21 @@ def test_party_names_map_to_x509_names_both_ways(
         party_name(x509.Name.from_rfc4514_string("CN=Root,DC=example"))
     with pytest.raises(NetworkTrustError, match="cannot be an X.509 name"):
         certificate_request(NodeIdentity.generate("O=Alice,L=London,C=GBR"))
+
+
+def test_a_node_info_published_just_after_a_reading_is_seen_at_once(tmp_path: Path) -> None:
+    """A peer that joins a moment after the map was read is known at its first message, not
+    a second later (its message would be dead-lettered as from an unknown sender)."""
+    network_map = NetworkMap(tmp_path / "map")
+    alice, bob = NodeIdentity.generate(ALICE), NodeIdentity.generate(BOB)
+    network_map.publish(
+        NodeInfo(ALICE, ALICE, "sqlite:///a.db", alice.public_key_hex, alice.agreement_key.hex()),
+        identity=alice,
+    )
+    keys = NetworkMapPeerKeys(network_map)
+    assert keys.agreement_key(BOB) is None  # read now: Bob has not joined
+    network_map.publish(
+        NodeInfo(BOB, BOB, "sqlite:///b.db", bob.public_key_hex, bob.agreement_key.hex()),
+        identity=bob,
+    )
+    assert keys.agreement_key(BOB) == bob.agreement_key  # well within RELOAD_SECONDS

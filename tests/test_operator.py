@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from flows import FOREVER, FlowKilledException
-from flows.client import NodeClient, decode_outcome
+from flows.client import decode_outcome
 from flows.node import NodeDrainingError
 from flows.operator import dump_checkpoint, list_flows, print_flow_list, request_operation
 from flows.party import Party
@@ -20,7 +20,7 @@ from statemachine.state import FlowStatus
 from tests.conftest import CORDAPPS
 from tests.cordapp import BEHAVIOUR, PatientFlow, ShapeShifterFlow
 from tests.helpers import restore_now
-from tests.test_runtime import running, two_nodes
+from tests.test_runtime import client_of, running, two_nodes
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
 
@@ -111,7 +111,7 @@ def test_flow_list_shows_what_waits_on_what_and_what_is_hibernated(
 ) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
     alice = attrs.evolve(alice, hibernate_after=0.0)  # every waiting flow hibernates at once
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     with running([alice, bob]):
         client.start_flows([PatientFlow(Party(bob.name), FOREVER, False) for _ in range(2)])
         for _ in range(400):
@@ -130,7 +130,7 @@ def test_operator_commands_reach_a_running_node(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     try:
         with running([alice, bob]):
             (flow_id,) = client.start_flows([PatientFlow(Party(bob.name), FOREVER, False)])
@@ -181,5 +181,87 @@ def test_operator_commands_reach_a_running_node(
 
 def test_a_command_for_a_node_that_is_not_running_times_out(tmp_path: Path) -> None:
     alice, _, _ = two_nodes(tmp_path, "sqlite")
-    NodeClient(alice.database_url).close()  # creates the tables
+    client_of(alice).close()  # the node's database, made as the node makes it
     assert request_operation(alice, "drain", None, 0.2) == 3
+
+
+def test_flow_retry_answers_with_the_reason_when_the_flow_goes_back_to_the_hospital(
+    tmp_path: Path,
+) -> None:
+    """``flow retry`` replays the flow before answering: a flow whose replay fails again is
+    an error (exit 1) naming why, not ``ok``; after the fix the same command answers ok."""
+    net = mock(tmp_path)
+    alice = net.nodes[0]
+    handle = alice.start_flow(ShapeShifterFlow())
+    net.run_network(advance_clock=False)
+    BEHAVIOUR["shape"] = "changed"
+    alice.restart()
+    restore_now(alice)
+    net.run_network(advance_clock=False)
+    assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
+    control = alice.node.database.control
+
+    def retry() -> str:
+        request_id = control.request_operation("retry", handle.flow_id, 0.0)
+        assert alice.node.process_operator_requests() == 1
+        outcome = control.operation_outcome(request_id)
+        assert outcome is not None
+        return outcome
+
+    failed = retry()  # not fixed yet
+    assert failed.startswith(f"error: flow {handle.flow_id} went straight back to the hospital: ")
+    assert "NonDeterminism" in failed or "determinis" in failed, failed
+    assert alice.flow_status(handle.flow_id) is FlowStatus.HOSPITALIZED
+    BEHAVIOUR.clear()  # "deploy the fix"
+    assert retry() == f"ok: retry {handle.flow_id}"
+    net.run_network()
+    assert handle.result() == "done"
+    net.stop_nodes()
+
+
+def test_flow_list_shows_failed_flows_with_their_errors_and_all_shows_every_finished_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed flow has no checkpoint left; flow list shows it (class and message) in the
+    table and in --json, the most recent ones by default, every one (and the completed
+    flows) with --all."""
+    from flows import operator
+    from flows.runtime_config import RuntimeConfig
+    from tests.cordapp import FailingInitiator
+
+    net = mock(tmp_path)
+    alice, bob = net.nodes
+    failing = [alice.start_flow(FailingInitiator(bob.party, "internal")) for _ in range(2)]
+    ping = alice.start_flow(PingFlow(bob.party))
+    net.run_network()
+    assert ping.result() == "Pong"
+    for handle in failing:
+        with pytest.raises(Exception):  # noqa: B017 (which one is not the point here)
+            handle.result()
+    bob_url = str(bob.node.database.engine.url)
+    net.stop_nodes()
+    config = RuntimeConfig(
+        name=BOB, database_url=bob_url, transport_url=f"sqlite:///{tmp_path / 'queue.db'}"
+    )
+    capsys.readouterr()
+    assert print_flow_list(config) == 0
+    table = capsys.readouterr().out
+    failed_rows = [line for line in table.splitlines() if "FailingResponder  FAILED" in line]
+    assert len(failed_rows) == 2, table
+    assert table.count(" failed: KeyError: 'secret internal detail 0xdeadbeef'") == 2, table
+    assert "2 failed flow(s) (shown above)" in table
+    assert "PongFlow" not in table  # completed flows only with --all
+    assert print_flow_list(config, as_json=True) == 0
+    document = json.loads(capsys.readouterr().out)
+    failed = [f for f in document["flows"] if f["status"] == "FAILED"]
+    assert [f["class"] for f in failed] == ["FailingResponder"] * 2
+    assert {f["error_class"] for f in failed} == {"builtins.KeyError"}
+    assert document["failed_not_shown"] == 0
+    monkeypatch.setattr(operator, "FAILED_SHOWN", 1)
+    assert print_flow_list(config) == 0
+    table = capsys.readouterr().out
+    assert "2 failed flow(s) (the 1 most recent shown; --all lists every one)" in table
+    assert print_flow_list(config, everything=True) == 0
+    table = capsys.readouterr().out
+    assert table.count("FailingResponder  FAILED") == 2
+    assert re.search(r"PongFlow +COMPLETED", table), table

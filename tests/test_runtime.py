@@ -24,7 +24,7 @@ from flows.client import NodeClient, decode_outcome
 from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
 from flows.errors import FlowFailedError
 from flows.identity import load_or_create_identity
-from flows.network_map import NetworkMap
+from flows.network_map import NetworkMap, node_key
 from flows.network_trust import NetworkRoot
 from flows.party import Party
 from flows.runtime import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
@@ -32,6 +32,7 @@ from messaging.peer_senders import Credentials
 from messaging.sqlqueue import SqlQueueBroker
 from persistence.engine import drop_schema
 from persistence.node_store import FlowRequest
+from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 from tests.cordapp import SleepyFlow
@@ -217,6 +218,17 @@ def running(configs: list[RuntimeConfig]) -> Iterator[list[NodeProcess]]:
     for thread in threads:
         thread.start()
     try:
+        # Serving once each node published its node-info: a flow started for a party the
+        # network map does not know yet fails at once (UnknownPartyError).
+        wait_until(
+            lambda: (
+                errors
+                or all(_published(config) for config in configs)
+                or not all(thread.is_alive() for thread in threads)
+            ),
+            "every node to publish its node-info",
+            60,
+        )
         yield processes
     finally:
         for process in processes:
@@ -225,6 +237,11 @@ def running(configs: list[RuntimeConfig]) -> Iterator[list[NodeProcess]]:
             thread.join(60)
         assert not any(thread.is_alive() for thread in threads)
         assert not errors, "\n".join(errors)
+
+
+def _published(config: RuntimeConfig) -> bool:
+    directory = config.network_map or Path("network-map")
+    return (directory / f"{node_key(config.name)}.json").exists()
 
 
 def two_nodes(tmp_path: Path, backend: str) -> tuple[RuntimeConfig, RuntimeConfig, list[str]]:
@@ -258,10 +275,20 @@ def two_nodes(tmp_path: Path, backend: str) -> tuple[RuntimeConfig, RuntimeConfi
     return configs[0], configs[1], schemas
 
 
+def client_of(config: RuntimeConfig) -> NodeClient:
+    """A client of the node ``config`` describes, whose process may not have run yet.
+
+    A client only opens an existing node database, so the database is made first as the
+    node makes it when it first runs (``NodeDatabase`` creating it).
+    """
+    NodeDatabase(config.database_url, schema_name=config.database_schema).close()
+    return NodeClient(config.database_url, database_schema=config.database_schema)
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_two_node_processes_ping_pong_over_the_sql_queue(tmp_path: Path, backend: str) -> None:
     alice, bob, schemas = two_nodes(tmp_path, backend)
-    client = NodeClient(alice.database_url, database_schema=alice.database_schema)
+    client = client_of(alice)
     try:
         broker = SqlQueueBroker(alice.transport_url)
         with running([alice, bob]) as processes:
@@ -299,7 +326,7 @@ def test_a_flow_request_is_started_once_and_an_unknown_class_fails_with_the_reas
     tmp_path: Path,
 ) -> None:
     alice, bob, _ = two_nodes(tmp_path, "sqlite")
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     try:
         flow = SleepyFlow(0.01)
         first = client.start_flow(flow, request_id="request-1")
@@ -341,7 +368,7 @@ def certify(configs: list[RuntimeConfig], tmp_path: Path) -> list[RuntimeConfig]
 
 def test_nodes_under_a_root_publish_certified_node_infos_and_ping_pong(tmp_path: Path) -> None:
     alice, bob = certify(list(two_nodes(tmp_path, "sqlite")[:2]), tmp_path)
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     try:
         with running([alice, bob]):
             outcome = client.wait([client.start_flow(PingFlow(Party(bob.name)))], timeout=60)
@@ -467,7 +494,7 @@ def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -
                 stderr=output,
             )
 
-    client = NodeClient(alice.database_url)
+    client = client_of(alice)
     bobs: NodeClient | None = None  # opened once Bob's process has made his database
     statuses = [tmp_path / "alice.status.json", tmp_path / "bob.status.json"]
 
@@ -478,13 +505,22 @@ def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -
             check=still_running(processes[index], logs[index]),
         )
 
-    processes = [start(0)]  # Bob is not running yet: Alice's messages wait in his queue
+    # Bob joins the network (his node-info is published), then stops: Alice may start flows
+    # for him (a party the map does not know would fail at once), and while he is down their
+    # messages wait in his queue.
+    joined = start(1)
+    wait_until(
+        lambda: serving(statuses[1], joined), "Bob to join", check=still_running(joined, logs[1])
+    )
+    joined.send_signal(signal.SIGTERM)
+    assert joined.wait(60) == 0
+    processes = [start(0)]
     try:
         wait_serving(0)
         flow_ids = client.start_flows([PingFlow(Party(bob.name)) for _ in range(40)])
         processes.append(start(1))
         wait_serving(1)
-        bobs = NodeClient(bob.database_url)
+        bobs = client_of(bob)
         wait_until(  # killed in the middle of his work, not before it
             lambda: bobs.database.count("node_message_ids") > 0,
             "Bob to take in a first message",
@@ -493,6 +529,7 @@ def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -
         os.kill(processes[1].pid, signal.SIGKILL)
         processes[1].wait(30)
         processes[1] = start(1)
+        wait_serving(1)  # restarted (its flows may all be done already: it must start anyway)
         outcomes = client.wait(flow_ids, timeout=120)
         assert [decode_outcome(outcomes[f]) for f in flow_ids] == ["Pong"] * 40
     finally:
@@ -503,4 +540,4 @@ def test_a_killed_node_process_resumes_its_flows_after_restart(tmp_path: Path) -
         client.close()
         if bobs is not None:
             bobs.close()
-    assert logs[1].read_text().count("started (pid") == 2
+    assert logs[1].read_text().count("started (pid") == 3  # joined, ran, restarted

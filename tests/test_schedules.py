@@ -27,6 +27,7 @@ from flows.schedules import (
 from flows.testing import MockNetwork, MockNode
 from persistence import schema
 from persistence.schedule_store import ScheduleExistsError, ScheduleRow
+from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"
@@ -195,6 +196,7 @@ def test_the_schedule_command_adds_lists_pauses_and_removes(
         f'name = "{ALICE}"\ndatabase_url = "sqlite:///alice.db"\n'
         'transport_url = "sqlite:///queue.db"\n'
     )
+    NodeDatabase(f"sqlite:///{tmp_path / 'alice.db'}").close()  # as the node makes it
     add = ["schedule", "add", "--config", str(config), "--flow", "samples.pingpong.PingFlow"]
     bob = json.dumps([{"party": BOB}])
     assert main([*add, "--args", bob, "--every", "60", "--id", "ping-bob"]) == 0

@@ -14,11 +14,13 @@ and confirmed; consumption uses manual acks under a prefetch window; both reconn
 from messaging.amqp.admin import (
     delete_queues,
     inject_raw,
+    node_url,
     peer_account_commands,
     permission_commands,
     queue_depth,
     read_dead_letters,
     setup_topology,
+    url_vhost,
 )
 from messaging.amqp.connection import DEFAULT_RECONNECT_SECONDS, backoff_seconds, safe_url
 from messaging.amqp.consumer import DEFAULT_PREFETCH, AmqpMessaging
@@ -44,6 +46,7 @@ __all__ = [
     "delete_queues",
     "inject_raw",
     "node_key",
+    "node_url",
     "peer_account_commands",
     "permission_commands",
     "queue_depth",
@@ -52,4 +55,5 @@ __all__ = [
     "safe_url",
     "setup_topology",
     "split_options",
+    "url_vhost",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 from messaging.amqp.connection import AMQP_ERRORS, Channel, close_quietly, open_channel, safe_url
 from messaging.amqp.topology import (
@@ -33,8 +34,10 @@ def setup_topology(admin_url: str, addresses: Sequence[str]) -> None:
             declare_queues(channel, address)
 
 
-def permission_commands(address: str, user: str, password: str) -> list[str]:
+def permission_commands(address: str, user: str, password: str, vhost: str = "/") -> list[str]:
     """The ``rabbitmqctl`` commands giving ``user`` exactly what node ``address`` needs.
+
+    The permissions are on ``vhost`` (the virtual host of the nodes' broker URLs).
 
     Configure: nothing (the administrator set the topology up). Write: the two exchanges
     (publishing to any node's inbound queue, and to dead-letter queues, goes through them;
@@ -45,7 +48,8 @@ def permission_commands(address: str, user: str, password: str) -> list[str]:
     own = f"^p2p\\.(inbound|deadletter)\\.{node_key(address)}(\\.[0-9]+)?$"
     return [
         f"rabbitmqctl add_user '{user}' '{password}'",
-        f"rabbitmqctl set_permissions -p / '{user}' '^$' '^p2p\\.(inbound|deadletter)$' '{own}'",
+        f"rabbitmqctl set_permissions -p '{vhost}' '{user}' '^$' '^p2p\\.(inbound|deadletter)$' "
+        f"'{own}'",
     ]
 
 
@@ -61,6 +65,24 @@ def peer_account_commands(vhost: str, user: str, password: str) -> list[str]:
         f"rabbitmqctl add_user '{user}' '{password}'",
         f"rabbitmqctl set_permissions -p '{vhost}' '{user}' '^$' '^p2p\\.inbound$' '^$'",
     ]
+
+
+def url_vhost(url: str) -> str:
+    """The virtual host an ``amqp://`` URL names (its path, percent-decoded; ``/`` if none)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def node_url(admin_url: str, user: str, password: str) -> str:
+    """A node's transport URL on the broker and vhost of ``admin_url``, as ``user``.
+
+    The vhost is percent-encoded (``/`` is ``%2F``), and ``?declare=false`` says the
+    administrator set the topology up.
+    """
+    parts = urlsplit(admin_url)
+    host = parts.netloc.rpartition("@")[2]
+    vhost = quote(url_vhost(admin_url), safe="")
+    return f"{parts.scheme}://{user}:{password}@{host}/{vhost}?declare=false"
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pika
 
+from messaging.service import TransportAuthenticationError
 from messaging.tls import TlsContextFactory, TlsSetupError
 
 Connection: TypeAlias = Any
@@ -49,10 +50,48 @@ def backoff_seconds(attempt: int) -> float:
     return min(MIN_BACKOFF_SECONDS * 2.0 ** min(max(attempt - 1, 0), 16), MAX_BACKOFF_SECONDS)
 
 
+AUTHENTICATION_ERRORS = (
+    pika.exceptions.ProbableAuthenticationError,
+    pika.exceptions.AuthenticationError,
+    pika.exceptions.ProbableAccessDeniedError,
+)
+"""What pika raises when the broker refuses the user, its password or its vhost access."""
+ACCESS_REFUSED = 403
+"""The AMQP reply code of a refused login (``ACCESS_REFUSED``)."""
+
+
+def authentication_refusal(error: BaseException) -> str | None:
+    """What the broker said when it refused the login, or None for another failure.
+
+    A refused login (a wrong user or password, a vhost the user may not use) is final:
+    reconnecting would be refused again for ever.
+    """
+    if isinstance(error, AUTHENTICATION_ERRORS):
+        return _reply_text(error)
+    if (
+        isinstance(error, pika.exceptions.ConnectionClosedByBroker)
+        and error.reply_code == ACCESS_REFUSED
+    ):
+        return str(error.reply_text)
+    return None
+
+
+def _reply_text(error: BaseException) -> str:
+    """The broker's words inside pika's wrapping (``ACCESS_REFUSED - Login was refused ...``)."""
+    text = str(error)
+    start = text.find("ACCESS_REFUSED")
+    if start >= 0:
+        return text[start:].split("'", 1)[0].split('"', 1)[0].rstrip(" .") or text
+    return text or type(error).__name__
+
+
 def connect(
     url: str, name: str, tls: TlsContextFactory | None = None, heartbeat: int | None = None
 ) -> Connection:
     """One attempt to connect to the broker at ``url``; ``name`` shows in its connection list.
+
+    A refused login raises :class:`~messaging.service.TransportAuthenticationError` (final;
+    no caller retries it); other failures raise pika's errors (:data:`AMQP_ERRORS`).
 
     An ``amqps://`` URL uses ``tls`` for its context (None: the system's trust store); the
     broker's certificate must be valid for the URL's host. ``tls`` is ignored for ``amqp://``.
@@ -74,7 +113,18 @@ def connect(
         "connection_name": name,
         **(parameters.client_properties or {}),
     }
-    return pika.BlockingConnection(parameters)
+    try:
+        return pika.BlockingConnection(parameters)
+    except pika.exceptions.AMQPError as error:
+        refusal = authentication_refusal(error)
+        if refusal is None:
+            raise
+        user = parameters.credentials.username
+        raise TransportAuthenticationError(
+            f"the broker at {safe_url(url)} refused the login of user {user!r}: "
+            f"{refusal} (check the user and password in the URL, and the user's permissions on "
+            f"the vhost {parameters.virtual_host!r})"
+        ) from error
 
 
 def open_channel(

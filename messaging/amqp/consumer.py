@@ -62,7 +62,7 @@ from messaging.frame import (
     decode_frame,
     oversized_problem,
 )
-from messaging.service import Message, MessageHandler
+from messaging.service import Message, MessageHandler, TransportAuthenticationError
 from messaging.tls import TlsContextFactory
 from persistence.bounded import bounded_reason
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
@@ -195,6 +195,7 @@ class AmqpMessaging:
         """Frames this consumer moved to the dead-letter queue."""
         self.reconnects = 0
         """Consumer connections opened after one was lost."""
+        self._fatal_error: TransportAuthenticationError | None = None
         self._publisher = Publisher(url, f"fiberflow publisher {address}", reconnect_timeout, tls)
         if self._declare:
             self._publisher.declare(address)
@@ -278,7 +279,25 @@ class AmqpMessaging:
         """Publish every pair in order; returns once the broker confirmed them all."""
         outgoing = [Outgoing.of(m, target) for m, target in items]
         if outgoing:
-            self._publisher.publish(outgoing)
+            try:
+                self._publisher.publish(outgoing)
+            except TransportAuthenticationError as error:
+                self._refused(error)
+                raise
+
+    @property
+    def fatal_error(self) -> TransportAuthenticationError | None:
+        """Why this transport can no longer work (the broker refused the login), or None.
+
+        Set when a connection (the consumer's reconnection, or the publisher's) is refused:
+        the consumer stops trying, and a node process stops (:mod:`flows.runtime`).
+        """
+        return self._fatal_error
+
+    def _refused(self, error: TransportAuthenticationError) -> None:
+        if self._fatal_error is None:
+            self._fatal_error = error
+            log.error("%s: %s; not retrying", self._address, error)
 
     def acknowledge(self, delivered: Message) -> None:
         """Ack this delivery, and no other copy (on the consumer thread, shortly).
@@ -343,6 +362,9 @@ class AmqpMessaging:
                     break
             try:
                 connection, channel = self._open_consumer()
+            except TransportAuthenticationError as error:  # final: retrying cannot help
+                self._refused(error)
+                break
             except AMQP_ERRORS as error:
                 failures += 1
                 log.warning(

@@ -4,8 +4,10 @@ Only the standard library is imported at module level, so the CLI can register t
 subcommand without PySpark installed; running it without PySpark (or Java) prints what to
 install and exits with 2.
 
-Exit status: 0 when no check failed (warnings included), 1 when a consistency check
-(session consistency, exactly-once audit) failed, 2 when the analysis could not run.
+Exit status: 0 when no check failed (warnings included), 1 when a check failed (a broken
+promise), 2 when the analysis could not run: a bad argument, a node database that cannot be
+read, Spark or its JVM failing at any step (one line on stderr names the step and the
+error; the traceback is logged at DEBUG), or a report that cannot be written.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import io
+import logging
 import re
 import sys
 import threading
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
     from persistence.analytics.reading import ReadPath
     from persistence.analytics.report import AnalysisReport
     from persistence.analytics.sources import NodeSource
+
+LOG = logging.getLogger("fiberflow.analyze")
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -125,7 +130,8 @@ class Progress:
     """A progress line on stderr while Spark works: the step, a spinner and Spark's tasks.
 
     On a terminal the line redraws itself; elsewhere (a log, a pipe) each step is printed
-    once when it ends, with its time.
+    once when it ends, with its time (a ✗ instead of the ✓ when it failed). ``doing`` says
+    what the current (or failed) step was doing, for the line that reports a failure.
     """
 
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -135,6 +141,7 @@ class Progress:
         self.spark = spark
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._step = ""
+        self.doing = "starting"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -162,23 +169,30 @@ class Progress:
             frame += 1
 
     @contextmanager
-    def step(self, text: str) -> Iterator[None]:
-        """Show ``text`` while the block runs; print it with its time when it ends."""
+    def step(self, text: str, doing: str | None = None) -> Iterator[None]:
+        """Show ``text`` while the block runs; print it with its time when it ends.
+
+        ``doing`` (default ``text``) is kept in :attr:`doing` ("running the stuck flows
+        check") to say where the analysis stopped if the block raises.
+        """
         self._step = text
+        self.doing = doing or text
         started = time.perf_counter()
+        mark = "✗"
         if self.live:
             self._stop.clear()
             self._thread = threading.Thread(target=self._spin, daemon=True)
             self._thread.start()
         try:
             yield
+            mark = "✓"
         finally:
             if self._thread is not None:
                 self._stop.set()
                 self._thread.join()
                 self._thread = None
                 self.stream.write("\r" + " " * 120 + "\r")
-            self.stream.write(f"✓ {text} ({time.perf_counter() - started:.1f} s)\n")
+            self.stream.write(f"{mark} {text} ({time.perf_counter() - started:.1f} s)\n")
             self.stream.flush()
 
 
@@ -201,7 +215,8 @@ def analyze(
     progress = progress or Progress(stream=io.StringIO())
     started = time.perf_counter()
     with progress.step(
-        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}"
+        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}",
+        "reading the node databases",
     ):
         snapshot = load_nodes(
             spark,
@@ -216,11 +231,14 @@ def analyze(
         results = []
         seconds: dict[str, float] = {}
         for index, (name, check) in enumerate(CHECKS, start=1):
-            with progress.step(f"[{index}/{len(CHECKS)}] {CHECK_TITLES[name]}"):
+            title = CHECK_TITLES.get(name, name)
+            with progress.step(
+                f"[{index}/{len(CHECKS)}] {title}", f"running the {title} check ({name})"
+            ):
                 began = time.perf_counter()
                 results.append(check(snapshot, settings))
                 seconds[name] = time.perf_counter() - began
-        with progress.step("collect the report"):
+        with progress.step("collect the report", "collecting the report"):
             return collect_report(
                 snapshot, results, settings, seconds=seconds, load_seconds=load_seconds
             )
@@ -259,11 +277,7 @@ def run_analyze(
     if problem is not None:
         err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
         return 2
-    from persistence.analytics.checking import FAIL, CheckSettings
-    from persistence.analytics.report import render_text, write_json
-    from persistence.analytics.report_html import write_html
-    from persistence.analytics.session import active_spark, spark_session, stop_spark
-    from persistence.analytics.sources import find_jdbc_jars
+    from persistence.analytics.checking import CheckSettings
 
     settings = CheckSettings(
         as_of_ms=args.as_of,
@@ -274,10 +288,69 @@ def run_analyze(
         bucket_ms=args.bucket,
     )
     progress = Progress(stream=err)
+    try:
+        with _py4j_quiet():
+            return _run_spark(args, sources, settings, conf, progress, out)
+    except AnalyticsLoadError as error:
+        err.write(f"fiberflow analyze: {error}\n")
+        return 2
+    except Exception as error:  # the command's edge: one line, exit 2 ("could not run")
+        err.write(f"fiberflow analyze: {failure_line(error, progress.doing)}\n")
+        LOG.debug("fiberflow analyze failed while %s", progress.doing, exc_info=True)
+        return 2
+
+
+def failure_line(error: BaseException, doing: str) -> str:
+    """The one line saying why the analysis stopped while ``doing`` (without the prefix).
+
+    ``Spark failed while running the stuck flows check (stuck_flows): <the Java error>``
+    for Spark, its JVM or the Py4J gateway; ``failed while writing the reports:
+    PermissionError: ...`` for anything else.
+    """
+    from persistence.analytics.failures import first_line, spark_errors
+
+    if isinstance(error, spark_errors()):
+        return f"Spark failed while {doing}: {first_line(error)}"
+    return f"failed while {doing}: {type(error).__name__}: {first_line(error)}"
+
+
+@contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Silence Py4J's own logged tracebacks unless the log level is DEBUG.
+
+    The failure is reported in one line; its traceback is logged at DEBUG.
+    """
+    logger = logging.getLogger("py4j")
+    before = logger.level
+    if not LOG.isEnabledFor(logging.DEBUG):
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+def _run_spark(
+    args: argparse.Namespace,
+    sources: Sequence[NodeSource],
+    settings: CheckSettings,
+    conf: dict[str, str],
+    progress: Progress,
+    out: TextIO,
+) -> int:
+    """Start (or join) Spark, analyze, print and write the reports; the exit status."""
+    from persistence.analytics.checking import FAIL
+    from persistence.analytics.report import render_text, write_json
+    from persistence.analytics.report_html import write_html
+    from persistence.analytics.session import active_spark, spark_session
+    from persistence.analytics.sources import find_jdbc_jars
+
     running = active_spark()
-    with progress.step(
-        f"start Spark ({args.master})" if running is None else "join the running Spark session"
-    ):
+    if running is None:
+        starting, doing = f"start Spark ({args.master})", f"starting Spark ({args.master})"
+    else:
+        starting, doing = "join the running Spark session", "joining the running Spark session"
+    with progress.step(starting, doing):
         spark = running or spark_session(
             args.master, jars=find_jdbc_jars(args.jdbc_jars).paths(), conf=conf
         )
@@ -292,17 +365,26 @@ def run_analyze(
             staging_dir=args.staging_dir,
             progress=progress,
         )
-    except AnalyticsLoadError as error:
-        err.write(f"fiberflow analyze: {error}\n")
-        return 2
     finally:
+        progress.spark = None
         if running is None:
-            stop_spark(spark)
+            _stop_quietly(spark)
+    progress.doing = "writing the reports"
     out.write(render_text(report, max_rows=args.rows))
     write_json(report, str(args.json))
     write_html(report, str(args.html))
     out.write(f"Reports: {args.json} and {args.html}\n")
     return 1 if report.status == FAIL else 0
+
+
+def _stop_quietly(spark: SparkSession) -> None:
+    """Stop Spark and its JVM; a JVM already gone is not a second error to report."""
+    from persistence.analytics.session import stop_spark
+
+    try:
+        stop_spark(spark)
+    except Exception:
+        LOG.debug("stopping Spark failed", exc_info=True)
 
 
 def _key_value(item: str) -> tuple[str, str]:

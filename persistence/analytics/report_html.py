@@ -1,9 +1,13 @@
 """The analysis report as one self-contained HTML page: charts, verdict cards, findings.
 
 :func:`render_html` turns an :class:`~persistence.analytics.report.AnalysisReport` (plain
-data, no Spark) into a page with inline SVG charts (status counts per node, the checkpoint
-size histogram, flows per status over time), a verdict card per check, and each check's
-findings as tables. Everything the tables hold is escaped.
+data, no Spark) into a page with the overall verdict at the top (``id="verdict"``), a
+verdict card per check, failing checks first, each linking to its findings section (the
+section's id is the check's name), inline SVG charts (status counts per node, the
+checkpoint size histogram, flows per status over time), and each check's findings as
+tables that fit the page: long cells wrap, and a table's first columns and its reason
+column are shown while the rest of each row folds into a ``details`` element. Everything the
+tables hold is escaped; the page fetches nothing.
 """
 
 from __future__ import annotations
@@ -214,16 +218,48 @@ def timeline_chart(over_time: Table) -> str:
     return column_chart(labels, columns, "flows over time", width=1500, y_label="flows")
 
 
-def html_table(table: Table, max_rows: int = 200) -> str:
-    """An HTML table (times and durations formatted), with a "more rows" note."""
+SHOWN_COLUMNS = 5
+"""How many of a findings table's first columns are shown in it (its reason column too)."""
+REASON_COLUMNS = ("problem", "detail", "reason", "error", "error_message")
+"""Columns saying what is wrong: always shown, after the first :data:`SHOWN_COLUMNS`."""
+
+
+def split_columns(
+    columns: Sequence[str], shown: int = SHOWN_COLUMNS
+) -> tuple[list[str], list[str]]:
+    """The columns a findings table shows and those folded into each row's details.
+
+    The first ``shown`` columns (the check puts what identifies a finding first) and any
+    reason column (:data:`REASON_COLUMNS`) are shown; the rest are folded.
+    """
+    first = list(columns[:shown])
+    reasons = [c for c in columns[shown:] if c in REASON_COLUMNS]
+    return first + reasons, [c for c in columns if c not in first and c not in reasons]
+
+
+def _details(folded: Sequence[tuple[str, Any]]) -> str:
+    items = "".join(
+        f"<dt>{_e(column)}</dt><dd>{_e(format_value(column, value))}</dd>"
+        for column, value in folded
+    )
+    return f"<details><summary>{len(folded)} more</summary><dl>{items}</dl></details>"
+
+
+def html_table(table: Table, max_rows: int = 200, shown: int | None = SHOWN_COLUMNS) -> str:
+    """An HTML table (times and durations formatted), with a "more rows" note.
+
+    With ``shown``, only the columns :func:`split_columns` picks are columns of the table;
+    the others of each row are in a last "more" column's ``details``. ``None`` shows all.
+    """
     if not table.rows:
         return '<p class="none">None.</p>'
-    head = "".join(f"<th>{_e(c)}</th>" for c in table.columns)
+    inline, folded = split_columns(table.columns, shown) if shown else (table.columns, [])
+    place = {column: index for index, column in enumerate(table.columns)}
+    head = "".join(f"<th>{_e(c)}</th>" for c in inline) + ("<th>more</th>" if folded else "")
     body = "".join(
         "<tr>"
-        + "".join(
-            f"<td>{_e(format_value(c, v))}</td>" for c, v in zip(table.columns, row, strict=True)
-        )
+        + "".join(f"<td>{_e(format_value(c, row[place[c]]))}</td>" for c in inline)
+        + (f"<td>{_details([(c, row[place[c]]) for c in folded])}</td>" if folded else "")
         + "</tr>"
         for row in table.rows[:max_rows]
     )
@@ -254,9 +290,15 @@ box-shadow:0 1px 2px #0001}
 section h2{margin:0 0 8px;font-size:18px}.desc{color:#4a5468;font-size:13px;margin:0 0 10px}
 .charts{display:grid;grid-template-columns:1fr 1fr;gap:12px}.charts section{margin:0}
 .wide{grid-column:1 / -1}
-.scroll{overflow-x:auto;max-height:480px}table{border-collapse:collapse;font-size:12px;width:100%}
-th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #e3e6eb;white-space:nowrap}
+.scroll{overflow:auto;max-height:480px}table{border-collapse:collapse;font-size:12px;width:100%}
+th,td{text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #e3e6eb;
+overflow-wrap:anywhere;word-break:break-word}
 th{background:#f0f2f5;position:sticky;top:0}.none{color:#6b7385;font-size:13px}
+details summary{cursor:pointer;color:#3b7dd8;white-space:nowrap}dl{margin:4px 0}
+dt{font-weight:600;color:#4a5468}dd{margin:0 0 4px}
+a.card{display:block;color:inherit;text-decoration:none}a.card:hover{box-shadow:0 2px 6px #0003}
+section[id]{scroll-margin-top:8px}section:target{outline:3px solid #3b7dd8}
+#verdict{margin:8px 0 0;font-size:15px;color:#fff}
 svg{width:100%;height:auto}svg .small{font-size:11px;fill:#4a5468}svg .bar{font-size:11px;fill:#fff}
 svg .grid{stroke:#e3e6eb}h4{margin:12px 0 6px;font-size:14px}
 @media (max-width:900px){.charts{grid-template-columns:1fr}}
@@ -271,9 +313,27 @@ def _badge(status: str) -> str:
 def _card(check: CheckReport) -> str:
     colour = VERDICT_COLOURS[check.status]
     return (
-        f'<div class="card" style="border-left-color:{colour}">'
-        f"<h3>{_badge(check.status)} {_e(check.title)}</h3><p>{_e(check.summary)}</p></div>"
+        f'<a class="card" href="#{_e(check.name)}" style="border-left-color:{colour}">'
+        f"<h3>{_badge(check.status)} {_e(check.title)}</h3><p>{_e(check.summary)}</p></a>"
     )
+
+
+def by_severity(checks: Sequence[CheckReport]) -> list[CheckReport]:
+    """The checks failing first, then warnings, information, and passing (else in order)."""
+    return sorted(checks, key=lambda check: -STATUS_ORDER[check.status])
+
+
+def verdict_line(report: AnalysisReport) -> str:
+    """The overall verdict in words: which checks failed, which warn."""
+    failed = [c.title for c in report.checks if c.status == FAIL]
+    warned = [c.title for c in report.checks if c.status == WARN]
+    parts = []
+    if failed:
+        parts.append(f"{len(failed)} failed ({', '.join(failed)})")
+    if warned:
+        parts.append(f"{len(warned)} to look at ({', '.join(warned)})")
+    said = "; ".join(parts) if parts else "every check passed"
+    return f"{report.status.upper()}: {len(report.checks)} checks, {said}"
 
 
 def _section(check: CheckReport) -> str:
@@ -305,15 +365,16 @@ def _charts(checks: Mapping[str, CheckReport]) -> str:
 
 
 def _nodes_table(report: AnalysisReport) -> Table:
-    columns = ["node", "read", "how", "snapshot", "checkpoints", "dedup ids", "outbox"]
-    columns += ["results", "exceptions"]
+    columns = ["node", "read", "snapshot", "checkpoints", "dedup ids", "outbox"]
+    columns += ["results", "exceptions", "how"]
     rows = []
     for node in report.nodes:
         counted = node["rows"]
         rows.append(
-            [node["name"], node["path"], node["detail"] + naming_note(node), node["snapshot"]]
+            [node["name"], node["path"], node["snapshot"]]
             + [counted[key] for key in ("checkpoints", "message_ids", "outbox")]
             + [counted[key] for key in ("results", "exceptions")]
+            + [node["detail"] + naming_note(node)]
         )
     return Table(columns, rows, len(rows))
 
@@ -321,7 +382,7 @@ def _nodes_table(report: AnalysisReport) -> Table:
 def render_html(report: AnalysisReport) -> str:
     """The report as one self-contained HTML page with charts."""
     checks = {check.name: check for check in report.checks}
-    ordered = sorted(report.checks, key=lambda c: -STATUS_ORDER[c.status])
+    ordered = by_severity(report.checks)
     cards = "".join(_card(check) for check in ordered)
     settings = ", ".join(
         f"{key} {duration(value) if key.endswith('_ms') and value else value}"
@@ -338,15 +399,17 @@ def render_html(report: AnalysisReport) -> str:
     )
     nodes = (
         f'<section><h2>Nodes and snapshots</h2><p class="desc">Settings: {_e(settings)}. '
-        f"Loaded in {report.load_seconds:.1f} s.</p>{html_table(_nodes_table(report))}</section>"
+        f"Loaded in {report.load_seconds:.1f} s.</p>"
+        f"{html_table(_nodes_table(report), shown=None)}</section>"
     )
-    sections = "".join(_section(check) for check in report.checks)
+    sections = "".join(_section(check) for check in ordered)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>fiberflow analysis</title>"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{_STYLE}</style></head>\n<body><header>"
-        f"<h1>fiberflow analysis {_badge(report.status)}</h1><p>{_e(subtitle)}</p></header>\n"
+        f"<h1>fiberflow analysis {_badge(report.status)}</h1><p>{_e(subtitle)}</p>"
+        f'<p id="verdict">{_e(verdict_line(report))}</p></header>\n'
         f'<main><div class="cards">{cards}</div>\n{_charts(checks)}\n{nodes}\n{sections}\n'
         "</main></body></html>\n"
     )

@@ -9,6 +9,7 @@ the checks read it. Nothing here imports PySpark at run time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -172,14 +173,32 @@ class Snapshot:
         self._cleanup.append(run)
 
     def close(self) -> None:
-        """Release the cache, the held transactions and the staging files."""
-        for frame in self.frames.values():
-            frame.unpersist()
+        """Release the cache, the held transactions and the staging files.
+
+        Every release is tried even when one fails (a JVM that died takes the cache with
+        it, but the transactions and files are still this process's); the first error is
+        raised after all were tried.
+        """
+        releases: list[Callable[[], object]] = [frame.unpersist for frame in self.frames.values()]
         while self._cleanup:
-            self._cleanup.pop()()
+            releases.append(self._cleanup.pop())
+        first: Exception | None = None
+        for release in releases:
+            try:
+                release()
+            except Exception as error:
+                first = first or error
+        if first is not None:
+            raise first
 
     def __enter__(self) -> Snapshot:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        try:
+            self.close()
+        except Exception:
+            if kind is None:
+                raise
+            # the error that ended the block is the one to report; this one follows from it
+            logging.getLogger(__name__).debug("closing the snapshot failed too", exc_info=True)

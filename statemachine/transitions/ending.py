@@ -45,7 +45,7 @@ def fail(state: FlowState, event: FlowFailed) -> TransitionResult:
     after_commit: list[Action] = []
     actions: list[Action] = [
         RemoveCheckpoint(flow_id),
-        StoreFlowError(flow_id, flow_class, event.error, event.at),
+        StoreFlowError(flow_id, flow_class, event.error, event.at, event.traceback),
     ]
     actions.extend(record_and_send(state, event.at, after_commit))
     return TransitionResult(clean(state), tuple(actions + after_commit), Abort("failed"))
