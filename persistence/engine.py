@@ -24,6 +24,7 @@ from sqlalchemy import (
     event,
     insert,
     inspect,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateSchema, DropSchema
@@ -90,10 +91,39 @@ def open_engine(
         configure_sqlite(engine, synchronous)
     elif schema_name is not None:
         if create_schema:
-            with engine.begin() as connection:
-                connection.execute(CreateSchema(schema_name, if_not_exists=True))
+            try:
+                create_schema_once(engine, schema_name)
+            except BaseException:
+                engine.dispose()  # no pooled connection is left for the garbage collector
+                raise
         engine = engine.execution_options(schema_translate_map={None: schema_name})
     return engine
+
+
+def create_schema_once(engine: Engine, schema_name: str) -> None:
+    """Create the PostgreSQL schema ``schema_name`` if it is missing, safely against races.
+
+    ``CREATE SCHEMA IF NOT EXISTS`` alone is not enough when two processes (two workers of a
+    node) run it at the same moment: one of them fails on the catalogue's unique index. A
+    transaction-scoped advisory lock on the schema's name makes the second wait for the first
+    and then find the schema there.
+    """
+    with engine.begin() as connection:
+        lock_schema_creation(connection, schema_name)
+        connection.execute(CreateSchema(schema_name, if_not_exists=True))
+
+
+def lock_schema_creation(connection: Connection, schema_name: str | None) -> None:
+    """Serialise creating ``schema_name`` or its tables among processes.
+
+    PostgreSQL: wait for, then hold to the end of the transaction, an advisory lock named
+    after the schema. SQLite: nothing (its IMMEDIATE transactions already serialise writers).
+    """
+    if connection.dialect.name == "postgresql":
+        connection.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
+            {"name": f"fiberflow schema {schema_name or 'public'}"},
+        )
 
 
 def write_engine(engine: Engine) -> Engine:

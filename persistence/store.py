@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine, func, insert, make_url, select
 from persistence import schema
 from persistence.checkpoint_store import SqlCheckpointStore
 from persistence.control_plane import SqlControlPlane
-from persistence.engine import normalize_url, open_engine, write_engine
+from persistence.engine import lock_schema_creation, normalize_url, open_engine, write_engine
 from persistence.fencing import FencedEngine
 from persistence.lease import NodeLease, WorkerInfo
 from persistence.migration import (
@@ -185,6 +185,7 @@ def create_node_schema(engine: Engine, url: str, schema_name: str | None = None)
         revision = stored_revision(connection, schema_name)
     if revision is None:
         with write_engine(engine).begin() as connection:
+            lock_schema_creation(connection, schema_name)
             revision = stored_revision(connection, schema_name)  # another process made it?
             if revision is None:
                 schema.metadata.create_all(connection)
