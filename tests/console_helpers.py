@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from flows.console.sessions import SESSION_COOKIE
 from flows.rpc.config import RpcConfig
 from flows.runtime import NodeProcess
 from tests.rpc_helpers import PASSWORDS, basic
@@ -40,12 +41,28 @@ def console_node(tmp_path: Path) -> Iterator[tuple[NodeProcess, str]]:
 def logged_in(url: str, user: str, password: str | None = None) -> Iterator[httpx.Client]:
     """An HTTP client holding a console session of ``user`` (AssertionError if refused)."""
     with httpx.Client(base_url=url, timeout=60) as http:
-        answer = http.post(
-            "/console/login",
-            data={"user": user, "password": PASSWORDS[user] if password is None else password},
+        answer = post_login(
+            http, {"user": user, "password": PASSWORDS[user] if password is None else password}
         )
         assert answer.status_code == 303, answer.text
         yield http
+
+
+def post_login(http: httpx.Client, data: dict[str, str]) -> httpx.Response:
+    """Log in as a browser does: fetch the login form (its CSRF token and cookie), post it."""
+    form = http.get("/console/login")
+    found = _CSRF.search(form.text)
+    assert found is not None, "no CSRF token on the login form"
+    return http.post("/console/login", data={**data, "csrf": found.group(1)})
+
+
+def session_cookie_header(answer: httpx.Response) -> str:
+    """The Set-Cookie header of the console's session cookie in ``answer``."""
+    headers = [
+        h for h in answer.headers.get_list("set-cookie") if h.startswith(SESSION_COOKIE + "=")
+    ]
+    assert len(headers) == 1, answer.headers.get_list("set-cookie")
+    return headers[0]
 
 
 def csrf_of(http: httpx.Client, page: str = "/console/") -> str:

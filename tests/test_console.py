@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.console.sessions import SESSION_COOKIE
+from flows.console.sessions import LOGIN_COOKIE, SESSION_COOKIE
 from flows.rpc.config import RpcUser
 from tests.console_helpers import (
     HOSPITAL,
@@ -25,6 +25,8 @@ from tests.console_helpers import (
     csrf_of,
     flow_status,
     logged_in,
+    post_login,
+    session_cookie_header,
     start_by_api,
 )
 from tests.rpc_cordapp import BROKEN, gate
@@ -71,7 +73,7 @@ def test_a_wrong_password_an_unknown_user_and_a_token_user_are_refused(
     url: str, user: str, password: str
 ) -> None:
     with httpx.Client(base_url=url, timeout=60) as http:
-        answer = http.post("/console/login", data={"user": user, "password": password})
+        answer = post_login(http, {"user": user, "password": password})
         assert answer.status_code == 401
         assert "wrong user name or password" in answer.text
         assert SESSION_COOKIE not in answer.cookies
@@ -80,24 +82,43 @@ def test_a_wrong_password_an_unknown_user_and_a_token_user_are_refused(
 
 def test_the_session_cookie_is_http_only_strict_and_scoped_to_the_console(url: str) -> None:
     with httpx.Client(base_url=url, timeout=60) as http:
-        answer = http.post(
-            "/console/login",
-            data={"user": "watcher", "password": "watcher-password", "next": "/console/node"},
+        answer = post_login(
+            http, {"user": "watcher", "password": "watcher-password", "next": "/console/node"}
         )
         assert answer.status_code == 303 and answer.headers["location"] == "/console/node"
-        cookie = answer.headers["set-cookie"]
-        assert cookie.startswith(SESSION_COOKIE + "=")
+        cookie = session_cookie_header(answer)
         attributes = {part.strip().lower() for part in cookie.split(";")[1:]}
         assert {"httponly", "samesite=strict", "path=/console"} <= attributes
         assert "secure" not in attributes  # plain HTTP here; TLS adds Secure
 
 
+def test_a_login_posted_without_the_forms_token_is_refused(url: str) -> None:
+    """Login CSRF: a page of another site can post the form but not read or send its token."""
+    credentials = {"user": "watcher", "password": "watcher-password"}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        answer = http.post("/console/login", data=credentials)  # never fetched the form
+        assert answer.status_code == 403 and "CSRF token is missing or wrong" in answer.text
+        assert SESSION_COOKIE not in answer.cookies
+        assert http.get("/console/flows").status_code == 303  # not logged in
+    with httpx.Client(base_url=url, timeout=60) as attacker:
+        stolen = csrf_of(attacker, "/console/login")  # the attacker's own form and token
+    with httpx.Client(base_url=url, timeout=60) as victim:
+        victim.get("/console/login")  # the victim's own cookie holds another token
+        answer = victim.post("/console/login", data={**credentials, "csrf": stolen})
+        assert answer.status_code == 403
+        assert SESSION_COOKIE not in answer.cookies
+    with httpx.Client(base_url=url, timeout=60) as http:
+        answer = post_login(http, credentials)
+        assert answer.status_code == 303
+        assert http.get("/console/flows").status_code == 200
+        assert LOGIN_COOKIE not in http.cookies  # spent: the login removed it
+
+
 def test_login_never_redirects_off_the_console(url: str) -> None:
     for target in ("https://example.com/", "//example.com/console/", "/api/node"):
         with httpx.Client(base_url=url, timeout=60) as http:
-            answer = http.post(
-                "/console/login",
-                data={"user": "watcher", "password": "watcher-password", "next": target},
+            answer = post_login(
+                http, {"user": "watcher", "password": "watcher-password", "next": target}
             )
             assert answer.headers["location"] == "/console/"
 
@@ -364,13 +385,26 @@ def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
             async with httpx.AsyncClient(
                 transport=transport, base_url="https://testserver"
             ) as http:
+                form = await http.get("/console/login")
+                login_cookie = form.headers["set-cookie"]
+                assert login_cookie.startswith(LOGIN_COOKIE + "=")
+                assert {"secure", "httponly", "samesite=strict"} <= {
+                    p.strip().lower() for p in login_cookie.split(";")
+                }
+                token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+                assert token is not None
                 return await http.post(
-                    "/console/login", data={"user": "watcher", "password": "watcher-password"}
+                    "/console/login",
+                    data={
+                        "user": "watcher",
+                        "password": "watcher-password",
+                        "csrf": token.group(1),
+                    },
                 )
 
         answer = asyncio.run(log_in())
         assert answer.status_code == 303
-        attributes = {p.strip().lower() for p in answer.headers["set-cookie"].split(";")}
+        attributes = {p.strip().lower() for p in session_cookie_header(answer).split(";")}
         assert {"secure", "httponly", "samesite=strict"} <= attributes
     finally:
         database.close()

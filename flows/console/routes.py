@@ -31,7 +31,14 @@ from flows.console.forms import (
     parse_form,
 )
 from flows.console.pages import render
-from flows.console.sessions import SESSION_COOKIE, Session, SessionStore
+from flows.console.sessions import (
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    Session,
+    SessionStore,
+    login_token,
+    login_token_ok,
+)
 from flows.console.throughput import recent_throughput
 from flows.markings import is_startable_by_rpc, responder_initiator
 from flows.rpc.arguments import ArgumentError
@@ -139,7 +146,30 @@ def console_routes(
         target = _local_target(request.query_params.get("next"))
         if sessions.get(request.cookies.get(SESSION_COOKIE)) is not None:
             return RedirectResponse(target, 303)
-        return render("login.html", session=None, note=None, refresh=None, target=target)
+        return login_form(target)
+
+    def login_form(target: str, status: int = 200, **values: Any) -> Response:
+        """The login form with a fresh CSRF token, set in its cookie too."""
+        token = login_token()
+        response = render(
+            "login.html",
+            status=status,
+            session=None,
+            note=None,
+            refresh=None,
+            target=target,
+            login_csrf=token,
+            **values,
+        )
+        response.set_cookie(
+            LOGIN_COOKIE,
+            token,
+            path=PREFIX,
+            httponly=True,
+            samesite="strict",
+            secure=secure_cookies,
+        )
+        return response
 
     async def login(request: Request) -> Response:
         try:
@@ -149,23 +179,25 @@ def console_routes(
         except FormError as error:
             return _refused(error.status, str(error), None)
         target = _local_target(form.get("next"))
+        if not login_token_ok(request.cookies.get(LOGIN_COOKIE), form.get("csrf")):
+            return login_form(
+                target,
+                status=403,
+                error="the login form's CSRF token is missing or wrong (an old form, or one "
+                "posted from another site): log in on this page",
+                name=form.get("user", ""),
+            )
         try:
             user = await run_in_threadpool(
                 authenticator.password_user, form.get("user", ""), form.get("password", "")
             )
         except AuthenticationError as error:
-            return render(
-                "login.html",
-                status=401,
-                session=None,
-                note=None,
-                refresh=None,
-                target=target,
-                error=str(error),
-                name=form.get("user", ""),
-            )
+            return login_form(target, status=401, error=str(error), name=form.get("user", ""))
         session = sessions.create(user)
         response = RedirectResponse(target, 303)
+        response.delete_cookie(
+            LOGIN_COOKIE, path=PREFIX, httponly=True, samesite="strict", secure=secure_cookies
+        )
         response.set_cookie(
             SESSION_COOKIE,
             session.session_id,

@@ -20,6 +20,10 @@ from flows.rpc.config import RpcUser
 
 SESSION_COOKIE = "fiberflow_console"
 """The cookie holding the session id (HttpOnly, SameSite=Strict, Secure under TLS)."""
+LOGIN_COOKIE = "fiberflow_console_login"
+"""The cookie holding the login form's CSRF token (HttpOnly, SameSite=Strict, Secure under
+TLS): the form must post the same token, which a page of another site can neither read nor
+make the browser send, so it cannot log a victim in as the attacker (login CSRF)."""
 SESSION_SECONDS = 8 * 3600
 """A session ends this long after its login."""
 MAX_SESSIONS = 1000
@@ -39,6 +43,16 @@ class Session:
     def csrf_ok(self, token: str | None) -> bool:
         """True if ``token`` is this session's CSRF token (compared in constant time)."""
         return token is not None and hmac.compare_digest(token, self.csrf_token)
+
+
+def login_token() -> str:
+    """A fresh random token for the login form and its cookie (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def login_token_ok(cookie: str | None, posted: str | None) -> bool:
+    """True if the login form posted the token its cookie holds (constant-time compare)."""
+    return bool(cookie) and bool(posted) and hmac.compare_digest(str(cookie), str(posted))
 
 
 class SessionStore:
