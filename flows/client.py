@@ -16,8 +16,8 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from flows.errors import FiberflowError, exception_from_error
 from flows.flow_logic import FlowLogic
@@ -29,9 +29,43 @@ from persistence.serialization import PAYLOADS, qualified_name
 from persistence.store import NodeDatabase
 from statemachine.limits import FLOW_ID_CHARS
 
+OutcomeT = TypeVar("OutcomeT")
+"""A flow's outcome, as a client represents it."""
+
 
 class FlowWaitTimeoutError(FiberflowError):
     """``NodeClient.wait`` ran out of time; the message says how many flows were unfinished."""
+
+
+def wait_for_outcomes(
+    outcomes: Callable[[Sequence[str]], Mapping[str, OutcomeT]],
+    flow_ids: Sequence[str],
+    timeout: float,
+    on_progress: Callable[[int, int], None] | None,
+    poll_seconds: float,
+) -> dict[str, OutcomeT]:
+    """Poll ``outcomes`` (those of the flows that have finished) until every flow finished.
+
+    ``on_progress(done, total)`` is called after each poll. Raises
+    :class:`FlowWaitTimeoutError` after ``timeout`` seconds, naming one flow still running.
+    Shared by :meth:`NodeClient.wait` and :meth:`flows.rpc.client.RpcClient.wait`.
+    """
+    deadline = time.monotonic() + timeout
+    finished: dict[str, OutcomeT] = {}
+    remaining = list(flow_ids)
+    while True:
+        finished.update(outcomes(remaining))
+        remaining = [f for f in remaining if f not in finished]
+        if on_progress is not None:
+            on_progress(len(finished), len(flow_ids))
+        if not remaining:
+            return finished
+        if time.monotonic() > deadline:
+            raise FlowWaitTimeoutError(
+                f"{len(remaining)} of {len(flow_ids)} flows had not finished after "
+                f"{timeout:.0f} s (for example {remaining[0]})"
+            )
+        time.sleep(poll_seconds)
 
 
 class NodeClient:
@@ -89,22 +123,7 @@ class NodeClient:
         poll_seconds: float = 0.05,
     ) -> dict[str, StoredOutcome]:
         """Wait until every flow finished; ``on_progress(done, total)`` is called as they do."""
-        deadline = time.monotonic() + timeout
-        finished: dict[str, StoredOutcome] = {}
-        remaining = list(flow_ids)
-        while True:
-            finished.update(self.outcomes(remaining))
-            remaining = [f for f in remaining if f not in finished]
-            if on_progress is not None:
-                on_progress(len(finished), len(flow_ids))
-            if not remaining:
-                return finished
-            if time.monotonic() > deadline:
-                raise FlowWaitTimeoutError(
-                    f"{len(remaining)} of {len(flow_ids)} flows had not finished after "
-                    f"{timeout:.0f} s (for example {remaining[0]})"
-                )
-            time.sleep(poll_seconds)
+        return wait_for_outcomes(self.outcomes, flow_ids, timeout, on_progress, poll_seconds)
 
     def result(self, flow_id: str) -> Any:
         """The result of a finished flow (raises its error); KeyError if not finished."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from flows.client import FlowWaitTimeoutError
+from flows.client import FlowWaitTimeoutError, wait_for_outcomes
 from flows.errors import FlowStillRunningError
 from flows.flow_logic import FlowLogic
 from flows.rpc.client_errors import RpcConnectionError, RpcError, error_for_status
@@ -201,22 +201,7 @@ class RpcClient:
         Raises :class:`~flows.client.FlowWaitTimeoutError` after ``timeout`` seconds, as
         ``NodeClient.wait`` does.
         """
-        deadline = time.monotonic() + timeout
-        finished: dict[str, FlowOutcome] = {}
-        remaining = list(flow_ids)
-        while True:
-            finished.update(self.outcomes(remaining))
-            remaining = [f for f in remaining if f not in finished]
-            if on_progress is not None:
-                on_progress(len(finished), len(flow_ids))
-            if not remaining:
-                return finished
-            if time.monotonic() > deadline:
-                raise FlowWaitTimeoutError(
-                    f"{len(remaining)} of {len(flow_ids)} flows had not finished after "
-                    f"{timeout:.0f} s (for example {remaining[0]})"
-                )
-            time.sleep(poll_seconds)
+        return wait_for_outcomes(self.outcomes, flow_ids, timeout, on_progress, poll_seconds)
 
     def result(self, flow_id: str) -> Any:
         """The result of a finished flow (JSON, as the API gives it), or its error raised.
