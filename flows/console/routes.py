@@ -216,6 +216,19 @@ def console_routes(
         )
         return response
 
+    async def listed_page(
+        page: str, query: ListQuery, filters: dict[str, str]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a flow list (each flow with its age shown) and the next page's URL."""
+        listed = await run_in_threadpool(gateway.list_flows, query)
+        flows: list[dict[str, Any]] = listed["flows"]
+        for item in flows:
+            item["age"] = _age(item["age_seconds"])
+        next_url = None
+        if listed["next"] is not None:
+            next_url = _url(page, {**filters, "after": listed["next"]})
+        return flows, next_url
+
     async def flows_page(request: Request, session: Session, _: dict[str, str]) -> Response:
         params = request.query_params
         status = params.get("status", "")
@@ -236,19 +249,14 @@ def console_routes(
             limit=PAGE_SIZE,
             after=after,
         )
-        listed = await run_in_threadpool(gateway.list_flows, query)
         filters = {"status": status, "show": show, "class": flow_class}
-        next_url = None
-        if listed["next"] is not None:
-            next_url = _url("flows", {**filters, "after": listed["next"]})
-        for item in listed["flows"]:
-            item["age"] = _age(item["age_seconds"])
+        flows, next_url = await listed_page("flows", query, filters)
         return render(
             "flows.html",
             **context(
                 session,
                 refresh=_refresh(request),
-                flows=listed["flows"],
+                flows=flows,
                 filters=filters,
                 statuses=LIVE_STATUSES + FINISHED_STATUSES,
                 shows=SHOWS,
@@ -294,18 +302,13 @@ def console_routes(
     async def hospital_page(request: Request, session: Session, _: dict[str, str]) -> Response:
         after = request.query_params.get("after", "")
         query = ListQuery(statuses=frozenset({"HOSPITALIZED"}), limit=PAGE_SIZE, after=after)
-        listed = await run_in_threadpool(gateway.list_flows, query)
-        for item in listed["flows"]:
-            item["age"] = _age(item["age_seconds"])
-        next_url = None
-        if listed["next"] is not None:
-            next_url = _url("hospital", {"after": listed["next"]})
+        flows, next_url = await listed_page("hospital", query, {})
         return render(
             "hospital.html",
             **context(
                 session,
                 refresh=_refresh(request),
-                flows=listed["flows"],
+                flows=flows,
                 next_url=next_url,
                 paged=bool(after),
                 back=f"{PREFIX}/hospital",
