@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.console.routes import PAGE_SIZE
 from flows.console.sessions import LOGIN_COOKIE, SESSION_COOKIE
 from flows.rpc.config import RpcUser
 from tests.console_helpers import (
@@ -408,3 +409,30 @@ def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
         assert {"secure", "httponly", "samesite=strict"} <= attributes
     finally:
         database.close()
+
+
+def test_the_flow_list_pages_through_every_flow_once(url: str) -> None:
+    """More flows than a page: the next-page links reach every one, none twice, filters kept."""
+    flow_class = "tests.rpc_cordapp.StepsFlow"
+    started = {start_by_api(url, flow_class, {"steps": []}) for _ in range(PAGE_SIZE + 5)}
+    wait_until(
+        lambda: all(flow_status(url, f) == "COMPLETED" for f in started), "the flows to finish"
+    )
+    seen: list[str] = []
+    pages = 0
+    with logged_in(url, "watcher") as http:
+        page: str | None = f"/console/flows?show=finished&class={flow_class}&refresh=off"
+        while page is not None:
+            answer = http.get(page.replace("&amp;", "&"))
+            assert answer.status_code == 200, answer.text
+            rows = re.findall(r'<tr data-flow="([^"]+)">', answer.text)
+            assert len(rows) <= PAGE_SIZE
+            seen += rows
+            pages += 1
+            link = re.search(r'<a href="([^"]+)" id="next">', answer.text)
+            page = link.group(1) if link else None
+            if page is not None:
+                assert "show=finished" in page and "StepsFlow" in page  # the filters stay
+    assert started <= set(seen)
+    assert len(seen) == len(set(seen))  # no flow on two pages
+    assert pages >= 2
