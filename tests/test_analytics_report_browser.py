@@ -10,7 +10,6 @@ naming what is missing; with FIBERFLOW_REQUIRE_SERVICES=1 it fails instead.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from persistence.analytics.checking import FAIL, INFO, OK, STATUS_ORDER, WARN
 from persistence.analytics.report import AnalysisReport, CheckReport, Table
 from persistence.analytics.report_html import write_html
+from tests.browser import browser_problem, headless_chromium
 from tests.conftest import require_service
 
 LONG = "O=" + "VeryLongOrganisationName" * 6 + ",L=London,C=GB"
@@ -27,35 +27,11 @@ SESSION = "s-" + "9f8e7d6c5b4a" * 12
 SHOWN = ["node", "session_id", "role", "counterparty", "counterpart_flow_id", "problem"]
 
 
-def _browser_problem() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "the selenium package is not installed (pip install -e '.[dev]')"
-    for program in ("chromium", "chromedriver"):
-        if shutil.which(program) is None:
-            return f"{program} is not on PATH (apt-get install chromium chromium-driver)"
-    return None
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    require_service("a headless browser", _browser_problem())
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(shutil.which("chromium"))
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    options.add_argument("--window-size=1024,768")
-    driver = webdriver.Chrome(
-        options=options, service=Service(executable_path=str(shutil.which("chromedriver")))
-    )
-    try:
+    require_service("a headless browser", browser_problem())
+    with headless_chromium((1024, 768)) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _check(name: str, status: str, table: Table, extras: dict[str, Table] | None = None) -> Any:

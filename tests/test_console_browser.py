@@ -10,13 +10,13 @@ fail instead.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.browser import browser_problem, headless_chromium
 from tests.conftest import require_service
 from tests.console_helpers import (
     HOSPITAL,
@@ -33,40 +33,17 @@ from tests.waiting import wait_until
 WAIT_SECONDS = 60
 
 
-def _browser_problem() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "the selenium package is not installed (pip install -e '.[dev]')"
-    for program in ("chromium", "chromedriver"):
-        if shutil.which(program) is None:
-            return f"{program} is not on PATH (apt-get install chromium chromium-driver)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    require_service("a headless browser", _browser_problem())
+    require_service("a headless browser", browser_problem())
     with console_node(tmp_path_factory.mktemp("console-browser")) as (_, base):
         yield base
 
 
 @pytest.fixture
 def browser(url: str) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(shutil.which("chromium"))
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(
-        options=options, service=Service(executable_path=str(shutil.which("chromedriver")))
-    )
-    try:
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def wait(driver: Any) -> Any:
