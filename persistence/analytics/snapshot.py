@@ -41,6 +41,7 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             ("updated_at", LONG),
         ),
     ),
+    "blobs": ("node_checkpoint_blobs", "flow_id", (("flow_id", STRING),)),
     "results": (
         "node_flow_results",
         "flow_id",
@@ -138,6 +139,11 @@ class Snapshot:
     def checkpoints(self) -> DataFrame:
         """``node_checkpoints`` of every node, with ``node``."""
         return self.frames["checkpoints"]
+
+    @property
+    def blobs(self) -> DataFrame:
+        """``node_checkpoint_blobs``: only ``flow_id`` and ``node`` (the blob is never read)."""
+        return self.frames["blobs"]
 
     @property
     def results(self) -> DataFrame:
