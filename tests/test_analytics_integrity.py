@@ -8,6 +8,9 @@ nothing at all. ``flow_counts`` must count a flow that is both finished and live
 
 from __future__ import annotations
 
+import json
+import shutil
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,11 @@ from persistence.analytics import (
     CheckSettings,
     find_jdbc_jars,
     load_nodes,
+    node_integrity,
     parse_node_argument,
     run_checks,
+    session_consistency,
+    session_ownership,
 )
 from persistence.analytics.sources import NodeSource
 from persistence.engine import normalize_url
@@ -256,3 +262,125 @@ def test_postgresql_nodes_clean_give_nothing_and_each_injection_its_finding(
         expected = INJECTIONS[case](postgres_execute(net.engine, copies), net.now_ms)
         found, _ = findings(spark, postgres_sources(copies), net.now_ms)
         assert found == {attrs.astuple(expected)}, case
+
+
+# --- a counterparty that is down: not delivered yet (warn) versus orphan (fail) ---------------
+
+
+@attrs.frozen
+class DownNetwork:
+    """Alice pinged Bob while Bob was not running: the ping waits in the transport."""
+
+    databases: dict[str, Path]
+    now_ms: int
+    session: str
+    """Alice's end of the waiting ping's session."""
+
+
+@pytest.fixture(scope="module")
+def down_network(tmp_path_factory: pytest.TempPathFactory) -> DownNetwork:
+    directory = tmp_path_factory.mktemp("integrity-down")
+    with MockNetwork(cordapps=CORDAPPS, directory=directory / "run") as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        alice.start_flow(PingFlow(bob.party))  # answered: Bob recorded a message from Alice
+        network.run_network(advance_clock=False)
+        waiting = alice.start_flow(PingFlow(bob.party)).flow_id
+        while alice.run_once():  # only Alice runs: Bob is down, the ping stays in transport
+            pass
+        now_ms = round(network.clock.now() * 1000)
+        databases = {}
+        for mock in network.nodes:
+            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
+            databases[mock.name] = directory / source.name
+            backup = sqlite3.connect(databases[mock.name])
+            live = sqlite3.connect(source)
+            try:
+                live.backup(backup)
+            finally:
+                live.close()
+                backup.close()
+    with sqlite3.connect(databases[ALICE]) as connection:
+        (session,) = [
+            str(s)
+            for (s,) in connection.execute(
+                "SELECT waiting_for FROM node_checkpoints WHERE flow_id = ?", (waiting,)
+            )
+        ]
+    connection.close()
+    return DownNetwork(databases, now_ms, json.loads(session)[0]["session"])
+
+
+def bob_was(
+    down: DownNetwork, directory: Path, last_alive_ms: int | None, heard_ms: int | None = None
+) -> list[NodeSource]:
+    """A copy where Bob's lease row was last renewed at ``last_alive_ms`` (None: no row).
+
+    The flow tables of a MockNetwork use the mock clock and the lease the database's clock,
+    so the test puts the lease in mock-clock time, as a node that crashed then would have
+    left it. ``heard_ms``: Bob recorded the answered ping from Alice then.
+    """
+    directory.mkdir()
+    sources = []
+    for name, path in down.databases.items():
+        copy = directory / path.name
+        shutil.copyfile(path, copy)
+        sources.append(parse_node_argument(f"{name}=sqlite:///{copy}"))
+        if name != BOB:
+            continue
+        with sqlite3.connect(copy) as connection:
+            if last_alive_ms is None:
+                connection.execute("DELETE FROM node_workers")
+            else:
+                connection.execute(
+                    "UPDATE node_workers SET renewed_at = ?, expires_at = ?",
+                    (last_alive_ms, last_alive_ms + 10_000),
+                )
+            if heard_ms is not None:
+                connection.execute("UPDATE node_message_ids SET inserted_at = ?", (heard_ms,))
+        connection.close()
+    return sources
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("case", "outcome", "status"),
+    [
+        ("down since before the send", "not delivered yet", "warn"),
+        ("no lease row", "unconfirmed", "warn"),
+        ("alive well after the send", "orphan", "fail"),
+        ("recorded later traffic from us", "orphan", "fail"),
+    ],
+)
+def test_a_ping_to_a_down_node_is_not_delivered_yet_unless_it_ran_since(
+    spark: Any, down_network: DownNetwork, tmp_path: Path, case: str, outcome: str, status: str
+) -> None:
+    require_jdbc()
+    down = down_network
+    as_of = down.now_ms + 10 * MINUTE_MS
+    alive, heard = {
+        "down since before the send": (down.now_ms - 5 * MINUTE_MS, None),
+        "no lease row": (None, None),
+        "alive well after the send": (as_of - 10_000, None),
+        "recorded later traffic from us": (down.now_ms - 5 * MINUTE_MS, down.now_ms + MINUTE_MS),
+    }[case]
+    sources = bob_was(down, tmp_path / "copy", alive, heard)
+    settings = CheckSettings(as_of_ms=as_of, grace_ms=30_000)
+    with load_nodes(spark, sources) as snapshot:
+        result = session_consistency(snapshot, settings)
+        rows = [row.asDict() for row in result.frame.collect()]
+        summary = {row[0]: row[1] for row in result.extras["summary"].collect()}
+        assert node_integrity(snapshot, settings).verdict.status == "ok"
+        assert session_ownership(snapshot, settings).verdict.status == "ok"
+    (row,) = rows
+    assert (row["node"], row["session_id"], row["counterparty"], row["outcome"]) == (
+        ALICE,
+        down.session,
+        BOB,
+        outcome,
+    )
+    assert result.verdict.status == status
+    assert summary[outcome] == 1
+    if outcome == "not delivered yet":
+        assert row["waited_ms"] == 10 * MINUTE_MS
+        assert f"waits in the transport to {BOB} (last alive at" in row["problem"]
+        assert "not delivered yet" in result.verdict.summary

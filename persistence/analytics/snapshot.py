@@ -76,6 +76,11 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         (("message_id", STRING), ("target", STRING), ("created_at", LONG)),
     ),
     "paused": ("node_paused_flows", "flow_id", (("flow_id", STRING), ("paused_at", LONG))),
+    "workers": (
+        "node_workers",
+        "worker_id",
+        (("worker_id", STRING), ("renewed_at", LONG), ("expires_at", LONG)),
+    ),
 }
 """Frame name: (node table, partition key, columns read with their types). Blobs and
 payloads are never read."""
@@ -169,6 +174,11 @@ class Snapshot:
     def paused(self) -> DataFrame:
         """``node_paused_flows`` (flows an operator paused), with ``node``."""
         return self.frames["paused"]
+
+    @property
+    def workers(self) -> DataFrame:
+        """``node_workers`` (the processes running the node: lease renewals), with ``node``."""
+        return self.frames["workers"]
 
     def on_close(self, release: Callable[[], object]) -> None:
         """Have ``release`` called when the snapshot closes (cached check results)."""
