@@ -4,8 +4,10 @@ A session end one node's tables show (:func:`~persistence.analytics.evidence.ses
 needs the flow that holds the other end on the counterparty's node: the initiating flow for
 a responder end, the responder flow the node started (its id derived from the initiator's
 session, :func:`~persistence.analytics.session_columns.responder_flow_id`) for an initiator
-end. One missing is an orphan: a conversation one side believes open and the other never
-had, or lost.
+end. One missing is an orphan (a conversation one side believes open and the other never
+had, or lost) when the counterparty demonstrably had the chance to create it; otherwise the
+opening message may still wait in the transport to a node that is down ("not delivered
+yet", or "unconfirmed" when the evidence says neither).
 """
 
 from __future__ import annotations
@@ -58,8 +60,15 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
       session), or the initial message still waits in our outbox (in flight).
 
     Ends whose earliest evidence is newer than ``grace_ms`` before ``as_of`` are not judged
-    (messages may be in the transport). The frame lists the orphans with both node names;
-    ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan is found.
+    (messages may be in the transport). An end without its counterpart is an orphan when the
+    counterparty had the chance to create it: a responder end, an initiator end whose
+    opening message the counterparty consumed, or one whose counterparty recorded a message
+    from us, or renewed its lease (``node_workers``), more than ``grace_ms`` after the end's
+    earliest evidence. An initiator end whose counterparty's lease was last renewed before
+    it, and which recorded nothing from us since, is ``not delivered yet``; with no evidence
+    either way, ``unconfirmed``. The frame lists the orphans, then the other two, with both
+    node names; ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan
+    is found, ``warn`` when only ends not delivered yet or unconfirmed.
     """
     from pyspark.sql import functions as F
 
