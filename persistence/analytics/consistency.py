@@ -197,10 +197,10 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
         .select(
             "node",
             "session_id",
-            "role",
+            "outcome",
             "counterparty",
             "counterpart_flow_id",
-            "outcome",
+            "role",
             F.array_join("evidence", ",").alias("evidence"),
             "since_ms",
             (F.lit(as_of) - F.col("since_ms")).alias("waited_ms"),
