@@ -150,6 +150,9 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
     for alice_rows, bob_rows, extra in _flow_rows(rows // 2, seed):
         alice.executemany(insert_cp, alice_rows)
         bob.executemany(insert_cp, bob_rows)
+        insert_blob = "INSERT INTO node_checkpoint_blobs (flow_id, blob) VALUES (?, x'')"
+        alice.executemany(insert_blob, [row[:1] for row in alice_rows])
+        bob.executemany(insert_blob, [row[:1] for row in bob_rows])
         alice.executemany(insert_id, extra["alice_ids"])
         bob.executemany(insert_id, extra["bob_ids"])
         alice.executemany("INSERT INTO node_outbox VALUES (?,?,?,?)", extra["outbox"])
@@ -373,6 +376,47 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                GROUP BY 1, 2, 3, 4""",
         )
 
+    def node_integrity(c: sqlite3.Connection) -> int:
+        return rows(
+            c,
+            "",
+            """WITH f AS (
+                 SELECT node, flow_id, max(l) AS l, max(b) AS b, max(d) AS d, max(x) AS x FROM (
+                   SELECT node, flow_id, 1 AS l, 0 AS b, 0 AS d, 0 AS x FROM cp
+                   UNION ALL SELECT node, flow_id, 0, 1, 0, 0 FROM blobs
+                   UNION ALL SELECT node, flow_id, 0, 0, 1, 0 FROM res
+                   UNION ALL SELECT node, flow_id, 0, 0, 0, 1 FROM exc)
+                 GROUP BY node, flow_id)
+               SELECT * FROM f WHERE (l AND (d OR x)) OR (d AND x) OR (l AND NOT b)
+                 OR (b AND NOT l)""",
+        )
+
+    def session_ownership(c: sqlite3.Connection) -> int:
+        session = OUTBOX_SESSION.format(m="message_id")
+        responder = IS_RESPONDER.format(s="g.session_id")
+        peer = PEER.format(s="g.session_id")
+        owner = (
+            f"CASE WHEN {responder} THEN responder_flow_id(g.sender, {peer}) "
+            f"ELSE {SESSION_FLOW.format(s='g.session_id')} END"
+        )
+        return rows(
+            c,
+            KNOWN,
+            f"""WITH g AS (
+                  SELECT node, session_id, sender, max(sequence) AS last FROM ids
+                  GROUP BY 1, 2, 3),
+                ends AS (
+                  SELECT node, session_id, counterparty FROM ({WAITS})
+                  UNION SELECT node, session_id, sender FROM ids
+                  UNION SELECT node, {session}, target FROM outb)
+                SELECT g.* FROM g
+                WHERE EXISTS (SELECT 1 FROM ends e WHERE e.node = g.sender
+                              AND e.session_id = {peer} AND e.counterparty != g.node)
+                   OR (NOT EXISTS (SELECT 1 FROM known k WHERE k.node = g.node
+                                   AND k.flow_id = {owner})
+                       AND NOT ({responder} AND g.last = 0))""",
+        )
+
     return {
         "flow_counts": flow_counts,
         "flows_over_time": flows_over_time,
@@ -381,6 +425,8 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
         "exactly_once_audit": exactly_once_audit,
         "checkpoint_costs": checkpoint_costs,
         "failed_flows": failed_flows,
+        "node_integrity": node_integrity,
+        "session_ownership": session_ownership,
     }
 
 
@@ -395,6 +441,7 @@ def sqlite_connection(paths: dict[str, Path]) -> sqlite3.Connection:
     )
     tables = {
         "cp": "node_checkpoints",
+        "blobs": "node_checkpoint_blobs",
         "res": "node_flow_results",
         "exc": "node_flow_exceptions",
         "ids": "node_message_ids",
@@ -418,6 +465,7 @@ def input_rows(paths: dict[str, Path]) -> int:
         with sqlite3.connect(path) as connection:
             for table in (
                 "node_checkpoints",
+                "node_checkpoint_blobs",
                 "node_flow_results",
                 "node_flow_exceptions",
                 "node_message_ids",

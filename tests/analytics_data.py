@@ -16,7 +16,9 @@ import re
 import shutil
 import sqlite3
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -31,6 +33,7 @@ from flows import (
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow
+from statemachine import session_ids
 from tests.cordapp import EchoFlow, FailingInitiator, UnansweredFlow
 
 DAY = 86_400.0
@@ -348,3 +351,147 @@ def corrupt(data: NetworkData, directory: Path) -> tuple[NetworkData, Injected]:
         nodes=(ALICE, BOB, CHARLIE),
     )
     return broken, injected
+
+
+# --- one inconsistency at a time, on SQLite files or PostgreSQL schemas alike -----------------
+
+Execute = Callable[[str, str, dict[str, object]], list[tuple[Any, ...]]]
+"""Run one statement on a node's database: ``(node, sql, parameters) -> rows``. The SQL
+names tables as ``{t}node_...`` (``{t}`` is the schema prefix on PostgreSQL) and takes
+``:name`` parameters."""
+
+
+@attrs.frozen
+class Expected:
+    """A finding one injection must give, and nothing else in the checks it is for."""
+
+    check: str
+    node: str
+    flow_id: str
+    kind: str
+
+
+def sqlite_execute(data: NetworkData) -> Execute:
+    """:data:`Execute` on the SQLite files of ``data``."""
+
+    def execute(node: str, sql: str, parameters: dict[str, object]) -> list[tuple[Any, ...]]:
+        connection = sqlite3.connect(data.databases[node])
+        try:
+            with connection:
+                return [tuple(r) for r in connection.execute(sql.format(t=""), parameters)]
+        finally:
+            connection.close()
+
+    return execute
+
+
+def _live_flow(execute: Execute, node: str, flow_class: str) -> tuple[str, str]:
+    """(flow id, flow class) of the first live, suspended flow of ``flow_class`` on ``node``."""
+    found = execute(
+        node,
+        "SELECT flow_id, flow_class FROM {t}node_checkpoints WHERE status = 'SUSPENDED' "
+        "AND flow_class LIKE :c ORDER BY flow_id",
+        {"c": f"%.{flow_class}"},
+    )
+    assert found, (node, flow_class)
+    return str(found[0][0]), str(found[0][1])
+
+
+def _finished_flow(execute: Execute, node: str, flow_class: str) -> str:
+    (found,) = execute(
+        node,
+        "SELECT flow_id FROM {t}node_flow_results WHERE flow_class LIKE :c",
+        {"c": f"%.{flow_class}"},
+    )
+    return str(found[0])
+
+
+def _echo_session(execute: Execute) -> tuple[str, str]:
+    """(Alice's echo flow, its session as Bob recorded it, without ``.r``)."""
+    echo = _finished_flow(execute, ALICE, "EchoFlow")
+    sessions = {
+        str(row[0])
+        for row in execute(BOB, "SELECT session_id FROM {t}node_message_ids", {})
+        if first_session_of(echo, str(row[0])[: -len(".r")])
+    }
+    (session,) = sessions
+    return echo, session[: -len(".r")]
+
+
+def inject_checkpoint_without_blob(execute: Execute) -> Expected:
+    """Bob's waiting LingeringResponder loses its blob (the row stays)."""
+    flow, _ = _live_flow(execute, BOB, "LingeringResponder")
+    execute(BOB, "DELETE FROM {t}node_checkpoint_blobs WHERE flow_id = :f", {"f": flow})
+    return Expected("node_integrity", BOB, flow, "checkpoint_without_blob")
+
+
+def inject_blob_without_checkpoint(execute: Execute) -> Expected:
+    """Alice's sleeping LingeringFlow loses its checkpoint row (the blob stays).
+
+    The flow consumed nothing (it sent its hello and sleeps), so no session end of Alice's
+    loses its owner.
+    """
+    flow, _ = _live_flow(execute, ALICE, "LingeringFlow")
+    execute(ALICE, "DELETE FROM {t}node_checkpoints WHERE flow_id = :f", {"f": flow})
+    return Expected("node_integrity", ALICE, flow, "blob_without_checkpoint")
+
+
+def inject_finished_and_live(execute: Execute, at_ms: int) -> Expected:
+    """Alice's sleeping LingeringFlow gets a result row while its checkpoint stays."""
+    flow, flow_class = _live_flow(execute, ALICE, "LingeringFlow")
+    execute(
+        ALICE,
+        "INSERT INTO {t}node_flow_results (flow_id, flow_class, result, completed_at) "
+        "VALUES (:f, :c, :r, :a)",
+        {"f": flow, "c": flow_class, "r": b"\x00", "a": at_ms},
+    )
+    return Expected("node_integrity", ALICE, flow, "finished_and_live")
+
+
+def inject_unowned_responder_end(execute: Execute) -> Expected:
+    """Bob's finished EchoResponder loses its result row; its consumed messages remain."""
+    _, session = _echo_session(execute)
+    responder = session_ids.responder_flow_id(ALICE, session)
+    execute(BOB, "DELETE FROM {t}node_flow_results WHERE flow_id = :f", {"f": responder})
+    return Expected("session_ownership", BOB, responder, "unowned")
+
+
+def inject_unowned_initiator_end(execute: Execute) -> Expected:
+    """Alice's finished EchoFlow loses its result row; the echoes it consumed remain."""
+    echo, _ = _echo_session(execute)
+    execute(ALICE, "DELETE FROM {t}node_flow_results WHERE flow_id = :f", {"f": echo})
+    return Expected("session_ownership", ALICE, echo, "unowned")
+
+
+def _copy_record(execute: Execute, source: str, target: str, session: str, sequence: int) -> None:
+    (row,) = execute(
+        source,
+        "SELECT message_id, sender, session_id, sequence, inserted_at FROM {t}node_message_ids "
+        "WHERE session_id = :s AND sequence = :q",
+        {"s": session, "q": sequence},
+    )
+    execute(
+        target,
+        "INSERT INTO {t}node_message_ids (message_id, sender, session_id, sequence, inserted_at) "
+        "VALUES (:m, :s, :i, :q, :a)",
+        dict(zip("msiqa", row, strict=True)),
+    )
+
+
+def inject_misdirected_responder_end(execute: Execute) -> Expected:
+    """Charlie records the opening message of Alice's echo session to Bob (sequence 0).
+
+    Only sequence 0, so without the sender's evidence it would pass as a session Charlie
+    refused; Alice's tables show her end of it with counterparty Bob.
+    """
+    _, session = _echo_session(execute)
+    _copy_record(execute, BOB, CHARLIE, f"{session}.r", 0)
+    flow = session_ids.responder_flow_id(ALICE, session)
+    return Expected("session_ownership", CHARLIE, flow, "misdirected")
+
+
+def inject_misdirected_initiator_end(execute: Execute) -> Expected:
+    """Charlie records Bob's first echo to Alice: an initiator end tagged with Alice's tag."""
+    echo, session = _echo_session(execute)
+    _copy_record(execute, ALICE, CHARLIE, session, 0)
+    return Expected("session_ownership", CHARLIE, echo, "misdirected")

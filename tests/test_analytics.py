@@ -418,10 +418,18 @@ def test_clean_network_passes_and_the_cli_exits_zero(
         "stuck_flows": "ok",
         "session_consistency": "ok",
         "exactly_once_audit": "ok",
+        "node_integrity": "ok",
+        "session_ownership": "ok",
         "checkpoint_costs": "info",
         "failed_flows": "warn",  # the flow kept in the hospital
     }
-    for check in ("stuck_flows", "session_consistency", "exactly_once_audit"):
+    for check in (
+        "stuck_flows",
+        "session_consistency",
+        "exactly_once_audit",
+        "node_integrity",
+        "session_ownership",
+    ):
         assert json_rows(report, check) == [], check
     (stuck,) = [c for c in report["checks"] if c["name"] == "stuck_flows"]
     assert [row[:2] for row in stuck["extras"]["paused"]["rows"]] == [list(clean.paused)]
@@ -439,7 +447,7 @@ def test_clean_network_passes_and_the_cli_exits_zero(
     }
     assert f"is {ALICE} (named in the other nodes' tables)" in clean_cli["stdout"]
     assert "Verdicts" in clean_cli["stdout"] and "[OK  ] Cross-node session" in clean_cli["stdout"]
-    assert "[4/7] cross-node session consistency" in clean_cli["stderr"]
+    assert "[4/9] cross-node session consistency" in clean_cli["stderr"]
     assert clean_cli["html"].count("<svg") == 3 and "fiberflow analysis" in clean_cli["html"]
 
 

@@ -32,8 +32,10 @@ from persistence.analytics.checks import (
     failed_flows,
     flow_counts,
     flows_over_time,
+    node_integrity,
     run_checks,
     session_consistency,
+    session_ownership,
     stuck_flows,
 )
 from persistence.analytics.command import analyze, run_analyze
@@ -80,6 +82,7 @@ __all__ = [
     "flow_counts",
     "flows_over_time",
     "load_nodes",
+    "node_integrity",
     "parse_node_argument",
     "render_html",
     "render_text",
@@ -87,6 +90,7 @@ __all__ = [
     "run_analyze",
     "run_checks",
     "session_consistency",
+    "session_ownership",
     "spark_problem",
     "spark_session",
     "stop_spark",

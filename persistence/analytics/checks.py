@@ -9,7 +9,9 @@ They live by family:
   ``checkpoint_costs``, ``failed_flows``;
 * :mod:`persistence.analytics.stuck`: ``stuck_flows``;
 * :mod:`persistence.analytics.consistency`: ``session_consistency``;
-* :mod:`persistence.analytics.exactly_once`: ``exactly_once_audit``.
+* :mod:`persistence.analytics.exactly_once`: ``exactly_once_audit``;
+* :mod:`persistence.analytics.integrity`: ``node_integrity``;
+* :mod:`persistence.analytics.ownership`: ``session_ownership``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from typing import TYPE_CHECKING
 from persistence.analytics.checking import CheckFunction, CheckResult, CheckSettings
 from persistence.analytics.consistency import session_consistency
 from persistence.analytics.exactly_once import exactly_once_audit
+from persistence.analytics.integrity import node_integrity
 from persistence.analytics.inventory import (
     checkpoint_costs,
     failed_flows,
     flow_counts,
     flows_over_time,
 )
+from persistence.analytics.ownership import session_ownership
 from persistence.analytics.stuck import stuck_flows
 
 if TYPE_CHECKING:
@@ -39,8 +43,10 @@ __all__ = [
     "failed_flows",
     "flow_counts",
     "flows_over_time",
+    "node_integrity",
     "run_checks",
     "session_consistency",
+    "session_ownership",
     "stuck_flows",
 ]
 
@@ -50,6 +56,8 @@ CHECKS: tuple[tuple[str, CheckFunction], ...] = (
     ("stuck_flows", stuck_flows),
     ("session_consistency", session_consistency),
     ("exactly_once_audit", exactly_once_audit),
+    ("node_integrity", node_integrity),
+    ("session_ownership", session_ownership),
     ("checkpoint_costs", checkpoint_costs),
     ("failed_flows", failed_flows),
 )
@@ -61,6 +69,8 @@ CHECK_TITLES = {
     "stuck_flows": "stuck flows",
     "session_consistency": "cross-node session consistency",
     "exactly_once_audit": "exactly-once audit",
+    "node_integrity": "node integrity (rows, blobs, outcomes)",
+    "session_ownership": "session ownership of consumed messages",
     "checkpoint_costs": "checkpoint size and journal length",
     "failed_flows": "hospitalized and failed flows",
 }

@@ -4,8 +4,10 @@ A session end one node's tables show (:func:`~persistence.analytics.evidence.ses
 needs the flow that holds the other end on the counterparty's node: the initiating flow for
 a responder end, the responder flow the node started (its id derived from the initiator's
 session, :func:`~persistence.analytics.session_columns.responder_flow_id`) for an initiator
-end. One missing is an orphan: a conversation one side believes open and the other never
-had, or lost.
+end. One missing is an orphan (a conversation one side believes open and the other never
+had, or lost) when the counterparty demonstrably had the chance to create it; otherwise the
+opening message may still wait in the transport to a node that is down ("not delivered
+yet", or "unconfirmed" when the evidence says neither).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 from persistence.analytics.checking import (
     FAIL,
     OK,
+    WARN,
     CheckResult,
     CheckSettings,
     Verdict,
@@ -33,6 +36,16 @@ from persistence.analytics.session_columns import (
 if TYPE_CHECKING:
     from persistence.analytics.snapshot import Snapshot
 
+ORPHAN = "orphan"
+"""A session end whose counterpart is missing on a counterparty that had the chance to
+create it (``fail``)."""
+NOT_DELIVERED = "not delivered yet"
+"""An initiator end whose responder is missing on a counterparty that has not run since the
+send (its lease was last renewed before it) and recorded nothing from us since (``warn``)."""
+UNCONFIRMED = "unconfirmed"
+"""An initiator end whose responder is missing, with no evidence either way that the
+counterparty ran since the send (no lease row, or renewed just around it): ``warn``."""
+
 
 def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
     """Cross-node session consistency: every session seen has its counterpart.
@@ -47,8 +60,15 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
       session), or the initial message still waits in our outbox (in flight).
 
     Ends whose earliest evidence is newer than ``grace_ms`` before ``as_of`` are not judged
-    (messages may be in the transport). The frame lists the orphans with both node names;
-    ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan is found.
+    (messages may be in the transport). An end without its counterpart is an orphan when the
+    counterparty had the chance to create it: a responder end, an initiator end whose
+    opening message the counterparty consumed, or one whose counterparty recorded a message
+    from us, or renewed its lease (``node_workers``), more than ``grace_ms`` after the end's
+    earliest evidence. An initiator end whose counterparty's lease was last renewed before
+    it, and which recorded nothing from us since, is ``not delivered yet``; with no evidence
+    either way, ``unconfirmed``. The frame lists the orphans, then the other two, with both
+    node names; ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan
+    is found, ``warn`` when only ends not delivered yet or unconfirmed.
     """
     from pyspark.sql import functions as F
 
@@ -97,8 +117,26 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
         .drop("q_node", "q_id")
         .dropDuplicates(["node", "session_id", "counterparty"])
     )
+    # what the counterparty's own tables say of it: when its lease was last renewed, and
+    # when it last recorded a message from this node (small: one row per node, per pair)
+    alive = snapshot.workers.groupBy("node").agg(F.max("renewed_at").alias("a_last"))
+    alive = alive.select(F.col("node").alias("a_node"), F.col("a_last").alias("last_alive_ms"))
+    heard = snapshot.message_ids.groupBy("node", "sender").agg(
+        F.max("inserted_at").alias("last_from_us_ms")
+    )
+    heard = heard.select(
+        F.col("node").alias("h_node"), F.col("sender").alias("h_sender"), "last_from_us_ms"
+    )
+    ends = ends.join(F.broadcast(alive), alive.a_node == ends.counterparty, "left").drop("a_node")
+    ends = ends.join(
+        F.broadcast(heard),
+        (heard.h_node == ends.counterparty) & (heard.h_sender == ends.node),
+        "left",
+    ).drop("h_node", "h_sender")
     analyzed = is_analyzed(snapshot, F.col("counterparty"))
     initiator = F.col("role") == "initiator"
+    since, grace = F.col("since_ms"), settings.grace_ms
+    heard_since = F.coalesce(F.col("last_from_us_ms") > since, F.lit(False))
     outcome = (
         F.when(~analyzed, "not analyzed")
         .when(F.col("counterpart_status").isNotNull(), "ok")
@@ -107,42 +145,90 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
             "ok (refused)",
         )
         .when(initiator & F.col("initial_queued").isNotNull(), "in flight")
-        .when(F.col("since_ms") > as_of - settings.grace_ms, "too recent")
-        .otherwise("orphan")
+        .when(since > as_of - grace, "too recent")
+        # a responder end: the initiator had to run to open it; the counterparty consumed our
+        # opening message; it consumed later traffic of ours; it ran well after the send
+        .when(~initiator | F.col("initial_consumed").isNotNull(), ORPHAN)
+        .when(F.col("last_from_us_ms") > since + grace, ORPHAN)
+        .when(F.col("last_alive_ms") > since + grace, ORPHAN)
+        # its lease was last renewed before the send and it recorded nothing from us since
+        .when((F.col("last_alive_ms") < since) & ~heard_since, NOT_DELIVERED)
+        .otherwise(UNCONFIRMED)
     )
     ends = keep(snapshot, ends.withColumn("outcome", outcome))
-    orphans = (
-        ends.where(F.col("outcome") == "orphan")
-        .select(
-            "node",
-            "session_id",
-            "role",
-            "counterparty",
-            "counterpart_flow_id",
-            F.array_join("evidence", ",").alias("evidence"),
-            "since_ms",
+    last_alive = F.date_format(F.timestamp_millis(F.col("last_alive_ms")), "yyyy-MM-dd HH:mm:ss'Z'")
+    waits = F.concat(F.lit("the opening message waits in the transport to "), F.col("counterparty"))
+    problem = (
+        F.when(
+            F.col("outcome") == ORPHAN,
             F.concat(
                 F.lit("no flow "),
                 F.col("counterpart_flow_id"),
                 F.lit(" on "),
                 F.col("counterparty"),
                 F.lit(" holds the other end"),
-            ).alias("problem"),
+            ),
         )
-        .orderBy("node", "session_id")
+        .when(
+            F.col("outcome") == NOT_DELIVERED,
+            F.concat(
+                waits,
+                F.lit(" (last alive at "),
+                last_alive,
+                F.lit(", nothing recorded from "),
+                F.col("node"),
+                F.lit(" since)"),
+            ),
+        )
+        .otherwise(
+            F.concat(
+                waits,
+                F.lit("? no flow there, but no evidence it ran since the send ("),
+                F.coalesce(
+                    F.concat(F.lit("last alive at "), last_alive),
+                    F.lit("no lease row: stopped cleanly or never started"),
+                ),
+                F.lit(")"),
+            )
+        )
+    )
+    orphans = (
+        ends.where(F.col("outcome").isin(ORPHAN, NOT_DELIVERED, UNCONFIRMED))
+        .select(
+            "node",
+            "session_id",
+            "outcome",
+            "counterparty",
+            "counterpart_flow_id",
+            "role",
+            F.array_join("evidence", ",").alias("evidence"),
+            "since_ms",
+            (F.lit(as_of) - F.col("since_ms")).alias("waited_ms"),
+            "last_alive_ms",
+            problem.alias("problem"),
+        )
+        .orderBy(F.col("outcome") != ORPHAN, "node", "session_id")
     )
     orphans = keep(snapshot, orphans)
     summary_frame = keep(
         snapshot, ends.groupBy("outcome").agg(F.count("*").alias("sessions")).orderBy("outcome")
     )
     counts = {row["outcome"]: row["sessions"] for row in summary_frame.collect()}
-    found = counts.get("orphan", 0)
+    found = counts.get(ORPHAN, 0)
+    waiting = counts.get(NOT_DELIVERED, 0) + counts.get(UNCONFIRMED, 0)
     detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
     if found:
         verdict = Verdict(
             FAIL,
             f"{found} session end{'s' if found != 1 else ''} without a counterpart ({detail})",
-            found,
+            found + waiting,
+        )
+    elif waiting:
+        verdict = Verdict(
+            WARN,
+            f"{waiting} session end{'s' if waiting != 1 else ''} not delivered yet to a node "
+            f"that has not run since ({detail})",
+            waiting,
         )
     else:
         verdict = Verdict(OK, f"every session end has its counterpart ({detail or 'no sessions'})")

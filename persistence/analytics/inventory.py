@@ -54,13 +54,24 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
     Live flows count by the status in their checkpoint row (``UNSTARTED``, ``RUNNABLE``,
     ``SUSPENDED``, ``HOSPITALIZED``); finished flows as ``COMPLETED`` (a row in
-    ``node_flow_results``) or ``FAILED`` (``node_flow_exceptions``). Always ``info``.
+    ``node_flow_results``) or ``FAILED`` (``node_flow_exceptions``). Each flow counts once:
+    one both finished and live (``node_integrity`` reports it) counts as finished, as the
+    node itself treats it (it does not trust a checkpoint older than a stored outcome), and
+    one with both a result and an error as ``COMPLETED``. Always ``info``.
     """
     from pyspark.sql import functions as F
 
-    live = snapshot.checkpoints.select("node", "flow_class", "status")
-    done = snapshot.results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))
-    failed = snapshot.exceptions.select("node", "flow_class", F.lit("FAILED").alias("status"))
+    results = snapshot.results.select("node", "flow_id", "flow_class")
+    finished = results.select("node", "flow_id").unionByName(
+        snapshot.exceptions.select("node", "flow_id")
+    )
+    live = snapshot.checkpoints.join(finished, ["node", "flow_id"], "left_anti").select(
+        "node", "flow_class", "status"
+    )
+    done = results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))
+    failed = snapshot.exceptions.join(
+        results.select("node", "flow_id"), ["node", "flow_id"], "left_anti"
+    ).select("node", "flow_class", F.lit("FAILED").alias("status"))
     frame = (
         live.unionByName(done)
         .unionByName(failed)

@@ -54,7 +54,7 @@ def probe_source(source: NodeSource, timeout_s: int = 5) -> None:
     Raises :class:`AnalyticsLoadError` naming the node, the URL (password hidden) and what
     is wrong (no such file, not a SQLite file, cannot connect, no fiberflow tables).
     """
-    wanted = {table for table, _, _ in TABLES.values()}
+    wanted = [table for table, _, _ in TABLES.values()]  # the flow tables first
     where = f"{source.name}: {source.display_url()}" if source.named else source.display_url()
     if source.dialect == "sqlite":
         path = source.sqlite_path
@@ -85,7 +85,7 @@ def probe_source(source: NodeSource, timeout_s: int = 5) -> None:
             raise AnalyticsLoadError(f"{where}: cannot connect: {reason}") from error
         finally:
             engine.dispose()
-    missing = sorted(wanted - found)
+    missing = [table for table in wanted if table not in found]
     if missing:
         place = f" (schema {source.schema})" if source.schema else ""
         raise AnalyticsLoadError(

@@ -35,6 +35,8 @@ TIME_COLUMNS = frozenset(
         "bucket_start_ms",
         "failed_at",
         "paused_at",
+        "last_alive_ms",
+        "last_at",
     }
 )
 """Columns holding epoch milliseconds (shown as UTC times)."""

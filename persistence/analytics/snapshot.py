@@ -41,6 +41,7 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             ("updated_at", LONG),
         ),
     ),
+    "blobs": ("node_checkpoint_blobs", "flow_id", (("flow_id", STRING),)),
     "results": (
         "node_flow_results",
         "flow_id",
@@ -75,6 +76,11 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
         (("message_id", STRING), ("target", STRING), ("created_at", LONG)),
     ),
     "paused": ("node_paused_flows", "flow_id", (("flow_id", STRING), ("paused_at", LONG))),
+    "workers": (
+        "node_workers",
+        "worker_id",
+        (("worker_id", STRING), ("renewed_at", LONG), ("expires_at", LONG)),
+    ),
 }
 """Frame name: (node table, partition key, columns read with their types). Blobs and
 payloads are never read."""
@@ -140,6 +146,11 @@ class Snapshot:
         return self.frames["checkpoints"]
 
     @property
+    def blobs(self) -> DataFrame:
+        """``node_checkpoint_blobs``: only ``flow_id`` and ``node`` (the blob is never read)."""
+        return self.frames["blobs"]
+
+    @property
     def results(self) -> DataFrame:
         """``node_flow_results`` (no result blobs), with ``node``."""
         return self.frames["results"]
@@ -163,6 +174,11 @@ class Snapshot:
     def paused(self) -> DataFrame:
         """``node_paused_flows`` (flows an operator paused), with ``node``."""
         return self.frames["paused"]
+
+    @property
+    def workers(self) -> DataFrame:
+        """``node_workers`` (the processes running the node: lease renewals), with ``node``."""
+        return self.frames["workers"]
 
     def on_close(self, release: Callable[[], object]) -> None:
         """Have ``release`` called when the snapshot closes (cached check results)."""

@@ -1,0 +1,221 @@
+"""The session ownership check: a node consumed messages only in sessions it holds (``fail``).
+
+``node_message_ids`` records every message a node consumed, with the session end it was
+consumed in (our side of the session) and its sender. The node must hold the flow of that
+end, live or finished:
+
+* a responder end ``S.r`` (the sender opened ``S``): the responder flow the node started for
+  it, whose id is the UUID5 of ``"<sender>|S"``
+  (:func:`~persistence.analytics.session_columns.responder_flow_id`);
+* an initiator end ``S`` (replies to a session the node opened): the initiating flow ``S``
+  names (:func:`~persistence.analytics.session_columns.session_flow`).
+
+The one legitimate exception is a refused session: a node with no responder registered for
+the initiating flow (or a draining node) records the initial message (sequence 0) of ``S.r``
+and answers with a rejection, starting no flow (``reject_initial_session`` in
+``statemachine/transitions/starting.py``). So a responder end in which only sequence 0 was
+consumed and no flow is held is counted as ``refused`` and not judged: from the tables
+alone it looks the same as a one-message responder whose records were lost (the blob of the
+initiator would tell them apart). A message that arrives after its flow ended is dropped
+unrecorded, so it leaves no row to judge.
+
+A message is also misdirected when solid evidence names another target than the node that
+consumed it: the sender's own tables show its end of the session (it waits on it, consumed
+a message of it, or queues one for it: :func:`~persistence.analytics.evidence.session_ends`)
+with another counterparty, or the consumed end is an initiator end whose session id carries
+the identity tag of another node (a node only opens sessions tagged with its own name's
+tag; judged only for nodes whose name is known, not a URL standing in for it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
+from persistence.analytics.evidence import known_flows, session_ends
+from persistence.analytics.session_columns import (
+    initiator_session,
+    is_responder,
+    peer_session,
+    responder_flow_id,
+    session_flow,
+)
+from statemachine.session_ids import TAG_LENGTH, identity_tag
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+    from persistence.analytics.snapshot import Snapshot
+
+UNOWNED = "unowned"
+"""Messages consumed in a session end the node holds no flow for."""
+MISDIRECTED = "misdirected"
+"""Messages consumed by a node that evidence shows was not their target."""
+
+
+def session_tag(session: Column) -> Column:
+    """The identity tag an initiator or responder session id carries (empty when untagged)."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_extract(initiator_session(session), rf"^([0-9a-f]{{{TAG_LENGTH}}})-", 1)
+
+
+def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
+    """Session ownership: every consumed message's session end has its flow on that node.
+
+    One row per (node, session end, sender) with a finding: ``kind`` ``misdirected`` (the
+    sender's tables or the session's tag name another target, listed in ``target``) or
+    ``unowned`` (no flow for the end, live or finished, and not a refused session), the
+    flow that should hold the end (``flow_id``), how many messages were consumed and their
+    sequence numbers, and a one-line ``reason``. ``extras["summary"]`` counts the consumed
+    session ends by outcome (``owned``, ``refused``, ``unowned``, ``misdirected``). ``fail``
+    when any finding.
+    """
+    from pyspark.sql import functions as F
+
+    consumed = (
+        snapshot.message_ids.where(session_flow(F.col("session_id")) != "")
+        .groupBy("node", "session_id", "sender")
+        .agg(
+            F.count("*").alias("messages"),
+            F.min("sequence").alias("first_sequence"),
+            F.max("sequence").alias("last_sequence"),
+            F.max("inserted_at").alias("last_at"),
+        )
+    )
+    responder = is_responder(F.col("session_id"))
+    consumed = consumed.withColumn(
+        "role", F.when(responder, "responder").otherwise("initiator")
+    ).withColumn(
+        "flow_id",
+        F.when(
+            responder, responder_flow_id(F.col("sender"), initiator_session(F.col("session_id")))
+        ).otherwise(session_flow(F.col("session_id"))),
+    )
+    known = known_flows(snapshot).select("node", "flow_id", F.col("status").alias("owner_status"))
+    consumed = consumed.join(known, ["node", "flow_id"], "left")
+    # the sender's own ends of the session, with another counterparty than this node
+    ends = session_ends(snapshot).select(
+        F.col("node").alias("e_node"),
+        F.col("session_id").alias("e_session"),
+        F.col("counterparty").alias("e_target"),
+    )
+    consumed = consumed.join(
+        ends,
+        (ends.e_node == consumed.sender)
+        & (ends.e_session == peer_session(consumed.session_id))
+        & (ends.e_target != consumed.node),
+        "left",
+    )
+    consumed = consumed.groupBy(
+        "node",
+        "session_id",
+        "sender",
+        "role",
+        "flow_id",
+        "owner_status",
+        "messages",
+        "first_sequence",
+        "last_sequence",
+        "last_at",
+    ).agg(F.sort_array(F.collect_set("e_target")).alias("targets"))
+    # a named node's initiator ends carry its own tag: another analyzed node's tag names it
+    named = [n.name for n in snapshot.nodes if n.named_by != "unknown"]
+    tags = {identity_tag(name): name for name in snapshot.node_names}
+    tag = session_tag(F.col("session_id"))
+    tag_target = (
+        F.element_at(F.create_map(*[F.lit(x) for pair in tags.items() for x in pair]), tag)
+        if tags
+        else F.lit(None).cast("string")
+    )
+    wrong_tag = (
+        (F.col("role") == "initiator")
+        & F.col("node").isin(*named)
+        & (tag != "")
+        & (tag != F.substring(F.sha2(F.col("node"), 256), 1, TAG_LENGTH))
+    )
+    target = F.when(
+        wrong_tag,
+        F.array_distinct(
+            F.concat(
+                F.array(F.coalesce(tag_target, F.concat(F.lit("the node tagged "), tag))),
+                F.col("targets"),
+            )
+        ),
+    ).otherwise(F.col("targets"))
+    consumed = consumed.withColumn("target", F.array_join(target, ", "))
+    outcome = (
+        F.when(F.col("target") != "", MISDIRECTED)
+        .when(F.col("owner_status").isNotNull(), "owned")
+        .when((F.col("role") == "responder") & (F.col("last_sequence") == 0), "refused")
+        .otherwise(UNOWNED)
+    )
+    consumed = keep(snapshot, consumed.withColumn("outcome", outcome))
+    which = F.when(F.col("role") == "responder", "responder").otherwise("initiating")
+    reason = F.when(
+        F.col("outcome") == MISDIRECTED,
+        F.concat(
+            F.lit("consumed "),
+            F.col("messages").cast("string"),
+            F.lit(" message(s) of "),
+            F.col("sender"),
+            F.lit("'s session meant for "),
+            F.col("target"),
+        ),
+    ).otherwise(
+        F.concat(
+            F.lit("consumed "),
+            F.col("messages").cast("string"),
+            F.lit(" message(s) from "),
+            F.col("sender"),
+            F.lit(" but holds no "),
+            which,
+            F.lit(" flow "),
+            F.col("flow_id"),
+            F.lit(" (live or finished)"),
+        )
+    )
+    findings = keep(
+        snapshot,
+        consumed.where(F.col("outcome").isin(UNOWNED, MISDIRECTED))
+        .select(
+            "node",
+            "flow_id",
+            "session_id",
+            F.col("outcome").alias("kind"),
+            "target",
+            "role",
+            "sender",
+            "messages",
+            "first_sequence",
+            "last_sequence",
+            "last_at",
+            reason.alias("reason"),
+        )
+        .orderBy("node", "session_id", "sender"),
+    )
+    summary = keep(
+        snapshot,
+        consumed.groupBy("outcome").agg(F.count("*").alias("session_ends")).orderBy("outcome"),
+    )
+    counts = {row["outcome"]: row["session_ends"] for row in summary.collect()}
+    found = counts.get(UNOWNED, 0) + counts.get(MISDIRECTED, 0)
+    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    if found:
+        verdict = Verdict(
+            FAIL,
+            f"{found} consumed session end{'s' if found != 1 else ''} not held by the node "
+            f"({detail})",
+            found,
+        )
+    else:
+        verdict = Verdict(
+            OK, f"every consumed message's session end is held ({detail or 'no messages'})"
+        )
+    return CheckResult(
+        "session_ownership",
+        "Session ownership of consumed messages",
+        findings,
+        verdict,
+        extras={"summary": summary},
+    )

@@ -1,0 +1,386 @@
+"""The table-only detections of issue 19: node integrity and session ownership.
+
+Real flows on MockNetwork nodes (tests/analytics_data.py), each inconsistency injected alone
+on a copy of the clean data (SQLite files, or PostgreSQL schemas copied per case): the check
+must report exactly that finding (node, flow, kind) and nothing else, and the clean data
+nothing at all. ``flow_counts`` must count a flow that is both finished and live once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+
+from flows.testing import MockNetwork
+from persistence.analytics import (
+    CheckSettings,
+    find_jdbc_jars,
+    load_nodes,
+    node_integrity,
+    parse_node_argument,
+    run_checks,
+    session_consistency,
+    session_ownership,
+)
+from persistence.analytics.sources import NodeSource
+from persistence.engine import normalize_url
+from samples.pingpong import PingFlow
+from tests.analytics_data import (
+    ALICE,
+    BOB,
+    CHARLIE,
+    CORDAPPS,
+    NAMES,
+    Execute,
+    Expected,
+    LingeringFlow,
+    NetworkData,
+    build_clean_network,
+    inject_blob_without_checkpoint,
+    inject_checkpoint_without_blob,
+    inject_finished_and_live,
+    inject_misdirected_initiator_end,
+    inject_misdirected_responder_end,
+    inject_unowned_initiator_end,
+    inject_unowned_responder_end,
+    sqlite_execute,
+)
+from tests.conftest import POSTGRES_URL, database_for, require_service
+from tests.cordapp import EchoFlow, UnansweredFlow
+
+MINUTE_MS = 60_000
+CHECKS = ("node_integrity", "session_ownership")
+Injection = Callable[[Execute, int], Expected]
+INJECTIONS: dict[str, Injection] = {
+    "checkpoint_without_blob": lambda execute, _: inject_checkpoint_without_blob(execute),
+    "blob_without_checkpoint": lambda execute, _: inject_blob_without_checkpoint(execute),
+    "finished_and_live": inject_finished_and_live,
+    "unowned_responder_end": lambda execute, _: inject_unowned_responder_end(execute),
+    "unowned_initiator_end": lambda execute, _: inject_unowned_initiator_end(execute),
+    "misdirected_responder_end": lambda execute, _: inject_misdirected_responder_end(execute),
+    "misdirected_initiator_end": lambda execute, _: inject_misdirected_initiator_end(execute),
+}
+
+
+def require_jdbc() -> None:
+    jars = find_jdbc_jars()
+    missing = [d for d in ("sqlite", "postgresql") if jars.for_dialect(d) is None]
+    require_service("JDBC drivers", f"no JDBC jar for {missing}" if missing else None)
+
+
+def findings(
+    spark: Any, sources: list[NodeSource], now_ms: int
+) -> tuple[set[tuple[str, str, str, str]], dict[str, Any]]:
+    """(check, node, flow id, kind) of every finding of the two checks, and their results."""
+    settings = CheckSettings(as_of_ms=now_ms + MINUTE_MS, grace_ms=30_000)
+    found: set[tuple[str, str, str, str]] = set()
+    details: dict[str, Any] = {}
+    with load_nodes(spark, sources) as snapshot:
+        for result in run_checks(snapshot, settings, names=[*CHECKS, "flow_counts"]):
+            rows = [row.asDict() for row in result.frame.collect()]
+            details[result.name] = {"status": result.verdict.status, "rows": rows}
+            if result.name in CHECKS:
+                found |= {(result.name, r["node"], r["flow_id"], r["kind"]) for r in rows}
+                summary = result.extras.get("summary")
+                if summary is not None:
+                    details[result.name]["summary"] = {row[0]: row[1] for row in summary.collect()}
+    return found, details
+
+
+# --- SQLite: the clean network of tests/analytics_data.py ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> NetworkData:
+    return build_clean_network(tmp_path_factory.mktemp("integrity-clean"))
+
+
+def sqlite_sources(data: NetworkData) -> list[NodeSource]:
+    return [parse_node_argument(s) for s in data.sources(NAMES)]
+
+
+@pytest.mark.spark
+def test_the_clean_network_gives_no_finding(spark: Any, clean: NetworkData) -> None:
+    require_jdbc()
+    found, details = findings(spark, sqlite_sources(clean), clean.now_ms)
+    assert found == set()
+    assert details["node_integrity"]["status"] == "ok"
+    assert details["session_ownership"]["status"] == "ok"
+    # UnansweredFlow's session was refused by Bob: its opening message recorded, no flow
+    assert details["session_ownership"]["summary"] == {"owned": 36, "refused": 1}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("case", sorted(INJECTIONS))
+def test_each_injected_inconsistency_is_found_alone_on_sqlite(
+    spark: Any, clean: NetworkData, tmp_path: Path, case: str
+) -> None:
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "copy")  # the module's clean data is never touched
+    expected = INJECTIONS[case](sqlite_execute(data), data.now_ms)
+    found, details = findings(spark, sqlite_sources(data), data.now_ms)
+    assert found == {attrs.astuple(expected)}
+    assert details[expected.check]["status"] == "fail"
+    (row,) = details[expected.check]["rows"]
+    assert row["reason"]
+    if expected.kind == "misdirected":
+        target = BOB if case == "misdirected_responder_end" else ALICE
+        assert (row["sender"], row["target"]) == (
+            ALICE if target == BOB else BOB,
+            target,
+        )
+    classes = {
+        "checkpoint_without_blob": "tests.analytics_data.LingeringResponder",
+        "blob_without_checkpoint": "unknown",  # only the blob, which is not read, holds it
+        "finished_and_live": "tests.analytics_data.LingeringFlow",
+    }
+    if expected.check == "node_integrity":
+        assert row["flow_class"] == classes[case]
+
+
+@pytest.mark.spark
+def test_a_flow_finished_and_live_is_counted_once_as_finished(
+    spark: Any, clean: NetworkData, tmp_path: Path
+) -> None:
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "copy")
+    before = counts(findings(spark, sqlite_sources(data), data.now_ms)[1])
+    inject_finished_and_live(sqlite_execute(data), data.now_ms)
+    after = counts(findings(spark, sqlite_sources(data), data.now_ms)[1])
+    key = (ALICE, "tests.analytics_data.LingeringFlow")
+    assert after[(*key, "SUSPENDED")] == before[(*key, "SUSPENDED")] - 1
+    assert after.get((*key, "COMPLETED"), 0) == before.get((*key, "COMPLETED"), 0) + 1
+    assert sum(after.values()) == sum(before.values())
+
+
+def counts(details: dict[str, Any]) -> dict[tuple[str, str, str], int]:
+    return {
+        (r["node"], r["flow_class"], r["status"]): r["flows"]
+        for r in details["flow_counts"]["rows"]
+    }
+
+
+# --- PostgreSQL: one schema per node, each case on copied schemas -----------------------------
+
+
+@attrs.frozen
+class PostgresNetwork:
+    engine: Engine
+    schemas: dict[str, str]
+    now_ms: int
+
+
+def copy_schemas(engine: Engine, schemas: dict[str, str], suffix: str) -> dict[str, str]:
+    """Copy every node schema (tables, keys, rows) to ``<schema>_<suffix>``."""
+    copies = {}
+    with engine.begin() as connection:
+        for name, schema in schemas.items():
+            copy = f"{schema}_{suffix}"
+            connection.execute(text(f'DROP SCHEMA IF EXISTS "{copy}" CASCADE'))
+            connection.execute(text(f'CREATE SCHEMA "{copy}"'))
+            tables = connection.execute(
+                text("SELECT tablename FROM pg_tables WHERE schemaname = :s"), {"s": schema}
+            ).scalars()
+            for table in list(tables):
+                connection.execute(
+                    text(
+                        f'CREATE TABLE "{copy}"."{table}" (LIKE "{schema}"."{table}" INCLUDING ALL)'
+                    )
+                )
+                connection.execute(
+                    text(f'INSERT INTO "{copy}"."{table}" SELECT * FROM "{schema}"."{table}"')
+                )
+            copies[name] = copy
+    return copies
+
+
+def postgres_execute(engine: Engine, schemas: dict[str, str]) -> Execute:
+    def execute(node: str, sql: str, parameters: dict[str, object]) -> list[tuple[Any, ...]]:
+        with engine.begin() as connection:
+            result = connection.execute(text(sql.format(t=f'"{schemas[node]}".')), parameters)
+            return [tuple(r) for r in result] if result.returns_rows else []
+
+    return execute
+
+
+def postgres_sources(schemas: dict[str, str]) -> list[NodeSource]:
+    return [
+        parse_node_argument(f"{name}={POSTGRES_URL}?schema={schema}")
+        for name, schema in schemas.items()
+    ]
+
+
+@pytest.fixture(scope="module")
+def postgres_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresNetwork]:
+    url = database_for("postgresql")
+    directory = tmp_path_factory.mktemp("integrity-postgres")
+    with MockNetwork(cordapps=CORDAPPS, directory=directory, database=url) as network:
+        alice, bob, charlie = (network.create_node(name) for name in (ALICE, BOB, CHARLIE))
+        for _ in range(2):
+            alice.start_flow(PingFlow(bob.party))
+            alice.start_flow(LingeringFlow(bob.party))
+        alice.start_flow(PingFlow(charlie.party))
+        alice.start_flow(EchoFlow(bob.party, ["one", "two", "three"]))
+        alice.start_flow(UnansweredFlow(bob.party))  # refused by Bob: not a finding
+        network.run_network(advance_clock=False)
+        now_ms = round(network.clock.now() * 1000)
+        schemas = {m.name: str(m.config.database_schema) for m in network.nodes}
+        engine = create_engine(normalize_url(POSTGRES_URL))
+        try:
+            yield PostgresNetwork(engine, schemas, now_ms)
+        finally:
+            with engine.begin() as connection:
+                for schema in schemas.values():
+                    for (copy,) in connection.execute(
+                        text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :p"),
+                        {"p": f"{schema}\\_%"},
+                    ):
+                        connection.execute(text(f'DROP SCHEMA "{copy}" CASCADE'))
+            engine.dispose()
+
+
+@pytest.mark.spark
+def test_postgresql_nodes_clean_give_nothing_and_each_injection_its_finding(
+    spark: Any, postgres_network: PostgresNetwork
+) -> None:
+    require_jdbc()
+    net = postgres_network
+    found, details = findings(spark, postgres_sources(net.schemas), net.now_ms)
+    assert found == set()
+    assert details["session_ownership"]["summary"]["refused"] == 1
+    for index, case in enumerate(sorted(INJECTIONS)):
+        copies = copy_schemas(net.engine, net.schemas, f"c{index}")
+        expected = INJECTIONS[case](postgres_execute(net.engine, copies), net.now_ms)
+        found, _ = findings(spark, postgres_sources(copies), net.now_ms)
+        assert found == {attrs.astuple(expected)}, case
+
+
+# --- a counterparty that is down: not delivered yet (warn) versus orphan (fail) ---------------
+
+
+@attrs.frozen
+class DownNetwork:
+    """Alice pinged Bob while Bob was not running: the ping waits in the transport."""
+
+    databases: dict[str, Path]
+    now_ms: int
+    session: str
+    """Alice's end of the waiting ping's session."""
+
+
+@pytest.fixture(scope="module")
+def down_network(tmp_path_factory: pytest.TempPathFactory) -> DownNetwork:
+    directory = tmp_path_factory.mktemp("integrity-down")
+    with MockNetwork(cordapps=CORDAPPS, directory=directory / "run") as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        alice.start_flow(PingFlow(bob.party))  # answered: Bob recorded a message from Alice
+        network.run_network(advance_clock=False)
+        waiting = alice.start_flow(PingFlow(bob.party)).flow_id
+        while alice.run_once():  # only Alice runs: Bob is down, the ping stays in transport
+            pass
+        now_ms = round(network.clock.now() * 1000)
+        databases = {}
+        for mock in network.nodes:
+            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
+            databases[mock.name] = directory / source.name
+            backup = sqlite3.connect(databases[mock.name])
+            live = sqlite3.connect(source)
+            try:
+                live.backup(backup)
+            finally:
+                live.close()
+                backup.close()
+    with sqlite3.connect(databases[ALICE]) as connection:
+        (session,) = [
+            str(s)
+            for (s,) in connection.execute(
+                "SELECT waiting_for FROM node_checkpoints WHERE flow_id = ?", (waiting,)
+            )
+        ]
+    connection.close()
+    return DownNetwork(databases, now_ms, json.loads(session)[0]["session"])
+
+
+def bob_was(
+    down: DownNetwork, directory: Path, last_alive_ms: int | None, heard_ms: int | None = None
+) -> list[NodeSource]:
+    """A copy where Bob's lease row was last renewed at ``last_alive_ms`` (None: no row).
+
+    The flow tables of a MockNetwork use the mock clock and the lease the database's clock,
+    so the test puts the lease in mock-clock time, as a node that crashed then would have
+    left it. ``heard_ms``: Bob recorded the answered ping from Alice then.
+    """
+    directory.mkdir()
+    sources = []
+    for name, path in down.databases.items():
+        copy = directory / path.name
+        shutil.copyfile(path, copy)
+        sources.append(parse_node_argument(f"{name}=sqlite:///{copy}"))
+        if name != BOB:
+            continue
+        with sqlite3.connect(copy) as connection:
+            if last_alive_ms is None:
+                connection.execute("DELETE FROM node_workers")
+            else:
+                connection.execute(
+                    "UPDATE node_workers SET renewed_at = ?, expires_at = ?",
+                    (last_alive_ms, last_alive_ms + 10_000),
+                )
+            if heard_ms is not None:
+                connection.execute("UPDATE node_message_ids SET inserted_at = ?", (heard_ms,))
+        connection.close()
+    return sources
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("case", "outcome", "status"),
+    [
+        ("down since before the send", "not delivered yet", "warn"),
+        ("no lease row", "unconfirmed", "warn"),
+        ("alive well after the send", "orphan", "fail"),
+        ("recorded later traffic from us", "orphan", "fail"),
+    ],
+)
+def test_a_ping_to_a_down_node_is_not_delivered_yet_unless_it_ran_since(
+    spark: Any, down_network: DownNetwork, tmp_path: Path, case: str, outcome: str, status: str
+) -> None:
+    require_jdbc()
+    down = down_network
+    as_of = down.now_ms + 10 * MINUTE_MS
+    alive, heard = {
+        "down since before the send": (down.now_ms - 5 * MINUTE_MS, None),
+        "no lease row": (None, None),
+        "alive well after the send": (as_of - 10_000, None),
+        "recorded later traffic from us": (down.now_ms - 5 * MINUTE_MS, down.now_ms + MINUTE_MS),
+    }[case]
+    sources = bob_was(down, tmp_path / "copy", alive, heard)
+    settings = CheckSettings(as_of_ms=as_of, grace_ms=30_000)
+    with load_nodes(spark, sources) as snapshot:
+        result = session_consistency(snapshot, settings)
+        rows = [row.asDict() for row in result.frame.collect()]
+        summary = {row[0]: row[1] for row in result.extras["summary"].collect()}
+        assert node_integrity(snapshot, settings).verdict.status == "ok"
+        assert session_ownership(snapshot, settings).verdict.status == "ok"
+    (row,) = rows
+    assert (row["node"], row["session_id"], row["counterparty"], row["outcome"]) == (
+        ALICE,
+        down.session,
+        BOB,
+        outcome,
+    )
+    assert result.verdict.status == status
+    assert summary[outcome] == 1
+    if outcome == "not delivered yet":
+        assert row["waited_ms"] == 10 * MINUTE_MS
+        assert f"waits in the transport to {BOB} (last alive at" in row["problem"]
+        assert "not delivered yet" in result.verdict.summary
