@@ -9,7 +9,8 @@ They live by family:
   ``checkpoint_costs``, ``failed_flows``;
 * :mod:`persistence.analytics.stuck`: ``stuck_flows``;
 * :mod:`persistence.analytics.consistency`: ``session_consistency``;
-* :mod:`persistence.analytics.exactly_once`: ``exactly_once_audit``.
+* :mod:`persistence.analytics.exactly_once`: ``exactly_once_audit``;
+* :mod:`persistence.analytics.blobs`: ``checkpoint_blobs`` (with the nodes' keys).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.checking import CheckFunction, CheckResult, CheckSettings
 from persistence.analytics.consistency import session_consistency
 from persistence.analytics.exactly_once import exactly_once_audit
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKS",
     "CHECK_TITLES",
+    "checkpoint_blobs",
     "checkpoint_costs",
     "exactly_once_audit",
     "failed_flows",
@@ -50,6 +53,7 @@ CHECKS: tuple[tuple[str, CheckFunction], ...] = (
     ("stuck_flows", stuck_flows),
     ("session_consistency", session_consistency),
     ("exactly_once_audit", exactly_once_audit),
+    ("checkpoint_blobs", checkpoint_blobs),
     ("checkpoint_costs", checkpoint_costs),
     ("failed_flows", failed_flows),
 )
@@ -61,6 +65,7 @@ CHECK_TITLES = {
     "stuck_flows": "stuck flows",
     "session_consistency": "cross-node session consistency",
     "exactly_once_audit": "exactly-once audit",
+    "checkpoint_blobs": "checkpoint blobs (with the node's key)",
     "checkpoint_costs": "checkpoint size and journal length",
     "failed_flows": "hospitalized and failed flows",
 }

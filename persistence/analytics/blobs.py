@@ -1,0 +1,212 @@
+"""The ``checkpoint_blobs`` check (``fail``): facts only the checkpoint blob holds.
+
+Run for the nodes whose checkpoint key was given (``--key-file NODE=PATH``, or the key file
+a ``--node-config`` names). Their blobs are opened with the key
+(:mod:`persistence.analytics.blob_facts`), and Spark joins the small facts with the dedup
+ids of every analyzed node. Findings, one row each, by ``kind``:
+
+* ``mac_mismatch``, ``stale_checkpoint``, ``undecodable_checkpoint``,
+  ``foreign_checkpoint``: a blob the node would refuse to load (the reason is the node's own);
+* ``consumed_unsent``: a node recorded message ``k`` of a session whose sender's live
+  checkpoint says it sent fewer than ``k + 1`` messages on it (judged for records older
+  than ``grace_ms``, as the other cross-node rules: two snapshots may straddle a send);
+* ``missing_last_dedup_id``: a live checkpoint took in message ``k`` of a session (it counts
+  it in ``next_receive_sequence``, or holds it as an early message) and its node has no dedup
+  id for it, above the last one it has. The dedup id is written in the transaction that
+  takes the message in, so this is a broken promise: a redelivery of ``k`` would be taken
+  in again. (A missing id *below* a recorded one is the audit's ``sequence_gap``.)
+
+Without a key for a node, its blobs are not read, and the verdict says "not checked: no key".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persistence.analytics.blob_facts import read_blob_facts
+from persistence.analytics.checking import (
+    FAIL,
+    INFO,
+    OK,
+    CheckResult,
+    CheckSettings,
+    Verdict,
+    as_of_ms,
+    keep,
+)
+from persistence.analytics.session_columns import peer_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from persistence.analytics.snapshot import Snapshot
+
+FINDING_COLUMNS = (
+    "node",
+    "kind",
+    "flow_id",
+    "session_id",
+    "sequence",
+    "counterparty",
+    "detail",
+)
+"""The columns of the check's findings."""
+
+
+def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
+    """Open the keyed nodes' checkpoint blobs and check what only they say (see the module)."""
+    from pyspark.sql import functions as F
+
+    settings = settings or CheckSettings()
+    keyed = [name for name in snapshot.node_names if name in snapshot.checkpoint_keys]
+    unkeyed = [name for name in snapshot.node_names if name not in snapshot.checkpoint_keys]
+    not_checked = f"not checked: no key for {', '.join(unkeyed)}" if unkeyed else ""
+    if not keyed:
+        empty = snapshot.spark.createDataFrame(
+            [],
+            "node string, kind string, flow_id string, session_id string, sequence bigint, "
+            "counterparty string, detail string",
+        )
+        summary = "not checked: no key (give --key-file NODE=PATH) for " + ", ".join(unkeyed)
+        return CheckResult(
+            "checkpoint_blobs",
+            "Checkpoint blobs (with the node's key)",
+            empty,
+            Verdict(INFO, summary),
+        )
+    facts = read_blob_facts(snapshot, {name: snapshot.checkpoint_keys[name] for name in keyed})
+    snapshot.on_close(facts.problems.unpersist)
+    snapshot.on_close(facts.sessions.unpersist)
+    refused = facts.problems.select(
+        "node",
+        "kind",
+        "flow_id",
+        F.lit(None).cast("string").alias("session_id"),
+        F.lit(None).cast("bigint").alias("sequence"),
+        F.lit(None).cast("string").alias("counterparty"),
+        "detail",
+    )
+    frame = (
+        refused.unionByName(_consumed_unsent(snapshot, facts.sessions, settings))
+        .unionByName(_missing_last(snapshot, facts.sessions))
+        .orderBy("kind", "node", "flow_id", "session_id", "sequence")
+    )
+    frame = keep(snapshot, frame)
+    counts = {
+        row["kind"]: row["n"]
+        for row in frame.groupBy("kind").agg(F.count("*").alias("n")).collect()
+    }
+    found = sum(counts.values())
+    blobs = sum(facts.blobs.values())
+    read = f"{blobs} blob{'s' if blobs != 1 else ''} of {', '.join(keyed)} opened"
+    if found:
+        parts = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        summary = f"{found} finding{'s' if found != 1 else ''}: {parts} ({read})"
+        verdict = Verdict(FAIL, summary + (f"; {not_checked}" if unkeyed else ""), found)
+    elif unkeyed:
+        verdict = Verdict(INFO, f"{read}: no finding; {not_checked}")
+    else:
+        verdict = Verdict(
+            OK,
+            f"{read}: every MAC matches, every message consumed was sent, "
+            "every message taken in has its dedup id",
+        )
+    sessions = facts.sessions.groupBy("node").agg(
+        F.countDistinct("flow_id").alias("flows"), F.count("*").alias("sessions")
+    )
+    return CheckResult(
+        "checkpoint_blobs",
+        "Checkpoint blobs (with the node's key)",
+        frame,
+        verdict,
+        extras={"sessions": keep(snapshot, sessions)},
+    )
+
+
+def _consumed_unsent(snapshot: Snapshot, sessions: DataFrame, settings: CheckSettings) -> DataFrame:
+    """Records of messages past what the sender's live checkpoint says it sent."""
+    from pyspark.sql import functions as F
+
+    judged_before = as_of_ms(snapshot, settings) - settings.grace_ms
+    ids = snapshot.message_ids.where(F.col("inserted_at") <= judged_before)
+    sent = sessions.select(
+        F.col("node").alias("s_node"),
+        F.col("flow_id").alias("s_flow"),
+        F.col("session_id").alias("s_session"),
+        F.col("sent"),
+    )
+    joined = ids.join(
+        sent,
+        (sent.s_node == ids.sender) & (sent.s_session == peer_session(ids.session_id)),
+    ).where(F.col("sequence") >= F.col("sent"))
+    return joined.select(
+        "node",
+        F.lit("consumed_unsent").alias("kind"),
+        F.col("s_flow").alias("flow_id"),
+        "session_id",
+        "sequence",
+        F.col("sender").alias("counterparty"),
+        F.concat(
+            F.lit("message "),
+            F.col("sequence").cast("string"),
+            F.lit(" recorded as consumed, but the sender's checkpoint (flow "),
+            F.col("s_flow"),
+            F.lit(") says it sent "),
+            F.col("sent").cast("string"),
+            F.lit(" on "),
+            F.col("s_session"),
+        ).alias("detail"),
+    )
+
+
+def _missing_last(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
+    """Messages a live checkpoint took in, above its node's last dedup id, without one."""
+    from pyspark.sql import functions as F
+
+    ids = snapshot.message_ids
+    top = ids.groupBy(F.col("node").alias("t_node"), F.col("session_id").alias("t_session")).agg(
+        F.max("sequence").alias("top")
+    )
+    with_top = sessions.join(
+        top, (top.t_node == sessions.node) & (top.t_session == sessions.session_id), "left"
+    ).withColumn("first", F.coalesce(F.col("top") + 1, F.lit(0).cast("bigint")))
+    in_order = F.when(
+        F.col("received") > F.col("first"),
+        F.sequence(F.col("first"), F.col("received") - 1),
+    ).otherwise(F.array().cast("array<bigint>"))
+    early = F.filter(F.col("early"), lambda sequence: sequence >= F.col("first"))
+    candidates = with_top.select(
+        "node",
+        "flow_id",
+        "session_id",
+        "counterparty",
+        "received",
+        F.explode(F.array_union(in_order, early)).alias("sequence"),
+    )
+    recorded = ids.select(
+        F.col("node").alias("r_node"),
+        F.col("session_id").alias("r_session"),
+        F.col("sequence").alias("r_sequence"),
+    )
+    missing = candidates.join(
+        recorded,
+        (recorded.r_node == candidates.node)
+        & (recorded.r_session == candidates.session_id)
+        & (recorded.r_sequence == candidates.sequence),
+        "left_anti",
+    )
+    return missing.select(
+        "node",
+        F.lit("missing_last_dedup_id").alias("kind"),
+        "flow_id",
+        "session_id",
+        "sequence",
+        "counterparty",
+        F.concat(
+            F.lit("the checkpoint took in message "),
+            F.col("sequence").cast("string"),
+            F.lit(" (next expected "),
+            F.col("received").cast("string"),
+            F.lit("), but the node has no dedup id for it: a redelivery would be taken in again"),
+        ).alias("detail"),
+    )
