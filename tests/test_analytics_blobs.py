@@ -19,6 +19,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -39,6 +40,7 @@ from persistence.checkpoint_codec import decode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
+from tests.analytics_blob_flows import ClosingFlow
 from tests.analytics_data import (
     ALICE,
     BOB,
@@ -61,14 +63,69 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> NetworkData:
     return build_clean_network(tmp_path_factory.mktemp("blobs-clean"))
 
 
+@attrs.frozen
+class Closing:
+    """Alice's ClosingFlow, live, whose first conversation with Bob has finished."""
+
+    data: NetworkData
+    initiator: str
+    session: str
+    """Alice's first session (sent "one", "two" and its end: 3 messages)."""
+    responder: str
+    """Bob's finished responder of that session."""
+
+
+@pytest.fixture(scope="module")
+def closing(tmp_path_factory: pytest.TempPathFactory) -> Closing:
+    directory = tmp_path_factory.mktemp("blobs-closing")
+    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
+    with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
+        initiator = alice.start_flow(ClosingFlow(bob.party)).flow_id
+        network.run_network(advance_clock=False)
+        network.clock.advance(61)  # the minute between the two conversations
+        network.run_network(advance_clock=False)
+        now_ms = round(network.clock.now() * 1000)
+        databases = {}
+        for mock in network.nodes:
+            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
+            databases[mock.name] = directory / source.name
+            with sqlite3.connect(source) as live, sqlite3.connect(databases[mock.name]) as copy:
+                live.backup(copy)
+            live.close()
+            copy.close()
+    data = NetworkData(
+        directory=directory,
+        databases=databases,
+        now_ms=now_ms,
+        finished={},
+        live={},
+        lingering=[],
+        echo_session="",
+        hospitalized="",
+        paused=(BOB, ""),
+        keys=keys,
+    )
+    connection = sqlite3.connect(databases[BOB])
+    ((session, responder),) = connection.execute(
+        "SELECT m.session_id, r.flow_id FROM node_message_ids m, node_flow_results r "
+        "WHERE m.sequence = 2 AND r.completed_at < ? GROUP BY m.session_id",
+        (now_ms - 30_000,),
+    ).fetchall()
+    connection.close()
+    return Closing(data, initiator, session.removesuffix(".r"), responder)
+
+
 def blob_check(
     spark: Any,
     data: NetworkData,
     keyed: tuple[str, ...] = NAMES,
     settings: CheckSettings | None = None,
+    names: tuple[str, ...] = NAMES,
 ) -> tuple[CheckResult, list[dict[str, Any]]]:
     """Run the check on ``data`` with the keys of ``keyed``: (result, findings as dicts)."""
-    sources = [parse_node_argument(s) for s in data.sources()]
+    sources = [parse_node_argument(s) for s in data.sources(names)]
     keys = load_keys([NodeKey(name, data.keys[name]) for name in keyed])
     with load_nodes(spark, sources) as snapshot:
         snapshot.checkpoint_keys = keys
@@ -351,3 +408,59 @@ def test_the_cli_takes_key_files_and_says_which_nodes_were_not_checked(
     (line,) = [x for x in out.getvalue().splitlines() if "no key for" in x]
     assert "no finding; not checked: no key for O=Dave,L=Oslo,C=NO" in line
     assert str(clean.keys[ALICE]) not in (tmp_path / "r.json").read_text()
+
+
+# --- Spark: a finished conversation, by the sender's count ------------------------------------
+
+
+def closing_check(spark: Any, data: NetworkData) -> tuple[CheckResult, list[dict[str, Any]]]:
+    return blob_check(spark, data, keyed=(ALICE, BOB), names=(ALICE, BOB))
+
+
+@pytest.mark.spark
+def test_a_finished_conversation_is_clean_and_its_deleted_last_dedup_id_found(
+    spark: Any, closing: Closing, tmp_path: Path
+) -> None:
+    """Alice sent 3 on the session (the end last); Bob's responder took all in and finished."""
+    require_jdbc()
+    result, found = closing_check(spark, closing.data)
+    assert found == [] and result.verdict.status == "ok", result.verdict
+    data = closing.data.copy_to(tmp_path / "deleted")
+    with sqlite3.connect(data.databases[BOB]) as connection:
+        deleted = connection.execute(
+            "DELETE FROM node_message_ids WHERE session_id = ? AND sequence = 2",
+            (f"{closing.session}.r",),
+        ).rowcount
+    connection.close()
+    assert deleted == 1
+    result, found = closing_check(spark, data)
+    assert where(found) == [
+        (BOB, "missing_last_dedup_id", closing.responder, f"{closing.session}.r", 2)
+    ]
+    assert found[0]["counterparty"] == ALICE
+    assert "says it sent 3 on" in found[0]["detail"]
+    assert result.verdict.status == "fail"
+
+
+@pytest.mark.spark
+def test_no_evidence_the_sender_heard_from_the_receiver_since_is_no_finding(
+    spark: Any, closing: Closing, tmp_path: Path
+) -> None:
+    """The same deletion, but Alice's node took in nothing from Bob's after the responder
+    finished (as if Alice's node were down): Bob's end could still be on its way."""
+    require_jdbc()
+    data = closing.data.copy_to(tmp_path / "unheard")
+    with sqlite3.connect(data.databases[BOB]) as connection:
+        connection.execute(
+            "DELETE FROM node_message_ids WHERE session_id = ? AND sequence = 2",
+            (f"{closing.session}.r",),
+        )
+        (ended,) = connection.execute(
+            "SELECT completed_at FROM node_flow_results WHERE flow_id = ?", (closing.responder,)
+        ).fetchone()
+    connection.close()
+    with sqlite3.connect(data.databases[ALICE]) as connection:
+        connection.execute("UPDATE node_message_ids SET inserted_at = ?", (ended,))
+    connection.close()
+    _, found = closing_check(spark, data)
+    assert found == []

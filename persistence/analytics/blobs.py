@@ -34,7 +34,7 @@ from persistence.analytics.checking import (
     as_of_ms,
     keep,
 )
-from persistence.analytics.session_columns import peer_session
+from persistence.analytics.session_columns import counterpart_flow, message_session, peer_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -89,6 +89,7 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
     frame = (
         refused.unionByName(_consumed_unsent(snapshot, facts.sessions, settings))
         .unionByName(_missing_last(snapshot, facts.sessions))
+        .unionByName(_missing_last_by_sender(snapshot, facts.sessions, settings))
         .orderBy("kind", "node", "flow_id", "session_id", "sequence")
     )
     frame = keep(snapshot, frame)
@@ -208,5 +209,101 @@ def _missing_last(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
             F.lit(" (next expected "),
             F.col("received").cast("string"),
             F.lit("), but the node has no dedup id for it: a redelivery would be taken in again"),
+        ).alias("detail"),
+    )
+
+
+def _missing_last_by_sender(
+    snapshot: Snapshot, sessions: DataFrame, settings: CheckSettings
+) -> DataFrame:
+    """The last messages of finished conversations, by the sender's count, with no dedup id.
+
+    Evidence that the receiver took in every message the sender counts, though its flow has
+    finished (its blob is gone): the sender closed the session (its end is its last message)
+    and never took in an end from the receiver, whose flow finished without one: a flow
+    that finishes sends an end on every session whose peer has not ended it, so it had taken
+    in the sender's end, and, in order, every message before it. Judged only when that
+    cannot be an end still on its way: the receiver finished more than ``grace_ms`` before
+    *as of*, its outbox holds nothing of the session, and the sender's node has since taken
+    in a message from the receiver's node (so it is up and receives from it).
+    """
+    from pyspark.sql import functions as F
+
+    judged_before = as_of_ms(snapshot, settings) - settings.grace_ms
+    ids = snapshot.message_ids
+    closed = sessions.where(
+        F.col("closed_by_us") & ~F.col("peer_finished") & (F.col("sent") > 0)
+    ).select(
+        F.col("node").alias("sender"),
+        F.col("flow_id").alias("sender_flow"),
+        F.col("session_id").alias("sender_session"),
+        F.col("counterparty").alias("node"),
+        F.col("peer_session_id").alias("session_id"),
+        counterpart_flow(F.col("node"), F.col("session_id")).alias("flow_id"),
+        "sent",
+    )
+    finished = snapshot.results.select(
+        F.col("node").alias("f_node"),
+        F.col("flow_id").alias("f_flow"),
+        F.col("completed_at").alias("ended_at"),
+    ).unionByName(
+        snapshot.exceptions.select(
+            F.col("node").alias("f_node"),
+            F.col("flow_id").alias("f_flow"),
+            F.col("failed_at").alias("ended_at"),
+        )
+    )
+    ended = closed.join(
+        finished, (finished.f_node == closed.node) & (finished.f_flow == closed.flow_id)
+    ).where(F.col("ended_at") <= judged_before)
+    queued = snapshot.outbox.select(
+        F.col("node").alias("q_node"), message_session(F.col("message_id")).alias("q_session")
+    )
+    ended = ended.join(
+        queued,
+        (queued.q_node == ended.node) & (queued.q_session == ended.session_id),
+        "left_anti",
+    )
+    heard = ids.groupBy(F.col("node").alias("h_node"), F.col("sender").alias("h_from")).agg(
+        F.max("inserted_at").alias("heard_at")
+    )
+    ended = ended.join(heard, (heard.h_node == ended.sender) & (heard.h_from == ended.node)).where(
+        F.col("heard_at") > F.col("ended_at")
+    )
+    top = ids.groupBy(F.col("node").alias("t_node"), F.col("session_id").alias("t_session")).agg(
+        F.max("sequence").alias("top")
+    )
+    ended = ended.join(
+        top, (top.t_node == ended.node) & (top.t_session == ended.session_id), "left"
+    ).withColumn("first", F.coalesce(F.col("top") + 1, F.lit(0).cast("bigint")))
+    missing = ended.where(F.col("sent") > F.col("first")).select(
+        "node",
+        "flow_id",
+        "session_id",
+        "sender",
+        "sender_flow",
+        "sender_session",
+        "sent",
+        F.explode(F.sequence(F.col("first"), F.col("sent") - 1)).alias("sequence"),
+    )
+    return missing.select(
+        "node",
+        F.lit("missing_last_dedup_id").alias("kind"),
+        "flow_id",
+        "session_id",
+        "sequence",
+        F.col("sender").alias("counterparty"),
+        F.concat(
+            F.lit("the sender's checkpoint (flow "),
+            F.col("sender_flow"),
+            F.lit(") says it sent "),
+            F.col("sent").cast("string"),
+            F.lit(" on "),
+            F.col("sender_session"),
+            F.lit(
+                " and closed it; this finished flow took in its end without answering one"
+                ", but the node has no dedup id for message "
+            ),
+            F.col("sequence").cast("string"),
         ).alias("detail"),
     )
