@@ -36,10 +36,11 @@ from persistence.analytics.keys import (
     node_config_argument,
     parse_key_argument,
 )
-from persistence.checkpoint_codec import decode_checkpoint
+from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
+from statemachine.values import replace
 from tests.analytics_blob_flows import ClosingFlow
 from tests.analytics_data import (
     ALICE,
@@ -464,3 +465,50 @@ def test_no_evidence_the_sender_heard_from_the_receiver_since_is_no_finding(
     connection.close()
     _, found = closing_check(spark, data)
     assert found == []
+
+
+@pytest.mark.spark
+def test_an_older_blob_and_row_put_back_are_behind_their_dedup_ids(
+    spark: Any, closing: Closing, tmp_path: Path
+) -> None:
+    """Alice's checkpoint as it was before it took in Bob's answer and end on the second
+    session, row and blob together (sealed with her key, so the MAC matches the row)."""
+    require_jdbc()
+    data = closing.data.copy_to(tmp_path / "older")
+    key = load_keys([NodeKey(ALICE, data.keys[ALICE])])[ALICE]
+    with sqlite3.connect(data.databases[ALICE]) as connection:
+        version, blob = connection.execute(
+            "SELECT c.checkpoint_version, b.blob FROM node_checkpoints c "
+            "JOIN node_checkpoint_blobs b USING (flow_id) WHERE flow_id = ?",
+            (closing.initiator,),
+        ).fetchone()
+        checkpoint = decode_checkpoint(blob)
+        (second,) = [s for s in checkpoint.sessions if s.session_id != closing.session]
+        assert second.next_receive_sequence == 3  # Bob's confirm, "ok" and end
+        older = replace(
+            checkpoint,
+            sessions=[
+                closing_session
+                for closing_session in checkpoint.sessions
+                if closing_session.session_id == closing.session
+            ]
+            + [replace(second, next_receive_sequence=1, inbox=())],
+            version=version - 1,
+        )
+        old_blob = encode_checkpoint(older)
+        connection.execute(
+            "UPDATE node_checkpoints SET checkpoint_version = ? WHERE flow_id = ?",
+            (version - 1, closing.initiator),
+        )
+        connection.execute(
+            "UPDATE node_checkpoint_blobs SET blob = ?, mac = ? WHERE flow_id = ?",
+            (
+                old_blob,
+                CheckpointSeal(key).mac(closing.initiator, version - 1, old_blob),
+                closing.initiator,
+            ),
+        )
+    connection.close()
+    _, found = closing_check(spark, data)
+    assert where(found) == [(ALICE, "stale_checkpoint", closing.initiator, second.session_id, 1)]
+    assert "expects message 1 next" in found[0]["detail"]

@@ -6,7 +6,9 @@ a ``--node-config`` names). Their blobs are opened with the key
 ids of every analyzed node. Findings, one row each, by ``kind``:
 
 * ``mac_mismatch``, ``stale_checkpoint``, ``undecodable_checkpoint``,
-  ``foreign_checkpoint``: a blob the node would refuse to load (the reason is the node's own);
+  ``foreign_checkpoint``: a blob the node would refuse to load (the reason is the node's own),
+  and ``stale_checkpoint`` too for a checkpoint behind the dedup ids its own node recorded
+  on its sessions (an older blob and row put back together, which the MAC cannot see);
 * ``consumed_unsent``: a node recorded message ``k`` of a session whose sender's live
   checkpoint says it sent fewer than ``k + 1`` messages on it (judged for records older
   than ``grace_ms``, as the other cross-node rules: two snapshots may straddle a send);
@@ -88,6 +90,7 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
     )
     frame = (
         refused.unionByName(_consumed_unsent(snapshot, facts.sessions, settings))
+        .unionByName(_behind_dedup_ids(snapshot, facts.sessions))
         .unionByName(_missing_last(snapshot, facts.sessions))
         .unionByName(_missing_last_by_sender(snapshot, facts.sessions, settings))
         .orderBy("kind", "node", "flow_id", "session_id", "sequence")
@@ -156,6 +159,49 @@ def _consumed_unsent(snapshot: Snapshot, sessions: DataFrame, settings: CheckSet
             F.col("sent").cast("string"),
             F.lit(" on "),
             F.col("s_session"),
+        ).alias("detail"),
+    )
+
+
+def _behind_dedup_ids(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
+    """Checkpoints older than the dedup ids their own node wrote: an old blob *and* row.
+
+    The node's own rule when it loads a checkpoint (``checkpoint_staleness``): a message
+    recorded as consumed on one of the flow's sessions that the checkpoint has not taken in
+    (at or past ``next_receive_sequence``, and not held early). The MAC cannot see this one:
+    the row and the blob were put back together, so they agree on the version.
+    """
+    from pyspark.sql import functions as F
+
+    ids = snapshot.message_ids.select(
+        F.col("node").alias("i_node"),
+        F.col("session_id").alias("i_session"),
+        F.col("sequence").alias("i_sequence"),
+    )
+    behind = (
+        sessions.join(ids, (ids.i_node == sessions.node) & (ids.i_session == sessions.session_id))
+        .where(
+            (F.col("i_sequence") >= F.col("received"))
+            & ~F.array_contains(F.col("early"), F.col("i_sequence"))
+        )
+        .groupBy("node", "flow_id", "session_id", "counterparty", "received")
+        .agg(F.min("i_sequence").alias("sequence"))
+    )
+    return behind.select(
+        "node",
+        F.lit("stale_checkpoint").alias("kind"),
+        "flow_id",
+        "session_id",
+        "sequence",
+        "counterparty",
+        F.concat(
+            F.lit("stale checkpoint: message "),
+            F.col("sequence").cast("string"),
+            F.lit(" of session "),
+            F.col("session_id"),
+            F.lit(" was consumed, but this checkpoint expects message "),
+            F.col("received").cast("string"),
+            F.lit(" next (an older blob and row put back)"),
         ).alias("detail"),
     )
 
