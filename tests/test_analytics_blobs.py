@@ -202,6 +202,9 @@ def test_a_bad_key_file_fails_fast_with_exit_2(tmp_path: Path) -> None:
     assert code == 2
     assert err.getvalue().startswith("fiberflow analyze: checkpoint key of O=Alice")
     assert "does not exist" in err.getvalue()
+    err = io.StringIO()  # neither --node nor --node-config
+    assert run_analyze(parser.parse_args([]), out=io.StringIO(), err=err) == 2
+    assert err.getvalue() == "fiberflow analyze: give at least one --node (or --node-config)\n"
 
 
 # --- Spark: the clean network -----------------------------------------------------------------

@@ -56,7 +56,15 @@ FINDING_COLUMNS = (
 
 
 def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
-    """Open the keyed nodes' checkpoint blobs and check what only they say (see the module)."""
+    """Open the keyed nodes' checkpoint blobs and check what only they say (see the module).
+
+    With each node's key (--key-file), its checkpoint blobs are opened as the node opens
+    them: a blob whose MAC fails or that is stale or undecodable, a message recorded as
+    consumed past what its sender's live checkpoint says it sent (consumed_unsent), and a
+    message taken in, by the receiver's checkpoint or by the sender's count in a finished
+    conversation, with no dedup id (missing_last_dedup_id) are findings. A node without a
+    key is not checked.
+    """
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
