@@ -96,9 +96,10 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         F.lit(None).cast("string").alias("counterparty"),
         "detail",
     )
+    unsent = _consumed_unsent(snapshot, facts.sessions, settings)
     frame = (
-        refused.unionByName(_consumed_unsent(snapshot, facts.sessions, settings))
-        .unionByName(_behind_dedup_ids(snapshot, facts.sessions))
+        refused.unionByName(unsent)
+        .unionByName(_behind_dedup_ids(snapshot, facts.sessions, unsent))
         .unionByName(_missing_last(snapshot, facts.sessions))
         .unionByName(_missing_last_by_sender(snapshot, facts.sessions, settings))
         .orderBy("kind", "node", "flow_id", "session_id", "sequence")
@@ -171,13 +172,15 @@ def _consumed_unsent(snapshot: Snapshot, sessions: DataFrame, settings: CheckSet
     )
 
 
-def _behind_dedup_ids(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
+def _behind_dedup_ids(snapshot: Snapshot, sessions: DataFrame, unsent: DataFrame) -> DataFrame:
     """Checkpoints older than the dedup ids their own node wrote: an old blob *and* row.
 
     The node's own rule when it loads a checkpoint (``checkpoint_staleness``): a message
     recorded as consumed on one of the flow's sessions that the checkpoint has not taken in
     (at or past ``next_receive_sequence``, and not held early). The MAC cannot see this one:
-    the row and the blob were put back together, so they agree on the version.
+    the row and the blob were put back together, so they agree on the version. A record
+    that is ``consumed_unsent`` (its sender never sent it) is explained by that finding: the
+    record is wrong, not the checkpoint.
     """
     from pyspark.sql import functions as F
 
@@ -186,6 +189,12 @@ def _behind_dedup_ids(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
         F.col("session_id").alias("i_session"),
         F.col("sequence").alias("i_sequence"),
     )
+    bogus = unsent.select(
+        F.col("node").alias("i_node"),
+        F.col("session_id").alias("i_session"),
+        F.col("sequence").alias("i_sequence"),
+    )
+    ids = ids.join(bogus, ["i_node", "i_session", "i_sequence"], "left_anti")
     behind = (
         sessions.join(ids, (ids.i_node == sessions.node) & (ids.i_session == sessions.session_id))
         .where(
