@@ -36,6 +36,7 @@ __all__ = [
     "NodeIdentity",
     "PeerKeys",
     "StaticPeerKeys",
+    "load_identity",
     "load_or_create_identity",
 ]
 
@@ -126,6 +127,17 @@ def load_or_create_identity(path: Path, name: str) -> NodeIdentity:
         finally:
             draft.unlink(missing_ok=True)
         return NodeIdentity(name, key)
+    return load_identity(path, name)
+
+
+def load_identity(path: Path, name: str) -> NodeIdentity:
+    """The identity in the existing key file ``path`` (never created here).
+
+    Raises :class:`KeyFileError` when the file is missing, others may read or change it, or
+    it does not hold an unencrypted Ed25519 private key in PEM.
+    """
+    if not path.is_file():
+        raise KeyFileError(f"key file {path} does not exist")
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
         raise KeyFileError(

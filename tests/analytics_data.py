@@ -30,7 +30,7 @@ from flows import (
     initiated_by,
     initiating_flow,
 )
-from flows.testing import MockNetwork
+from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow
 from statemachine import session_ids
@@ -108,6 +108,9 @@ class NetworkData:
     """The flow (on Charlie) an operator kept in the hospital."""
     paused: tuple[str, str]
     """(node, flow) an operator paused: Bob's responder waiting on Dave."""
+    keys: dict[str, Path] = attrs.field(factory=dict)
+    """Node name to its key file (the Ed25519 PEM a node config names as ``key_file``): the
+    checkpoint MAC key of its blobs is derived from it."""
 
     def sources(self, names: tuple[str, ...] = NAMES) -> list[str]:
         """``NAME=URL`` arguments for the given nodes."""
@@ -187,6 +190,7 @@ def build_clean_network(directory: Path) -> NetworkData:
     network = MockNetwork(cordapps=CORDAPPS, directory=directory / "run")
     try:
         alice, bob, charlie, dave = (network.create_node(name) for name in NAMES)
+        keys = {mock.name: write_key_file(mock, directory / "keys") for mock in network.nodes}
         handles = [alice.start_flow(PingFlow(bob.party)) for _ in range(5)]
         handles += [bob.start_flow(PingFlow(charlie.party)) for _ in range(3)]
         echo = alice.start_flow(EchoFlow(bob.party, ["one", "two", "three", "four"]))
@@ -239,7 +243,24 @@ def build_clean_network(directory: Path) -> NetworkData:
         echo_session=echo_session,
         hospitalized=kept,
         paused=(BOB, paused),
+        keys=keys,
     )
+
+
+def write_key_file(mock: MockNode, directory: Path) -> Path:
+    """Write ``mock``'s private key as its node would keep it (PKCS#8 PEM, mode 0600)."""
+    from cryptography.hazmat.primitives import serialization
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{mock.party.organisation.lower()}.key.pem"
+    pem = mock.identity.private_key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.write_bytes(pem)
+    path.chmod(0o600)
+    return path
 
 
 @attrs.frozen

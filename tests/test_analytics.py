@@ -281,6 +281,8 @@ def clean_cli(
         argv += ["--node", source]
     for name in (ALICE, BOB):  # plain URLs: their names are found in the others' tables
         argv += ["--node", f"sqlite:///{clean.databases[name]}"]
+    for name in NAMES:  # every node's key, also those named from the others' tables
+        argv += ["--key-file", f"{name}={clean.keys[name]}"]
     argv += ["--json", str(out / "report.json"), "--html", str(out / "report.html")]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -420,6 +422,7 @@ def test_clean_network_passes_and_the_cli_exits_zero(
         "exactly_once_audit": "ok",
         "node_integrity": "ok",
         "session_ownership": "ok",
+        "checkpoint_blobs": "ok",  # every node's blobs opened with its key
         "checkpoint_costs": "info",
         "failed_flows": "warn",  # the flow kept in the hospital
     }
@@ -429,6 +432,7 @@ def test_clean_network_passes_and_the_cli_exits_zero(
         "exactly_once_audit",
         "node_integrity",
         "session_ownership",
+        "checkpoint_blobs",
     ):
         assert json_rows(report, check) == [], check
     (stuck,) = [c for c in report["checks"] if c["name"] == "stuck_flows"]
@@ -447,7 +451,7 @@ def test_clean_network_passes_and_the_cli_exits_zero(
     }
     assert f"is {ALICE} (named in the other nodes' tables)" in clean_cli["stdout"]
     assert "Verdicts" in clean_cli["stdout"] and "[OK  ] Cross-node session" in clean_cli["stdout"]
-    assert "[4/9] cross-node session consistency" in clean_cli["stderr"]
+    assert "[4/10] cross-node session consistency" in clean_cli["stderr"]
     assert clean_cli["html"].count("<svg") == 3 and "fiberflow analysis" in clean_cli["html"]
 
 

@@ -27,6 +27,7 @@ from persistence.analytics.checking import (
 )
 from persistence.analytics.checks import (
     CHECKS,
+    checkpoint_blobs,
     checkpoint_costs,
     exactly_once_audit,
     failed_flows,
@@ -74,6 +75,7 @@ __all__ = [
     "Snapshot",
     "Verdict",
     "analyze",
+    "checkpoint_blobs",
     "checkpoint_costs",
     "collect_report",
     "exactly_once_audit",

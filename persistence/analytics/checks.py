@@ -11,7 +11,8 @@ They live by family:
 * :mod:`persistence.analytics.consistency`: ``session_consistency``;
 * :mod:`persistence.analytics.exactly_once`: ``exactly_once_audit``;
 * :mod:`persistence.analytics.integrity`: ``node_integrity``;
-* :mod:`persistence.analytics.ownership`: ``session_ownership``.
+* :mod:`persistence.analytics.ownership`: ``session_ownership``;
+* :mod:`persistence.analytics.blobs`: ``checkpoint_blobs`` (with the nodes' keys).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.checking import CheckFunction, CheckResult, CheckSettings
 from persistence.analytics.consistency import session_consistency
 from persistence.analytics.exactly_once import exactly_once_audit
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKS",
     "CHECK_TITLES",
+    "checkpoint_blobs",
     "checkpoint_costs",
     "exactly_once_audit",
     "failed_flows",
@@ -58,6 +61,7 @@ CHECKS: tuple[tuple[str, CheckFunction], ...] = (
     ("exactly_once_audit", exactly_once_audit),
     ("node_integrity", node_integrity),
     ("session_ownership", session_ownership),
+    ("checkpoint_blobs", checkpoint_blobs),
     ("checkpoint_costs", checkpoint_costs),
     ("failed_flows", failed_flows),
 )
@@ -71,6 +75,7 @@ CHECK_TITLES = {
     "exactly_once_audit": "exactly-once audit",
     "node_integrity": "node integrity (rows, blobs, outcomes)",
     "session_ownership": "session ownership of consumed messages",
+    "checkpoint_blobs": "checkpoint blobs (with the node's key)",
     "checkpoint_costs": "checkpoint size and journal length",
     "failed_flows": "hospitalized and failed flows",
 }

@@ -65,11 +65,28 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
         action="append",
-        required=True,
+        default=[],
         metavar="[NAME=]URL",
         help="a node database, e.g. sqlite:///alice.db (its node name is found in the other "
         "nodes' tables) or with its name, 'O=Alice,L=London,C=GB=sqlite:///alice.db', "
         "'O=Bob,L=Paris,C=FR=postgresql://user@host/db?schema=bob' (repeat for each node)",
+    )
+    parser.add_argument(
+        "--key-file",
+        action="append",
+        default=[],
+        metavar="NODE=PATH",
+        help="a node's key file (the Ed25519 PEM its config names as key_file), e.g. "
+        "'O=Alice,L=London,C=GB=alice.key.pem': its checkpoint blobs are opened and checked "
+        "(checkpoint_blobs; without a key a node is not checked). Repeat for each node",
+    )
+    parser.add_argument(
+        "--node-config",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a node config (TOML): its database is analyzed as a --node and its key_file "
+        "used as its --key-file (repeat for each node)",
     )
     parser.add_argument("--master", default="local[*]", help="Spark master URL (local[*])")
     parser.add_argument(
@@ -206,8 +223,13 @@ def analyze(
     staging_dir: Path | None = None,
     progress: Progress | None = None,
     on_snapshot: Callable[[], None] | None = None,
+    keys: dict[str, bytes] | None = None,
 ) -> AnalysisReport:
-    """Snapshot and load the nodes, run every check and collect the report."""
+    """Snapshot and load the nodes, run every check and collect the report.
+
+    ``keys`` (node name to checkpoint MAC key, see :mod:`persistence.analytics.keys`) are
+    the nodes whose checkpoint blobs the ``checkpoint_blobs`` check opens.
+    """
     from persistence.analytics.checks import CHECK_TITLES, CHECKS
     from persistence.analytics.loading import load_nodes
     from persistence.analytics.report import collect_report
@@ -228,6 +250,11 @@ def analyze(
         )
     load_seconds = time.perf_counter() - started
     with snapshot:
+        if keys:
+            from persistence.analytics.keys import check_key_names
+
+            check_key_names(keys, snapshot.node_names)
+            snapshot.checkpoint_keys = dict(keys)
         results = []
         seconds: dict[str, float] = {}
         for index, (name, check) in enumerate(CHECKS, start=1):
@@ -250,6 +277,12 @@ def run_analyze(
     """Run ``fiberflow analyze`` with parsed ``args``; returns the exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
+    from persistence.analytics.keys import (
+        KeyArgumentError,
+        load_keys,
+        node_config_argument,
+        parse_key_argument,
+    )
     from persistence.analytics.session import spark_problem
     from persistence.analytics.sources import (
         NodeArgumentError,
@@ -258,10 +291,17 @@ def run_analyze(
     )
 
     try:
-        sources = [parse_node_argument(item) for item in args.node]
+        node_keys = [parse_key_argument(item) for item in args.key_file]
+        configured = [node_config_argument(path) for path in args.node_config]
+        node_keys += [key for _, key in configured]
+        arguments = list(args.node) + [argument for argument, _ in configured]
+        if not arguments:
+            raise ValueError("give at least one --node (or --node-config)")
+        sources = [parse_node_argument(item) for item in arguments]
         check_unique_names(sources)
+        keys = load_keys(node_keys)
         conf = dict(_key_value(item) for item in args.conf)
-    except (NodeArgumentError, ValueError) as error:
+    except (NodeArgumentError, KeyArgumentError, ValueError) as error:
         err.write(f"fiberflow analyze: {error}\n")
         return 2
     from persistence.analytics.opening import probe_source
@@ -290,8 +330,8 @@ def run_analyze(
     progress = Progress(stream=err)
     try:
         with _py4j_quiet():
-            return _run_spark(args, sources, settings, conf, progress, out)
-    except AnalyticsLoadError as error:
+            return _run_spark(args, sources, settings, conf, progress, out, keys)
+    except (AnalyticsLoadError, KeyArgumentError) as error:
         err.write(f"fiberflow analyze: {error}\n")
         return 2
     except Exception as error:  # the command's edge: one line, exit 2 ("could not run")
@@ -337,6 +377,7 @@ def _run_spark(
     conf: dict[str, str],
     progress: Progress,
     out: TextIO,
+    keys: dict[str, bytes] | None = None,
 ) -> int:
     """Start (or join) Spark, analyze, print and write the reports; the exit status."""
     from persistence.analytics.checking import FAIL
@@ -364,6 +405,7 @@ def _run_spark(
             read=args.read,
             staging_dir=args.staging_dir,
             progress=progress,
+            keys=keys,
         )
     finally:
         progress.spark = None

@@ -128,7 +128,14 @@ def load_nodes(
             cleanup.append(_unpersister(list(frames.values())))
             frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
         nodes = [loads[source.name] for source in sources]
-        return Snapshot(spark=spark, nodes=nodes, frames=frames, cleanup=cleanup)
+        databases = {
+            loads[source.name].name: (opened, source)
+            for opened in opened_all
+            for source in opened.sources
+        }
+        return Snapshot(
+            spark=spark, nodes=nodes, frames=frames, cleanup=cleanup, databases=databases
+        )
     except BaseException:
         while cleanup:
             cleanup.pop()()

@@ -18,6 +18,9 @@ import attrs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from persistence.analytics.opening import OpenedDatabase
+    from persistence.analytics.sources import NodeSource
+
 STRING = "string"
 """A text column."""
 LONG = "long"
@@ -124,6 +127,12 @@ class Snapshot:
     nodes: list[NodeLoad]
     frames: dict[str, DataFrame]
     _cleanup: list[Callable[[], None]] = attrs.field(factory=list, alias="cleanup")
+    databases: dict[str, tuple[OpenedDatabase, NodeSource]] = attrs.field(factory=dict)
+    """Node name to the database opened at its snapshot and the node's source: what reads
+    beyond :data:`TABLES` go through (the checkpoint blobs, when a key is given)."""
+    checkpoint_keys: dict[str, bytes] = attrs.field(factory=dict, repr=False)
+    """Node name to its checkpoint MAC key (``--key-file``): the nodes whose checkpoint
+    blobs are decoded and checked (:mod:`persistence.analytics.blobs`)."""
 
     @property
     def node_names(self) -> list[str]:

@@ -1,0 +1,53 @@
+"""Flows for the blob check's tests: a conversation that finishes while its initiator lives on.
+
+:class:`ClosingFlow` sends two words on a session and closes it (its end is the last message
+of that conversation, by its own count), then, a minute later, asks the same peer again on a
+second session, takes the answer and sleeps for a day: its checkpoint, which holds both
+sessions, stays in the database while the responder of the first conversation has finished.
+"""
+
+from __future__ import annotations
+
+from flows import FOREVER, FlowLogic, FlowSession, Party, initiated_by, initiating_flow
+from flows.errors import UnexpectedFlowEndException
+
+DAY = 86_400.0
+
+
+@initiating_flow
+class ClosingFlow(FlowLogic[str]):
+    """Says "one", "two" and closes the session; a minute later asks "again" on a new one."""
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        first = self.initiate_flow(self.peer)
+        first.send("one")
+        first.send("two")
+        first.close()
+        self.sleep(60)  # the first responder finishes before the second conversation
+        second = self.initiate_flow(self.peer)
+        answer = second.send_and_receive(str, "again").unwrap(lambda m: m)
+        self.sleep(DAY)
+        return answer
+
+
+@initiated_by(ClosingFlow)
+class ClosingResponder(FlowLogic[str]):
+    """Takes "one" and "two" (and then the end) and finishes; answers "again" with "ok"."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        first = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        if first == "again":
+            self.session.send("ok")
+            return first
+        second = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        try:
+            self.session.receive(str, timeout=FOREVER)
+        except UnexpectedFlowEndException:  # the initiator's end, taken in
+            return f"{first} {second}"
+        raise AssertionError("the initiator sends nothing after two")
