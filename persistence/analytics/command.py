@@ -122,6 +122,12 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
         "--staging-dir", type=Path, help="folder for snapshots and Parquet (shared on a cluster)"
     )
     parser.add_argument(
+        "--findings-dir",
+        help="also write every check's full findings list as Parquet here, one folder per "
+        "check (the report holds the counts and the first rows); on a cluster a folder every "
+        "executor can write",
+    )
+    parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
     )
 
@@ -206,8 +212,14 @@ def analyze(
     staging_dir: Path | None = None,
     progress: Progress | None = None,
     on_snapshot: Callable[[], None] | None = None,
+    findings_dir: str | None = None,
 ) -> AnalysisReport:
-    """Snapshot and load the nodes, run every check and collect the report."""
+    """Snapshot and load the nodes, run every check and collect the report.
+
+    ``findings_dir``: also write each check's full findings list there as Parquet (the
+    report keeps the counts and the first rows).
+    """
+    from persistence.analytics.checking import write_findings
     from persistence.analytics.checks import CHECK_TITLES, CHECKS
     from persistence.analytics.loading import load_nodes
     from persistence.analytics.report import collect_report
@@ -238,9 +250,20 @@ def analyze(
                 began = time.perf_counter()
                 results.append(check(snapshot, settings))
                 seconds[name] = time.perf_counter() - began
+        written: dict[str, str] = {}
+        if findings_dir is not None:
+            with progress.step(
+                f"write the full findings to {findings_dir}", "writing the full findings"
+            ):
+                written = write_findings(results, findings_dir)
         with progress.step("collect the report", "collecting the report"):
             return collect_report(
-                snapshot, results, settings, seconds=seconds, load_seconds=load_seconds
+                snapshot,
+                results,
+                settings,
+                seconds=seconds,
+                load_seconds=load_seconds,
+                findings=written,
             )
 
 
@@ -364,6 +387,7 @@ def _run_spark(
             read=args.read,
             staging_dir=args.staging_dir,
             progress=progress,
+            findings_dir=args.findings_dir,
         )
     finally:
         progress.spark = None
