@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from persistence.analytics.checking import CheckSettings
     from persistence.analytics.reading import ReadPath
     from persistence.analytics.report import AnalysisReport
+    from persistence.analytics.snapshot import Snapshot
     from persistence.analytics.sources import NodeSource
 
 LOG = logging.getLogger("fiberflow.analyze")
@@ -128,6 +129,18 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
         "executor can write",
     )
     parser.add_argument(
+        "--export-dir",
+        type=Path,
+        help="first bring the Parquet export of the nodes in DIR up to date (incrementally: "
+        "new, changed and deleted rows), then analyze the export instead of reading the "
+        "databases; on a cluster a folder every executor can read",
+    )
+    parser.add_argument(
+        "--export-only",
+        action="store_true",
+        help="with --export-dir: refresh the export and stop (no Spark)",
+    )
+    parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
     )
 
@@ -213,29 +226,37 @@ def analyze(
     progress: Progress | None = None,
     on_snapshot: Callable[[], None] | None = None,
     findings_dir: str | None = None,
+    export_dir: Path | None = None,
 ) -> AnalysisReport:
     """Snapshot and load the nodes, run every check and collect the report.
 
     ``findings_dir``: also write each check's full findings list there as Parquet (the
-    report keeps the counts and the first rows).
+    report keeps the counts and the first rows). ``export_dir``: read the nodes from their
+    Parquet export there (:func:`~persistence.analytics.export.export_nodes` made it)
+    instead of the databases.
     """
     from persistence.analytics.checking import write_findings
     from persistence.analytics.checks import CHECK_TITLES, CHECKS
-    from persistence.analytics.loading import load_nodes
     from persistence.analytics.report import collect_report
 
     progress = progress or Progress(stream=io.StringIO())
     started = time.perf_counter()
-    with progress.step(
-        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}",
-        "reading the node databases",
-    ):
-        snapshot = load_nodes(
-            spark,
+    plural = "s" if len(sources) != 1 else ""
+    if export_dir is not None:
+        from persistence.analytics.export import load_export
+
+        with progress.step(
+            f"load the export of {len(sources)} node{plural}", "reading the Parquet export"
+        ):
+            snapshot = load_export(spark, export_dir, sources)
+    else:
+        snapshot = _load_databases(
             sources,
+            spark=spark,
             jar_search=jar_search,
-            path=read,
+            read=read,
             staging_dir=staging_dir,
+            progress=progress,
             on_snapshot=on_snapshot,
         )
     load_seconds = time.perf_counter() - started
@@ -267,6 +288,32 @@ def analyze(
             )
 
 
+def _load_databases(
+    sources: Sequence[NodeSource],
+    *,
+    spark: SparkSession,
+    jar_search: Sequence[str | Path] | None,
+    read: ReadPath,
+    staging_dir: Path | None,
+    progress: Progress,
+    on_snapshot: Callable[[], None] | None,
+) -> Snapshot:
+    from persistence.analytics.loading import load_nodes
+
+    with progress.step(
+        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}",
+        "reading the node databases",
+    ):
+        return load_nodes(
+            spark,
+            sources,
+            jar_search=jar_search,
+            path=read,
+            staging_dir=staging_dir,
+            on_snapshot=on_snapshot,
+        )
+
+
 def run_analyze(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -295,6 +342,36 @@ def run_analyze(
             probe_source(source)
     except AnalyticsLoadError as error:
         err.write(f"fiberflow analyze: {error}\n")
+        return 2
+    if args.export_dir is not None:
+        from persistence.analytics.export import export_nodes
+
+        progress = Progress(stream=err)
+        try:
+            with progress.step(
+                f"export {len(sources)} node{'s' if len(sources) != 1 else ''} to "
+                f"{args.export_dir}",
+                "exporting the node tables",
+            ):
+                exported = export_nodes(sources, args.node, args.export_dir)
+        except AnalyticsLoadError as error:
+            err.write(f"fiberflow analyze: {error}\n")
+            return 2
+        except Exception as error:
+            err.write(f"fiberflow analyze: {failure_line(error, progress.doing)}\n")
+            LOG.debug("the export failed", exc_info=True)
+            return 2
+        for node in exported:
+            changed = sum(t.changed + t.reread for t in node.tables.values())
+            kind = "full" if node.full else "incremental"
+            err.write(
+                f"  {node.name}: {kind} export in {node.seconds:.1f} s, {changed} rows read, "
+                f"{node.snapshot}\n"
+            )
+        if args.export_only:
+            return 0
+    elif args.export_only:
+        err.write("fiberflow analyze: --export-only needs --export-dir\n")
         return 2
     problem = spark_problem()
     if problem is not None:
@@ -388,6 +465,7 @@ def _run_spark(
             staging_dir=args.staging_dir,
             progress=progress,
             findings_dir=args.findings_dir,
+            export_dir=args.export_dir,
         )
     finally:
         progress.spark = None
