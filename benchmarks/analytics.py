@@ -25,13 +25,14 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -471,13 +472,24 @@ def cached_databases(cache: Path, rows: int, mix: str) -> tuple[dict[str, Path],
 
 
 def run_cli(
-    paths: dict[str, Path], master: str, read: str, memory: str, out: Path
+    paths: dict[str, Path],
+    master: str,
+    read: str,
+    memory: str,
+    out: Path,
+    extra: Sequence[str] = (),
 ) -> tuple[float, dict[str, Any], int]:
     """``fiberflow analyze`` as a subprocess: (wall seconds from process start, JSON, status)."""
     fiberflow = Path(sys.executable).parent / "fiberflow"
-    command = [str(fiberflow), "analyze"]
+    command = [str(fiberflow), "analyze", *extra]
     for name, path in paths.items():
         command += ["--node", f"{name}=sqlite:///{path}"]
+    if "--export-only" in extra:
+        began = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the export exited {done.returncode}: {done.stderr[-2000:]}")
+        return time.perf_counter() - began, {}, 0
     command += [
         "--as-of",
         str(AS_OF_MS),
@@ -501,7 +513,76 @@ def run_cli(
     return wall, json.loads((out / "report.json").read_text()), done.returncode
 
 
-def run(rows: int, mix: str, master: str, read: str, cache: Path, memory: str) -> None:
+def change_one_percent(paths: dict[str, Path], seed: int = 11) -> int:
+    """Update, delete and insert checkpoint rows (1% of them) and add dedup ids (1%)."""
+    rng = random.Random(seed)
+    changed = 0
+    for path in paths.values():
+        with sqlite3.connect(path) as connection:
+            total = connection.execute("SELECT count(*) FROM node_checkpoints").fetchone()[0]
+            step = max(1, total // (total // 100 or 1))
+            keys = [
+                row[0]
+                for row in connection.execute(
+                    "SELECT flow_id FROM node_checkpoints WHERE rowid % ? = 0", (step,)
+                )
+            ]
+            now = AS_OF_MS - 120_000
+            half = len(keys) // 2
+            connection.executemany(
+                "UPDATE node_checkpoints SET status = 'RUNNABLE', suspended_on = NULL, "
+                "waiting_for = NULL, checkpoint_version = checkpoint_version + 1, "
+                "updated_at = ? WHERE flow_id = ?",
+                [(now, key) for key in keys[:half]],
+            )
+            connection.executemany(
+                "DELETE FROM node_checkpoints WHERE flow_id = ?", [(key,) for key in keys[half:]]
+            )
+            connection.executemany(
+                "INSERT INTO node_checkpoints (flow_id, flow_class, status, journal_length, "
+                "checkpoint_bytes, created_at, updated_at, checkpoint_version) "
+                "VALUES (?, 'app.New', 'UNSTARTED', 1, 400, ?, ?, 1)",
+                [(uuid.UUID(int=rng.getrandbits(128)).hex, now, now) for _ in keys[half:]],
+            )
+            connection.executemany(
+                "INSERT INTO node_message_ids VALUES (?, ?, ?, 0, ?)",
+                [(f"N-{uuid.uuid4().hex}.s0-0", BOB, f"{key}.s0.r", now) for key in keys],
+            )
+            changed += len(keys) + len(keys[half:])
+        connection.close()
+    return changed
+
+
+def run_export(
+    paths: dict[str, Path], master: str, memory: str, cache: Path, rows: int, mix: str
+) -> None:
+    """The export's cost: full, analyze from it, and incremental after 1% changed."""
+    folder = cache / f"{mix}-{rows}-export"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    copies = {name: folder / path.name for name, path in paths.items()}
+    for name, path in paths.items():
+        shutil.copyfile(path, copies[name])
+    target = folder / "parquet"
+    extra = ["--export-dir", str(target)]
+    full, _, _ = run_cli(copies, master, "auto", memory, folder, [*extra, "--export-only"])
+    print(f"{'export (full)':<22}{full:>9.1f}  (fiberflow analyze --export-only, process wall)")
+    wall, report, status = run_cli(copies, master, "auto", memory, folder, extra)
+    print(
+        f"{'analyze the export':<22}{wall:>9.1f}  (process wall, refresh included; load "
+        f"{report['load_seconds']:.1f} s; checks "
+        + ", ".join(f"{c['name']} {c['seconds']:.1f}" for c in report["checks"])
+        + f"; exit {status})"
+    )
+    changed = change_one_percent(copies)
+    again, _, _ = run_cli(copies, master, "auto", memory, folder, [*extra, "--export-only"])
+    print(f"{'export (1% changed)':<22}{again:>9.1f}  ({changed:,} checkpoint rows changed)")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(
+    rows: int, mix: str, master: str, read: str, cache: Path, memory: str, export: bool
+) -> None:
     """Generate (or reuse), run both ways, print one table."""
     paths, generated = cached_databases(cache, rows, mix)
     total = input_rows(paths)
@@ -549,6 +630,8 @@ def run(rows: int, mix: str, master: str, read: str, cache: Path, memory: str) -
         print(f"Spark and SQL DISAGREE on {', '.join(differ)}")
     else:
         print("Spark and SQL found the same number of rows in every check")
+    if export:
+        run_export(paths, master, memory, cache, rows, mix)
 
 
 def main() -> None:
@@ -565,12 +648,17 @@ def main() -> None:
         default=Path(tempfile.gettempdir()) / "fiberflow-bench",
         help="where the generated databases are kept and reused (/tmp/fiberflow-bench)",
     )
+    parser.add_argument(
+        "--export",
+        action="store_true",
+        help="also time the Parquet export: full, analyze from it, incremental after 1%% changed",
+    )
     args = parser.parse_args()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # each line as it comes, also in a log
     for rows in args.rows:
         for mix in args.mix:
-            run(rows, mix, args.master, args.read, args.cache, args.driver_memory)
+            run(rows, mix, args.master, args.read, args.cache, args.driver_memory, args.export)
 
 
 if __name__ == "__main__":

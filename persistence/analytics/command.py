@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.export import NodeExport
     from persistence.analytics.reading import ReadPath
     from persistence.analytics.report import AnalysisReport
     from persistence.analytics.snapshot import Snapshot
@@ -343,17 +345,13 @@ def run_analyze(
     except AnalyticsLoadError as error:
         err.write(f"fiberflow analyze: {error}\n")
         return 2
-    if args.export_dir is not None:
-        from persistence.analytics.export import export_nodes
-
+    if args.export_only and args.export_dir is None:
+        err.write("fiberflow analyze: --export-only needs --export-dir\n")
+        return 2
+    if args.export_only:
         progress = Progress(stream=err)
         try:
-            with progress.step(
-                f"export {len(sources)} node{'s' if len(sources) != 1 else ''} to "
-                f"{args.export_dir}",
-                "exporting the node tables",
-            ):
-                exported = export_nodes(sources, args.node, args.export_dir)
+            _export(args, sources, progress, err, None)
         except AnalyticsLoadError as error:
             err.write(f"fiberflow analyze: {error}\n")
             return 2
@@ -361,18 +359,7 @@ def run_analyze(
             err.write(f"fiberflow analyze: {failure_line(error, progress.doing)}\n")
             LOG.debug("the export failed", exc_info=True)
             return 2
-        for node in exported:
-            changed = sum(t.changed + t.reread for t in node.tables.values())
-            kind = "full" if node.full else "incremental"
-            err.write(
-                f"  {node.name}: {kind} export in {node.seconds:.1f} s, {changed} rows read, "
-                f"{node.snapshot}\n"
-            )
-        if args.export_only:
-            return 0
-    elif args.export_only:
-        err.write("fiberflow analyze: --export-only needs --export-dir\n")
-        return 2
+        return 0
     problem = spark_problem()
     if problem is not None:
         err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
@@ -398,6 +385,38 @@ def run_analyze(
         err.write(f"fiberflow analyze: {failure_line(error, progress.doing)}\n")
         LOG.debug("fiberflow analyze failed while %s", progress.doing, exc_info=True)
         return 2
+
+
+def _export(
+    args: argparse.Namespace,
+    sources: Sequence[NodeSource],
+    progress: Progress,
+    err: TextIO,
+    running: Future[list[NodeExport]] | None,
+) -> None:
+    """Refresh the export, or wait for the refresh ``running`` in the background.
+
+    Then say what it did, one line per node.
+    """
+    from persistence.analytics.export import export_nodes
+
+    plural = "s" if len(sources) != 1 else ""
+    with progress.step(
+        f"export {len(sources)} node{plural} to {args.export_dir}"
+        + (" (while Spark started)" if running is not None else ""),
+        "exporting the node tables",
+    ):
+        if running is not None:
+            exported = running.result()
+        else:
+            exported = export_nodes(sources, args.node, args.export_dir)
+    for node in exported:
+        read = sum(t.changed + t.reread for t in node.tables.values())
+        kind = "full" if node.full else "incremental"
+        err.write(
+            f"  {node.name}: {kind} export in {node.seconds:.1f} s, {read} rows read, "
+            f"{node.snapshot}\n"
+        )
 
 
 def failure_line(error: BaseException, doing: str) -> str:
@@ -445,6 +464,13 @@ def _run_spark(
     from persistence.analytics.session import active_spark, spark_session
     from persistence.analytics.sources import find_jdbc_jars
 
+    exporting: Future[list[NodeExport]] | None = None
+    if args.export_dir is not None:  # the refresh (SQLite/PostgreSQL, Arrow) while the JVM starts
+        from persistence.analytics.export import export_nodes
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fiberflow-export")
+        exporting = pool.submit(export_nodes, sources, args.node, args.export_dir)
+        pool.shutdown(wait=False)
     running = active_spark()
     if running is None:
         starting, doing = f"start Spark ({args.master})", f"starting Spark ({args.master})"
@@ -456,6 +482,8 @@ def _run_spark(
         )
     progress.spark = spark
     try:
+        if exporting is not None:
+            _export(args, sources, progress, progress.stream, exporting)
         report = analyze(
             sources,
             settings,
