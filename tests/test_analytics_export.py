@@ -111,7 +111,7 @@ def test_an_updated_a_deleted_a_new_and_a_late_row_are_all_in_the_next_export(
     assert exported[updated][2] == "SUSPENDED" and exported[late][2] == "HOSPITALIZED"
     checkpoints = second.tables["checkpoints"]
     # read again: the rows stamped within LATE_COMMIT_MS of the watermark (ten, with the
-    # updated and the added one), and the buckets (of 4,096) of the deleted row and the late
+    # updated and the added one), and the buckets (of 1,048,576) of the deleted row and the late
     # commit, whose fingerprints changed
     assert checkpoints.rows == 3000 and checkpoints.changed == 12
     assert checkpoints.buckets == 2 and checkpoints.reread < 10

@@ -13,8 +13,9 @@ Per node and table it keeps one Parquet file with the columns the checks read
 
 1. reads the rows whose time column (``updated_at``, ``inserted_at``, ...) is above the
    watermark less :data:`LATE_COMMIT_MS` (new and updated rows: every checkpoint write sets
-   ``updated_at``), and the database's **fingerprint** of every key bucket (the first
-   :data:`BUCKET_CHARS` characters of the key after its prefix: 4,096 buckets of hex ids):
+   ``updated_at``), and the database's **fingerprint** of every key bucket (the key's
+   first :data:`BUCKET_CHARS` characters after its ``N-`` prefix, if any: 1,048,576 buckets
+   of hex ids):
    rows, the sum and maximum of the time column, the sum of the key lengths and, for
    ``node_checkpoints``, the sum of ``checkpoint_version``;
 2. applies the new rows to the exported ones (replacing rows of the same key) and computes
@@ -55,8 +56,10 @@ if TYPE_CHECKING:
     import pyarrow
     from pyspark.sql import DataFrame, SparkSession
 
-BUCKET_CHARS = 3
-"""Key characters (after the ``N-`` of message ids) that name a fingerprint bucket."""
+BUCKET_CHARS = 5
+"""Key characters (after the ``N-`` of message ids) that name a fingerprint bucket: 5 hex
+digits, 1,048,576 buckets, so a row deleted re-reads a handful of rows, not a 4,096th of
+the table."""
 LATE_COMMIT_MS = 10 * 60_000
 """How far below the watermark new rows are looked for (a transaction that stamped its rows
 before the last export's snapshot and committed after it)."""
@@ -106,9 +109,10 @@ class NodeExport:
 
 
 def _key_info(frame: str) -> tuple[str, str, int]:
+    """(key column, its usual prefix, the characters of the key that name its bucket)."""
     _, key, _ = TABLES[frame]
     prefix = MESSAGE_ID_PREFIX if key == "message_id" else ""
-    return key, prefix, len(prefix) + 1
+    return key, prefix, len(prefix) + BUCKET_CHARS
 
 
 def _columns(frame: str) -> list[tuple[str, str]]:
@@ -134,13 +138,27 @@ class _Reader:
         self.postgresql = postgresql
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row of ``sql`` (``?`` placeholders)."""
+        return [row for chunk in self.chunks(sql, params) for row in chunk]
+
+    def chunks(
+        self, sql: str, params: Sequence[Any] = (), size: int = 50_000
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of ``sql`` in chunks of ``size`` (streamed, not all in memory)."""
         if self.sqlite is not None:
-            return self.sqlite.execute(sql, tuple(params)).fetchall()
+            cursor = self.sqlite.execute(sql, tuple(params))
+            while chunk := cursor.fetchmany(size):
+                yield chunk
+            return
         assert self.postgresql is not None
         names = {f"p{i}": value for i, value in enumerate(params)}
         for i in range(len(params)):
             sql = sql.replace("?", f":p{i}", 1)
-        return [tuple(row) for row in self.postgresql.execute(text(sql), names)]
+        result = self.postgresql.execution_options(stream_results=True, yield_per=size).execute(
+            text(sql), names
+        )
+        for part in result.partitions():
+            yield [tuple(row) for row in part]
 
 
 @contextmanager
@@ -186,10 +204,10 @@ def _iso(seconds: float) -> str:
 
 
 def _fingerprint_sql(frame: str, table: str) -> str:
-    key, _, start = _key_info(frame)
+    key, _, chars = _key_info(frame)
     when = TIME_COLUMNS[frame]
     version = f"sum({VERSION_COLUMNS[frame]})" if frame in VERSION_COLUMNS else "0"
-    bucket = f"substr({key}, {start}, {BUCKET_CHARS})"
+    bucket = f"substr({key}, 1, {chars})"
     return (
         f"SELECT {bucket} AS b, count(*), sum({when}), max({when}), sum(length({key})), "
         f"{version} FROM {table} GROUP BY {bucket}"
@@ -219,8 +237,8 @@ def _database_fingerprints(reader: _Reader, frame: str, table: str) -> Fingerpri
 def _buckets(data: pyarrow.Table, frame: str) -> pyarrow.Array:
     import pyarrow.compute as pc
 
-    key, _, start = _key_info(frame)
-    return pc.utf8_slice_codeunits(data[key], start - 1, start - 1 + BUCKET_CHARS)
+    key, _, chars = _key_info(frame)
+    return pc.utf8_slice_codeunits(data[key], 0, chars)
 
 
 def _export_fingerprints(data: pyarrow.Table, frame: str) -> Fingerprints:
@@ -262,12 +280,23 @@ def _fetch(reader: _Reader, frame: str, table: str, where: str, params: Sequence
 
     schema = _schema(frame)
     selected = ", ".join(name for name, _ in _columns(frame))
-    found = reader.rows(f"SELECT {selected} FROM {table} WHERE {where}", params)
-    if not found:
-        return schema.empty_table()
-    values = list(zip(*found, strict=True))
-    arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(schema))]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    batches = []
+    for chunk in reader.chunks(f"SELECT {selected} FROM {table} WHERE {where}", params):
+        values = list(zip(*chunk, strict=True))
+        arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(schema))]
+        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _key_range(bucket: str, chars: int) -> tuple[str, str]:
+    """The keys of ``bucket`` as a range of the key (so the primary key index finds them).
+
+    A bucket is the first ``chars`` characters of the key; a shorter bucket holds exactly
+    one key (the key is that short). Compared byte by byte (``COLLATE "C"`` on PostgreSQL).
+    """
+    if len(bucket) < chars:
+        return bucket, bucket + "\x00"
+    return bucket, bucket[:-1] + chr(ord(bucket[-1]) + 1)
 
 
 def _refresh_table(
@@ -279,12 +308,12 @@ def _refresh_table(
     import pyarrow.parquet as pq
 
     table = qualified_table(source, TABLES[frame][0])
-    key, _, start = _key_info(frame)
+    key, _, chars = _key_info(frame)
     when = TIME_COLUMNS[frame]
     wanted = _database_fingerprints(reader, frame, table)
     if watermark is None or not target.exists():
         data = _fetch(reader, frame, table, "1=1", ())
-        changed, buckets, reread = len(data), len(wanted), len(data)
+        changed, buckets, reread = len(data), len(wanted), 0
     else:
         old = pq.read_table(target, schema=_schema(frame))
         fresh = _fetch(reader, frame, table, f"{when} > ?", (watermark - LATE_COMMIT_MS,))
@@ -297,12 +326,11 @@ def _refresh_table(
             stale = pc.is_in(_buckets(data, frame), value_set=pa.array(differ, pa.string()))
             parts = [data.filter(pc.invert(stale))]
         reread = 0
-        for index in range(0, len(differ), 500):
-            chunk = differ[index : index + 500]
-            marks = ", ".join("?" for _ in chunk)
-            again = _fetch(
-                reader, frame, table, f"substr({key}, {start}, {BUCKET_CHARS}) IN ({marks})", chunk
-            )
+        column = f'{key} COLLATE "C"' if source.dialect == "postgresql" else key
+        for index in range(0, len(differ), 50):
+            ranges = [_key_range(bucket, chars) for bucket in differ[index : index + 50]]
+            where = " OR ".join(f"({column} >= ? AND {column} < ?)" for _ in ranges)
+            again = _fetch(reader, frame, table, where, [v for pair in ranges for v in pair])
             reread += len(again)
             parts.append(again)
         data = pa.concat_tables(parts)
