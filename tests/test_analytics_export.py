@@ -116,8 +116,13 @@ def test_an_updated_a_deleted_a_new_and_a_late_row_are_all_in_the_next_export(
     assert checkpoints.rows == 3000 and checkpoints.changed == 12
     assert checkpoints.buckets == 2 and checkpoints.reread < 10
     assert second.tables["message_ids"].buckets == 1
+    (file,) = folder.glob("*/checkpoints.parquet")
+    written = file.stat().st_mtime_ns
     (third,) = export_nodes([source], [f"{NAME}=sqlite:///{path}"], folder)  # nothing changed
     assert third.tables["checkpoints"].buckets == 0
+    assert file.stat().st_mtime_ns == written  # the rows read again were the same: not rewritten
+    for frame in TABLES:
+        assert _exported_rows(folder, frame) == _database_rows(path, frame), frame
     assert TIME_COLUMNS.keys() == TABLES.keys()
 
 

@@ -314,6 +314,7 @@ def _refresh_table(
     if watermark is None or not target.exists():
         data = _fetch(reader, frame, table, "1=1", ())
         changed, buckets, reread = len(data), len(wanted), 0
+        unchanged = False
     else:
         old = pq.read_table(target, schema=_schema(frame))
         fresh = _fetch(reader, frame, table, f"{when} > ?", (watermark - LATE_COMMIT_MS,))
@@ -335,14 +336,16 @@ def _refresh_table(
             parts.append(again)
         data = pa.concat_tables(parts)
         changed, buckets = len(fresh), len(differ)
+        unchanged = not differ and old.filter(replaced).sort_by(key).equals(fresh.sort_by(key))
     if _export_fingerprints(data, frame) != wanted:
         raise AnalyticsLoadError(
             f"{source.name}: the export of {TABLES[frame][0]} does not match the database "
             "after its refresh"
         )
-    temporary = target.with_suffix(f".{os.getpid()}.tmp")
-    pq.write_table(data, temporary)
-    temporary.replace(target)
+    if not unchanged:  # the rows read again are the rows exported: keep the file
+        temporary = target.with_suffix(f".{os.getpid()}.tmp")
+        pq.write_table(data, temporary)
+        temporary.replace(target)
     top = pc.max(data[when]).as_py() if len(data) else None
     known = [value for value in (top, watermark) if value is not None]
     mark = max(known) if known else None
