@@ -6,12 +6,16 @@ flow and the Bob responder it opened a session with (Bob's flow id is the UUID5 
 would give it), most waiting on a receive, some sleeping, runnable or in the hospital, with
 the dedup ids of the messages they consumed, a few outbox rows and finished flows; a few
 anomalies (a deleted responder, a message consumed twice, a lost dedup id, an old outbox
-row) so every check has something to find. Then it runs every check on Spark (through JDBC,
-or the Arrow path with ``--read arrow``) and the same checks as plain SQL on SQLite (the
-two files attached to one connection), in the same run, and prints the wall time and the
-input rows per second of each check, and what each found (they must agree).
+row) so every check has something to find. Two mixes: ``stress`` (~93% of the rows wait on a
+receive and are stuck) and ``realistic`` (3% of the conversations waiting, most flows asleep,
+as many finished flows as live ones); the databases are generated once and kept in
+``--cache`` (/tmp/fiberflow-bench). Then it runs ``fiberflow analyze`` as a subprocess (wall
+time from process start to exit: Python and Spark start-up, the read, every check, the text,
+JSON and HTML reports; per-check times from the JSON report) and the same checks as plain
+SQL on SQLite (the two files attached to one connection) in the same run, and prints the
+time and the input rows per second of each check, and what each found (they must agree).
 
-Run: ``python benchmarks/analytics.py [--rows 1000000 10000000] [--master local[*]]``.
+Run: ``python benchmarks/analytics.py [--rows 1000000 10000000] [--mix stress realistic]``.
 Needs ``pip install -e '.[spark]'``, Java 17+, and for JDBC the Debian driver jars.
 """
 
@@ -19,28 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from persistence.analytics import (
-    CheckSettings,
-    analyze,
-    find_jdbc_jars,
-    parse_node_argument,
-    spark_session,
-    stop_spark,
-)
+from persistence.analytics import CheckSettings
 from persistence.analytics.checks import CHECKS
-from persistence.analytics.reading import ReadPath
 from persistence.store import NodeDatabase
 from statemachine.session_ids import (
     MESSAGE_ID_PREFIX,
@@ -63,10 +62,21 @@ ANOMALY_EVERY = 100_000
 CHUNK = 100_000
 
 
+MIXES = {
+    # share of Alice's flows: waiting on a receive, asleep, runnable (the rest: hospitalized)
+    "stress": (0.80, 0.90, 0.97),
+    "realistic": (0.03, 0.95, 0.98),
+}
+"""The status mixes: ``stress`` (80% of the initiators and their responders wait on a
+receive, all of them stuck: ~93% of the rows) and ``realistic`` (3% waiting, most asleep
+until after *as of*, so not stuck; as many finished flows as live ones)."""
+
+
 def _flow_rows(
-    pairs: int, seed: int
+    pairs: int, seed: int, mix: str = "stress"
 ) -> Iterator[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, list[Any]]]]:
     """Chunks of (Alice rows, Bob rows, dedup/outbox rows) for ``pairs`` conversations."""
+    receive_below, sleep_below, runnable_below = MIXES[mix]
     rng = random.Random(seed)
     step = (1 << 128) // max(1, pairs)
     for start in range(0, pairs, CHUNK):
@@ -82,13 +92,13 @@ def _flow_rows(
             journal = min(400, int(rng.expovariate(1 / 12)) + 2)
             size = 400 + journal * 90 + rng.randrange(200)
             roll = rng.random()
-            if roll < 0.80:
+            if roll < receive_below:
                 status, on = "SUSPENDED", "Receive"
                 waiting = json.dumps([{"session": session, "counterparty": BOB}])
-            elif roll < 0.90:
+            elif roll < sleep_below:
                 status, on = "SUSPENDED", "Sleep"
                 waiting = json.dumps({"until": AS_OF_MS + 3_600_000})
-            elif roll < 0.97:
+            elif roll < runnable_below:
                 status, on, waiting = "RUNNABLE", None, None
             else:
                 status, on, waiting = "HOSPITALIZED", None, None
@@ -97,6 +107,9 @@ def _flow_rows(
                 (flow, flow_class, status, None, on, waiting, journal, size, error, at, at)
             )
             back = json.dumps([{"session": back_session, "counterparty": ALICE}])
+            bob_on = "Receive"
+            if mix != "stress" and on != "Receive":  # the responder sleeps too
+                bob_on, back = "Sleep", json.dumps({"until": AS_OF_MS + 3_600_000})
             bob_at = at + 5
             if i % ANOMALY_EVERY == 1:
                 extra["gone"].append(responder)  # a deleted responder: an orphan
@@ -107,7 +120,7 @@ def _flow_rows(
                         flow_class + "Responder",
                         "SUSPENDED",
                         None,
-                        "Receive",
+                        bob_on,
                         back,
                         1,
                         380 + rng.randrange(100),
@@ -130,7 +143,7 @@ def _flow_rows(
         yield alice_rows, bob_rows, extra
 
 
-def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
+def generate(directory: Path, rows: int, seed: int = 7, mix: str = "stress") -> dict[str, Path]:
     """Two node databases with ``rows`` checkpoint rows between them (see the docstring)."""
     paths = {ALICE: directory / "alice.db", BOB: directory / "bob.db"}
     for path in paths.values():
@@ -147,7 +160,8 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
     )
     insert_id = "INSERT INTO node_message_ids VALUES (?,?,?,?,?)"
     rng = random.Random(seed + 1)
-    for alice_rows, bob_rows, extra in _flow_rows(rows // 2, seed):
+    finished_share = 10 if mix == "stress" else 1  # one finished flow per 10 live, or per 1
+    for alice_rows, bob_rows, extra in _flow_rows(rows // 2, seed, mix):
         alice.executemany(insert_cp, alice_rows)
         bob.executemany(insert_cp, bob_rows)
         insert_blob = "INSERT INTO node_checkpoint_blobs (flow_id, blob) VALUES (?, x'')"
@@ -157,7 +171,7 @@ def generate(directory: Path, rows: int, seed: int = 7) -> dict[str, Path]:
         bob.executemany(insert_id, extra["bob_ids"])
         alice.executemany("INSERT INTO node_outbox VALUES (?,?,?,?)", extra["outbox"])
         for name, connection in connections.items():
-            finished = len(alice_rows) // 10
+            finished = len(alice_rows) // finished_share
             results = [
                 (uuid.UUID(int=rng.getrandbits(128)).hex, "app.Payment", b"ok", START_MS + k)
                 for k in range(finished)
@@ -477,29 +491,160 @@ def input_rows(paths: dict[str, Path]) -> int:
     return total
 
 
-def run(rows: int, master: str, read: str, directory: Path, memory: str) -> None:
-    """Generate, run both ways, print one table."""
+GENERATOR_VERSION = 1
+"""Bump when the generated data changes: cached databases of another version are rebuilt."""
+
+
+def cached_databases(cache: Path, rows: int, mix: str) -> tuple[dict[str, Path], float]:
+    """The databases of ``rows`` and ``mix`` in ``cache`` (generated once, then reused).
+
+    Returns the paths and the seconds spent generating (0 when reused).
+    """
+    directory = cache / f"{mix}-{rows}"
+    marker = directory / "generated.json"
+    paths = {ALICE: directory / "alice.db", BOB: directory / "bob.db"}
+    if marker.exists():
+        made = json.loads(marker.read_text())
+        if made.get("version") == GENERATOR_VERSION and all(p.exists() for p in paths.values()):
+            return paths, 0.0
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in paths.values():
+        path.unlink(missing_ok=True)
     began = time.perf_counter()
-    paths = generate(directory, rows)
-    generated = time.perf_counter() - began
+    generate(directory, rows, mix=mix)
+    seconds = time.perf_counter() - began
+    marker.write_text(
+        json.dumps({"rows": rows, "mix": mix, "seconds": seconds, "version": GENERATOR_VERSION})
+    )
+    return paths, seconds
+
+
+def run_cli(
+    paths: dict[str, Path],
+    master: str,
+    read: str,
+    memory: str,
+    out: Path,
+    extra: Sequence[str] = (),
+) -> tuple[float, dict[str, Any], int]:
+    """``fiberflow analyze`` as a subprocess: (wall seconds from process start, JSON, status)."""
+    fiberflow = Path(sys.executable).parent / "fiberflow"
+    command = [str(fiberflow), "analyze", *extra]
+    for name, path in paths.items():
+        command += ["--node", f"{name}=sqlite:///{path}"]
+    if "--export-only" in extra:
+        began = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the export exited {done.returncode}: {done.stderr[-2000:]}")
+        return time.perf_counter() - began, {}, 0
+    command += [
+        "--as-of",
+        str(AS_OF_MS),
+        "--master",
+        master,
+        "--read",
+        read,
+        "--json",
+        str(out / "report.json"),
+        "--html",
+        str(out / "report.html"),
+        "--conf",
+        f"spark.driver.memory={memory}",
+    ]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - began
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"fiberflow analyze exited {done.returncode}: {done.stderr[-2000:]}")
+    (out / "stderr.txt").write_text(done.stderr)
+    return wall, json.loads((out / "report.json").read_text()), done.returncode
+
+
+def change_one_percent(paths: dict[str, Path], seed: int = 11) -> int:
+    """Update, delete and insert checkpoint rows (1% of them) and add dedup ids (1%)."""
+    rng = random.Random(seed)
+    changed = 0
+    for path in paths.values():
+        with sqlite3.connect(path) as connection:
+            total = connection.execute("SELECT count(*) FROM node_checkpoints").fetchone()[0]
+            step = max(1, total // (total // 100 or 1))
+            keys = [
+                row[0]
+                for row in connection.execute(
+                    "SELECT flow_id FROM node_checkpoints WHERE rowid % ? = 0", (step,)
+                )
+            ]
+            now = AS_OF_MS - 120_000
+            half = len(keys) // 2
+            connection.executemany(
+                "UPDATE node_checkpoints SET status = 'RUNNABLE', suspended_on = NULL, "
+                "waiting_for = NULL, checkpoint_version = checkpoint_version + 1, "
+                "updated_at = ? WHERE flow_id = ?",
+                [(now, key) for key in keys[:half]],
+            )
+            connection.executemany(
+                "DELETE FROM node_checkpoints WHERE flow_id = ?", [(key,) for key in keys[half:]]
+            )
+            connection.executemany(
+                "INSERT INTO node_checkpoints (flow_id, flow_class, status, journal_length, "
+                "checkpoint_bytes, created_at, updated_at, checkpoint_version) "
+                "VALUES (?, 'app.New', 'UNSTARTED', 1, 400, ?, ?, 1)",
+                [(uuid.UUID(int=rng.getrandbits(128)).hex, now, now) for _ in keys[half:]],
+            )
+            connection.executemany(
+                "INSERT INTO node_message_ids VALUES (?, ?, ?, 0, ?)",
+                [(f"N-{uuid.uuid4().hex}.s0-0", BOB, f"{key}.s0.r", now) for key in keys],
+            )
+            changed += len(keys) + len(keys[half:])
+        connection.close()
+    return changed
+
+
+def run_export(
+    paths: dict[str, Path], master: str, memory: str, cache: Path, rows: int, mix: str
+) -> None:
+    """The export's cost: full, analyze from it, and incremental after 1% changed."""
+    folder = cache / f"{mix}-{rows}-export"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    copies = {name: folder / path.name for name, path in paths.items()}
+    for name, path in paths.items():
+        shutil.copyfile(path, copies[name])
+    target = folder / "parquet"
+    extra = ["--export-dir", str(target)]
+    full, _, _ = run_cli(copies, master, "auto", memory, folder, [*extra, "--export-only"])
+    print(f"{'export (full)':<22}{full:>9.1f}  (fiberflow analyze --export-only, process wall)")
+    wall, report, status = run_cli(copies, master, "auto", memory, folder, extra)
+    print(
+        f"{'analyze the export':<22}{wall:>9.1f}  (process wall, refresh included; load "
+        f"{report['load_seconds']:.1f} s; checks "
+        + ", ".join(f"{c['name']} {c['seconds']:.1f}" for c in report["checks"])
+        + f"; exit {status})"
+    )
+    changed = change_one_percent(copies)
+    again, _, _ = run_cli(copies, master, "auto", memory, folder, [*extra, "--export-only"])
+    print(f"{'export (1% changed)':<22}{again:>9.1f}  ({changed:,} checkpoint rows changed)")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(
+    rows: int, mix: str, master: str, read: str, cache: Path, memory: str, export: bool
+) -> None:
+    """Generate (or reuse), run both ways, print one table."""
+    paths, generated = cached_databases(cache, rows, mix)
     total = input_rows(paths)
     size = sum(path.stat().st_size for path in paths.values()) / 2**20
+    made = f"generated in {generated:.1f} s" if generated else f"reused from {cache}"
     print(
-        f"\n== {rows:,} checkpoint rows ({total:,} rows in the tables read, {size:,.0f} MiB), "
-        f"generated in {generated:.1f} s"
+        f"\n== {mix} mix, {rows:,} checkpoint rows ({total:,} rows in the tables read, "
+        f"{size:,.0f} MiB), {made}; load average {os.getloadavg()[0]:.1f}"
     )
-    spark = spark_session(
-        master,
-        jars=find_jdbc_jars().paths(),
-        conf={"spark.driver.memory": memory, "spark.sql.shuffle.partitions": "8"},
-    )
-    try:
-        sources = [parse_node_argument(f"{name}=sqlite:///{path}") for name, path in paths.items()]
-        report = analyze(sources, SETTINGS, spark=spark, read=cast(ReadPath, read))
-    finally:
-        stop_spark(spark)
-    print(f"Spark {report.spark['version']} on {report.spark['master']}, read: ", end="")
-    print("; ".join(f"{n['name'].split(',')[0]} {n['detail']}" for n in report.nodes))
+    with tempfile.TemporaryDirectory(prefix="fiberflow-bench-report-") as folder:
+        wall, report, status = run_cli(paths, master, read, memory, Path(folder))
+    checks = {check["name"]: check for check in report["checks"]}
+    print(f"Spark {report['spark']['version']} on {report['spark']['master']}, read: ", end="")
+    print("; ".join(f"{n['name'].split(',')[0]} {n['detail']}" for n in report["nodes"]))
     connection = sqlite_connection(paths)
     sql_times: dict[str, float] = {}
     sql_found: dict[str, int] = {}
@@ -510,48 +655,58 @@ def run(rows: int, master: str, read: str, directory: Path, memory: str) -> None
     connection.close()
     header = f"{'check':<22}{'Spark s':>9}{'rows/s':>13}{'SQLite s':>10}{'rows/s':>13}"
     print(header + f"{'found (Spark / SQL)':>22}")
-    load = report.load_seconds
+    load = report["load_seconds"]
     print(f"{'load (snapshot+read)':<22}{load:>9.1f}{total / load:>13,.0f}")
-    spark_total = report.load_seconds
+    in_checks = 0.0
     for name, _ in CHECKS:
-        check = report.check(name)
-        spark_total += check.seconds
-        found = f"{check.table.total} / {sql_found[name]}"
+        check = checks[name]
+        in_checks += check["seconds"]
+        found = f"{check['table']['total']} / {sql_found[name]}"
         print(
-            f"{name:<22}{check.seconds:>9.1f}{total / check.seconds:>13,.0f}"
+            f"{name:<22}{check['seconds']:>9.1f}{total / check['seconds']:>13,.0f}"
             f"{sql_times[name]:>10.1f}{total / sql_times[name]:>13,.0f}{found:>22}"
         )
+    rest = wall - load - in_checks
+    print(f"{'start, report, exit':<22}{rest:>9.1f}")
     sql_total = sum(sql_times.values())
     print(
-        f"{'all (wall)':<22}{spark_total:>9.1f}{total / spark_total:>13,.0f}"
-        f"{sql_total:>10.1f}{total / sql_total:>13,.0f}"
+        f"{'all (wall, process)':<22}{wall:>9.1f}{total / wall:>13,.0f}"
+        f"{sql_total:>10.1f}{total / sql_total:>13,.0f}{'exit ' + str(status):>22}"
     )
-    differ = [name for name, _ in CHECKS if report.check(name).table.total != sql_found[name]]
+    differ = [name for name, _ in CHECKS if checks[name]["table"]["total"] != sql_found[name]]
     if differ:
         print(f"Spark and SQL DISAGREE on {', '.join(differ)}")
     else:
         print("Spark and SQL found the same number of rows in every check")
+    if export:
+        run_export(paths, master, memory, cache, rows, mix)
 
 
 def main() -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--mix", choices=sorted(MIXES), nargs="+", default=["stress", "realistic"])
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--read", choices=["auto", "jdbc", "arrow"], default="auto")
     parser.add_argument("--driver-memory", default="10g", help="Spark driver memory (10g)")
-    parser.add_argument("--directory", type=Path, help="keep the databases here")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "fiberflow-bench",
+        help="where the generated databases are kept and reused (/tmp/fiberflow-bench)",
+    )
+    parser.add_argument(
+        "--export",
+        action="store_true",
+        help="also time the Parquet export: full, analyze from it, incremental after 1%% changed",
+    )
     args = parser.parse_args()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # each line as it comes, also in a log
     for rows in args.rows:
-        if args.directory is not None:
-            target = args.directory / f"rows-{rows}"
-            target.mkdir(parents=True, exist_ok=True)
-            run(rows, args.master, args.read, target, args.driver_memory)
-            continue
-        with tempfile.TemporaryDirectory(prefix="fiberflow-bench-") as directory:
-            run(rows, args.master, args.read, Path(directory), args.driver_memory)
+        for mix in args.mix:
+            run(rows, mix, args.master, args.read, args.cache, args.driver_memory, args.export)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ class CheckSettings:
     it."""
     top: int = 10
     """How many top offenders the checkpoint cost check lists."""
+    report_rows: int = 200
+    """Findings a check keeps (its first rows by severity, then age) when it can have very
+    many (the stuck check): the count stays exact, the full list is written to Parquet only
+    when asked (``fiberflow analyze --findings-dir``)."""
     bucket_ms: int | None = None
     """Bucket of the status-over-time series; None: chosen to give at most 48 buckets."""
 
@@ -76,6 +80,17 @@ class CheckResult:
     frame: DataFrame
     verdict: Verdict
     extras: dict[str, DataFrame] = attrs.field(factory=dict)
+    total: int | None = None
+    """Rows of the full findings list when ``frame`` holds only its first rows (bounded
+    findings); None when ``frame`` is the whole list."""
+    full: DataFrame | None = None
+    """The full findings list (not cached, computed only when written, see
+    :func:`write_findings`) when ``frame`` holds only its first rows; None otherwise."""
+
+    @property
+    def findings_frame(self) -> DataFrame:
+        """Every finding: ``full`` when the check bounded its frame, else ``frame``."""
+        return self.full if self.full is not None else self.frame
 
 
 CheckFunction = Callable[["Snapshot", CheckSettings], CheckResult]
@@ -99,6 +114,38 @@ def keep(snapshot: Snapshot, frame: DataFrame) -> DataFrame:
     cached = frame.cache()
     snapshot.on_close(cached.unpersist)
     return cached
+
+
+def shared(snapshot: Snapshot, name: str, build: Callable[[], DataFrame]) -> DataFrame:
+    """A frame several checks use, built and cached once per snapshot (released on close).
+
+    ``name`` identifies it (``"known_flows"``); the first check to ask builds it with
+    ``build()``, the others get the same cached frame.
+    """
+    return snapshot.shared_frame(name, build)
+
+
+def first_rows(frame: DataFrame, order: Sequence[Column | str], rows: int) -> DataFrame:
+    """The first ``rows`` of ``frame`` in ``order``, without sorting the whole frame.
+
+    Spark plans ``orderBy(...).limit(n)`` as a top-N per partition (``TakeOrderedAndProject``):
+    no shuffle of every row, and only ``n`` rows per partition reach the driver.
+    """
+    return frame.orderBy(*order).limit(rows)
+
+
+def write_findings(results: Sequence[CheckResult], directory: str) -> dict[str, str]:
+    """Write every check's full findings list as Parquet under ``directory/<check name>``.
+
+    Returns the folder of each check. On a cluster ``directory`` must be a folder every
+    executor can write (HDFS, S3, a shared mount), like ``--staging-dir``.
+    """
+    written = {}
+    for result in results:
+        target = f"{directory.rstrip('/')}/{result.name}"
+        result.findings_frame.write.mode("overwrite").parquet(target)
+        written[result.name] = target
+    return written
 
 
 def duration(ms: int) -> str:

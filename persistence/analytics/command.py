@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -29,8 +30,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.export import NodeExport
     from persistence.analytics.reading import ReadPath
     from persistence.analytics.report import AnalysisReport
+    from persistence.analytics.snapshot import Snapshot
     from persistence.analytics.sources import NodeSource
 
 LOG = logging.getLogger("fiberflow.analyze")
@@ -139,6 +142,24 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
         "--staging-dir", type=Path, help="folder for snapshots and Parquet (shared on a cluster)"
     )
     parser.add_argument(
+        "--findings-dir",
+        help="also write every check's full findings list as Parquet here, one folder per "
+        "check (the report holds the counts and the first rows); on a cluster a folder every "
+        "executor can write",
+    )
+    parser.add_argument(
+        "--export-dir",
+        type=Path,
+        help="first bring the Parquet export of the nodes in DIR up to date (incrementally: "
+        "new, changed and deleted rows), then analyze the export instead of reading the "
+        "databases; on a cluster a folder every executor can read",
+    )
+    parser.add_argument(
+        "--export-only",
+        action="store_true",
+        help="with --export-dir: refresh the export and stop (no Spark)",
+    )
+    parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
     )
 
@@ -224,28 +245,40 @@ def analyze(
     progress: Progress | None = None,
     on_snapshot: Callable[[], None] | None = None,
     keys: dict[str, bytes] | None = None,
+    findings_dir: str | None = None,
+    export_dir: Path | None = None,
 ) -> AnalysisReport:
     """Snapshot and load the nodes, run every check and collect the report.
 
     ``keys`` (node name to checkpoint MAC key, see :mod:`persistence.analytics.keys`) are
     the nodes whose checkpoint blobs the ``checkpoint_blobs`` check opens.
+    ``findings_dir``: also write each check's full findings list there as Parquet (the
+    report keeps the counts and the first rows). ``export_dir``: read the nodes from their
+    Parquet export there (:func:`~persistence.analytics.export.export_nodes` made it)
+    instead of the databases.
     """
+    from persistence.analytics.checking import write_findings
     from persistence.analytics.checks import CHECK_TITLES, CHECKS
-    from persistence.analytics.loading import load_nodes
     from persistence.analytics.report import collect_report
 
     progress = progress or Progress(stream=io.StringIO())
     started = time.perf_counter()
-    with progress.step(
-        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}",
-        "reading the node databases",
-    ):
-        snapshot = load_nodes(
-            spark,
+    plural = "s" if len(sources) != 1 else ""
+    if export_dir is not None:
+        from persistence.analytics.export import load_export
+
+        with progress.step(
+            f"load the export of {len(sources)} node{plural}", "reading the Parquet export"
+        ):
+            snapshot = load_export(spark, export_dir, sources)
+    else:
+        snapshot = _load_databases(
             sources,
+            spark=spark,
             jar_search=jar_search,
-            path=read,
+            read=read,
             staging_dir=staging_dir,
+            progress=progress,
             on_snapshot=on_snapshot,
         )
     load_seconds = time.perf_counter() - started
@@ -265,10 +298,47 @@ def analyze(
                 began = time.perf_counter()
                 results.append(check(snapshot, settings))
                 seconds[name] = time.perf_counter() - began
+        written: dict[str, str] = {}
+        if findings_dir is not None:
+            with progress.step(
+                f"write the full findings to {findings_dir}", "writing the full findings"
+            ):
+                written = write_findings(results, findings_dir)
         with progress.step("collect the report", "collecting the report"):
             return collect_report(
-                snapshot, results, settings, seconds=seconds, load_seconds=load_seconds
+                snapshot,
+                results,
+                settings,
+                seconds=seconds,
+                load_seconds=load_seconds,
+                findings=written,
             )
+
+
+def _load_databases(
+    sources: Sequence[NodeSource],
+    *,
+    spark: SparkSession,
+    jar_search: Sequence[str | Path] | None,
+    read: ReadPath,
+    staging_dir: Path | None,
+    progress: Progress,
+    on_snapshot: Callable[[], None] | None,
+) -> Snapshot:
+    from persistence.analytics.loading import load_nodes
+
+    with progress.step(
+        f"snapshot and load {len(sources)} node database{'s' if len(sources) != 1 else ''}",
+        "reading the node databases",
+    ):
+        return load_nodes(
+            spark,
+            sources,
+            jar_search=jar_search,
+            path=read,
+            staging_dir=staging_dir,
+            on_snapshot=on_snapshot,
+        )
 
 
 def run_analyze(
@@ -295,11 +365,18 @@ def run_analyze(
         configured = [node_config_argument(path) for path in args.node_config]
         node_keys += [key for _, key in configured]
         arguments = list(args.node) + [argument for argument, _ in configured]
+        args.node = arguments  # every node's argument, those from --node-config included
         if not arguments:
             raise ValueError("give at least one --node (or --node-config)")
         sources = [parse_node_argument(item) for item in arguments]
         check_unique_names(sources)
         keys = load_keys(node_keys)
+        if keys and args.export_dir is not None:
+            raise ValueError(
+                "the checkpoint_blobs check opens the blobs in the node databases, and the "
+                "Parquet export holds none: give the keys (--key-file, --node-config) "
+                "without --export-dir"
+            )
         conf = dict(_key_value(item) for item in args.conf)
     except (NodeArgumentError, KeyArgumentError, ValueError) as error:
         err.write(f"fiberflow analyze: {error}\n")
@@ -313,6 +390,21 @@ def run_analyze(
     except AnalyticsLoadError as error:
         err.write(f"fiberflow analyze: {error}\n")
         return 2
+    if args.export_only and args.export_dir is None:
+        err.write("fiberflow analyze: --export-only needs --export-dir\n")
+        return 2
+    if args.export_only:
+        progress = Progress(stream=err)
+        try:
+            _export(args, sources, progress, err, None)
+        except AnalyticsLoadError as error:
+            err.write(f"fiberflow analyze: {error}\n")
+            return 2
+        except Exception as error:
+            err.write(f"fiberflow analyze: {failure_line(error, progress.doing)}\n")
+            LOG.debug("the export failed", exc_info=True)
+            return 2
+        return 0
     problem = spark_problem()
     if problem is not None:
         err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
@@ -338,6 +430,38 @@ def run_analyze(
         err.write(f"fiberflow analyze: {failure_line(error, progress.doing)}\n")
         LOG.debug("fiberflow analyze failed while %s", progress.doing, exc_info=True)
         return 2
+
+
+def _export(
+    args: argparse.Namespace,
+    sources: Sequence[NodeSource],
+    progress: Progress,
+    err: TextIO,
+    running: Future[list[NodeExport]] | None,
+) -> None:
+    """Refresh the export, or wait for the refresh ``running`` in the background.
+
+    Then say what it did, one line per node.
+    """
+    from persistence.analytics.export import export_nodes
+
+    plural = "s" if len(sources) != 1 else ""
+    with progress.step(
+        f"export {len(sources)} node{plural} to {args.export_dir}"
+        + (" (while Spark started)" if running is not None else ""),
+        "exporting the node tables",
+    ):
+        if running is not None:
+            exported = running.result()
+        else:
+            exported = export_nodes(sources, args.node, args.export_dir)
+    for node in exported:
+        read = sum(t.changed + t.reread for t in node.tables.values())
+        kind = "full" if node.full else "incremental"
+        err.write(
+            f"  {node.name}: {kind} export in {node.seconds:.1f} s, {read} rows read, "
+            f"{node.snapshot}\n"
+        )
 
 
 def failure_line(error: BaseException, doing: str) -> str:
@@ -386,6 +510,13 @@ def _run_spark(
     from persistence.analytics.session import active_spark, spark_session
     from persistence.analytics.sources import find_jdbc_jars
 
+    exporting: Future[list[NodeExport]] | None = None
+    if args.export_dir is not None:  # the refresh (SQLite/PostgreSQL, Arrow) while the JVM starts
+        from persistence.analytics.export import export_nodes
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fiberflow-export")
+        exporting = pool.submit(export_nodes, sources, args.node, args.export_dir)
+        pool.shutdown(wait=False)
     running = active_spark()
     if running is None:
         starting, doing = f"start Spark ({args.master})", f"starting Spark ({args.master})"
@@ -397,6 +528,8 @@ def _run_spark(
         )
     progress.spark = spark
     try:
+        if exporting is not None:
+            _export(args, sources, progress, progress.stream, exporting)
         report = analyze(
             sources,
             settings,
@@ -406,6 +539,8 @@ def _run_spark(
             staging_dir=args.staging_dir,
             progress=progress,
             keys=keys,
+            findings_dir=args.findings_dir,
+            export_dir=args.export_dir,
         )
     finally:
         progress.spark = None

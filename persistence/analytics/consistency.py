@@ -25,13 +25,12 @@ from persistence.analytics.checking import (
     is_analyzed,
     keep,
 )
-from persistence.analytics.evidence import known_flows, session_ends
-from persistence.analytics.session_columns import (
-    counterpart_flow,
-    expected_message_id,
-    is_responder,
-    session_flow,
-)
+from persistence.analytics.evidence import judged_session_ends
+from persistence.analytics.session_columns import expected_message_id, session_flow
+
+BROADCAST_ROWS = 200_000
+"""Up to this many session ends without a known counterpart, the other tables are filtered
+by them through a broadcast (a scan, no shuffle of the big tables); more use plain joins."""
 
 if TYPE_CHECKING:
     from persistence.analytics.snapshot import Snapshot
@@ -74,49 +73,64 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
 
     settings = settings or CheckSettings()
     as_of = as_of_ms(snapshot, settings)
-    ends = session_ends(snapshot).withColumn(
-        "role", F.when(is_responder(F.col("session_id")), "responder").otherwise("initiator")
+    ends = judged_session_ends(snapshot)
+    analyzed = is_analyzed(snapshot, F.col("counterparty"))
+    resolved = (
+        ends.where(~analyzed | F.col("counterpart_status").isNotNull())
+        .groupBy(F.when(~analyzed, "not analyzed").otherwise("ok").alias("outcome"))
+        .agg(F.count("*").alias("sessions"))
     )
-    ends = ends.withColumn(
-        "counterpart_flow_id", counterpart_flow(F.col("node"), F.col("session_id"))
-    )
-    known = known_flows(snapshot).select(
-        F.col("node").alias("k_node"),
-        F.col("flow_id").alias("k_flow"),
-        F.col("status").alias("counterpart_status"),
-    )
-    ends = ends.join(
-        known,
-        (known.k_node == ends.counterparty) & (known.k_flow == ends.counterpart_flow_id),
-        "left",
-    ).drop("k_node", "k_flow")
-    own = snapshot.checkpoints.select(
-        F.col("node").alias("o_node"),
-        F.col("flow_id").alias("o_flow"),
-        F.lit(True).alias("own_live"),
-    )
-    ends = ends.join(
-        own, (own.o_node == ends.node) & (own.o_flow == session_flow(ends.session_id)), "left"
-    ).drop("o_node", "o_flow")
+    # the few ends whose counterpart is not known: look up the rest for them only
+    open_ends = keep(snapshot, ends.where(analyzed & F.col("counterpart_status").isNull()))
+    small = open_ends.count() <= BROADCAST_ROWS
+    narrow = F.broadcast if small else (lambda frame: frame)
     initial_id = expected_message_id(F.col("session_id"), F.lit(0))
-    consumed = snapshot.message_ids.select(
-        F.col("node").alias("c_node"),
-        F.col("message_id").alias("c_id"),
-        F.lit(True).alias("initial_consumed"),
+    wanted = open_ends.select(
+        "node",
+        "counterparty",
+        session_flow(F.col("session_id")).alias("own_flow"),
+        initial_id.alias("initial_id"),
     )
+    own_keys = narrow(wanted.select(F.col("node").alias("w_node"), F.col("own_flow").alias("w")))
+    own = (
+        snapshot.checkpoints.join(
+            own_keys,
+            (F.col("node") == F.col("w_node")) & (F.col("flow_id") == F.col("w")),
+            "left_semi",
+        )
+        .select(F.col("node").alias("o_node"), F.col("flow_id").alias("o_flow"))
+        .distinct()
+        .withColumn("own_live", F.lit(True))
+    )
+    sent_keys = narrow(
+        wanted.select(F.col("counterparty").alias("w_node"), F.col("initial_id").alias("w"))
+    )
+    consumed = (
+        snapshot.message_ids.join(
+            sent_keys,
+            (F.col("node") == F.col("w_node")) & (F.col("message_id") == F.col("w")),
+            "left_semi",
+        )
+        .select(F.col("node").alias("c_node"), F.col("message_id").alias("c_id"))
+        .distinct()
+        .withColumn("initial_consumed", F.lit(True))
+    )
+    queued = (
+        snapshot.outbox.select(F.col("node").alias("q_node"), F.col("message_id").alias("q_id"))
+        .distinct()
+        .withColumn("initial_queued", F.lit(True))
+    )
+    ends = open_ends.join(
+        own,
+        (own.o_node == open_ends.node) & (own.o_flow == session_flow(open_ends.session_id)),
+        "left",
+    ).drop("o_node", "o_flow")
     ends = ends.join(
         consumed, (consumed.c_node == ends.counterparty) & (consumed.c_id == initial_id), "left"
     ).drop("c_node", "c_id")
-    queued = snapshot.outbox.select(
-        F.col("node").alias("q_node"),
-        F.col("message_id").alias("q_id"),
-        F.lit(True).alias("initial_queued"),
-    )
-    ends = (
-        ends.join(queued, (queued.q_node == ends.node) & (queued.q_id == initial_id), "left")
-        .drop("q_node", "q_id")
-        .dropDuplicates(["node", "session_id", "counterparty"])
-    )
+    ends = ends.join(
+        queued, (queued.q_node == ends.node) & (queued.q_id == initial_id), "left"
+    ).drop("q_node", "q_id")
     # what the counterparty's own tables say of it: when its lease was last renewed, and
     # when it last recorded a message from this node (small: one row per node, per pair)
     alive = snapshot.workers.groupBy("node").agg(F.max("renewed_at").alias("a_last"))
@@ -133,14 +147,11 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
         (heard.h_node == ends.counterparty) & (heard.h_sender == ends.node),
         "left",
     ).drop("h_node", "h_sender")
-    analyzed = is_analyzed(snapshot, F.col("counterparty"))
     initiator = F.col("role") == "initiator"
     since, grace = F.col("since_ms"), settings.grace_ms
     heard_since = F.coalesce(F.col("last_from_us_ms") > since, F.lit(False))
     outcome = (
-        F.when(~analyzed, "not analyzed")
-        .when(F.col("counterpart_status").isNotNull(), "ok")
-        .when(
+        F.when(
             initiator & F.col("initial_consumed").isNotNull() & F.col("own_live").isNull(),
             "ok (refused)",
         )
@@ -210,8 +221,13 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
         .orderBy(F.col("outcome") != ORPHAN, "node", "session_id")
     )
     orphans = keep(snapshot, orphans)
+    judged = ends.groupBy("outcome").agg(F.count("*").alias("sessions"))
     summary_frame = keep(
-        snapshot, ends.groupBy("outcome").agg(F.count("*").alias("sessions")).orderBy("outcome")
+        snapshot,
+        judged.unionByName(resolved)
+        .groupBy("outcome")
+        .agg(F.sum("sessions").cast("bigint").alias("sessions"))
+        .orderBy("outcome"),
     )
     counts = {row["outcome"]: row["sessions"] for row in summary_frame.collect()}
     found = counts.get(ORPHAN, 0)

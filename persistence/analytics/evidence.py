@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.session_columns import message_session
+from persistence.analytics.session_columns import counterpart_flow, is_responder, message_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -40,7 +40,17 @@ def waits(checkpoints: DataFrame) -> DataFrame:
 
 
 def known_flows(snapshot: Snapshot) -> DataFrame:
-    """Every flow a node knows: live (its checkpoint status), ``COMPLETED`` or ``FAILED``."""
+    """Every flow a node knows: live (its checkpoint status), ``COMPLETED`` or ``FAILED``.
+
+    One row per (node, flow); a shared frame, built and cached once per snapshot for every
+    check that joins with it (stuck flows, session consistency).
+    """
+    from persistence.analytics.checking import shared
+
+    return shared(snapshot, "known_flows", lambda: _known_flows(snapshot))
+
+
+def _known_flows(snapshot: Snapshot) -> DataFrame:
     from pyspark.sql import functions as F
 
     live = snapshot.checkpoints.select(
@@ -105,3 +115,38 @@ def session_ends(snapshot: Snapshot) -> DataFrame:
             F.min("at").alias("since_ms"), F.sort_array(F.collect_set("evidence")).alias("evidence")
         )
     )
+
+
+def judged_session_ends(snapshot: Snapshot) -> DataFrame:
+    """:func:`session_ends` with the counterpart flow and its status on the counterparty.
+
+    Adds ``role`` (``initiator`` or ``responder``), ``counterpart_flow_id`` (the flow that
+    should hold the other end) and ``counterpart_status`` (its status there from
+    :func:`known_flows`, null when that node does not know it). A shared frame: built and
+    cached once per snapshot, for every check that asks whether a session end has its
+    counterpart.
+    """
+    from persistence.analytics.checking import shared
+
+    return shared(snapshot, "judged_session_ends", lambda: _judged_session_ends(snapshot))
+
+
+def _judged_session_ends(snapshot: Snapshot) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    ends = session_ends(snapshot).withColumn(
+        "role", F.when(is_responder(F.col("session_id")), "responder").otherwise("initiator")
+    )
+    ends = ends.withColumn(
+        "counterpart_flow_id", counterpart_flow(F.col("node"), F.col("session_id"))
+    )
+    known = known_flows(snapshot).select(
+        F.col("node").alias("k_node"),
+        F.col("flow_id").alias("k_flow"),
+        F.col("status").alias("counterpart_status"),
+    )
+    return ends.join(
+        known,
+        (known.k_node == ends.counterparty) & (known.k_flow == ends.counterpart_flow_id),
+        "left",
+    ).drop("k_node", "k_flow")

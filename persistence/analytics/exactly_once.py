@@ -58,9 +58,11 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     settings = settings or CheckSettings()
     as_of = as_of_ms(snapshot, settings)
     ids = snapshot.message_ids
+    # one shuffle by session serves both groupings by session (consumed twice, and the gaps)
+    by_session = ids.repartition("node", "session_id")
 
     twice = (
-        ids.groupBy("node", "session_id", "sequence")
+        by_session.groupBy("node", "session_id", "sequence")
         .agg(
             F.count("*").alias("times"),
             F.sort_array(F.collect_list("message_id")).alias("ids"),
@@ -85,8 +87,21 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
             ).alias("detail"),
         )
     )
-    reused = (
+    # an id recorded twice is rare (it is the primary key): find those first, narrowly, and
+    # count the distinct (session, sequence) pairs of those rows only
+    twice_ids = (
         ids.groupBy("node", "message_id")
+        .agg(F.count("*").alias("n"))
+        .where(F.col("n") > 1)
+        .select(F.col("node").alias("d_node"), F.col("message_id").alias("d_id"))
+    )
+    repeated = ids.join(
+        F.broadcast(twice_ids),
+        (ids.node == twice_ids.d_node) & (ids.message_id == twice_ids.d_id),
+        "left_semi",
+    )
+    reused = (
+        repeated.groupBy("node", "message_id")
         .agg(
             F.countDistinct("session_id", "sequence").alias("pairs"),
             F.first("session_id").alias("session_id"),
@@ -118,13 +133,17 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
         F.col("inserted_at").alias("at"),
         F.concat(F.lit("expected "), expected).alias("detail"),
     )
-    gaps = _sequence_gaps(snapshot, as_of - settings.grace_ms)
+    gaps = _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)
+    old = snapshot.outbox.where(F.col("created_at") <= as_of - settings.outbox_after_ms)
+    wanted = F.broadcast(
+        old.select(F.col("target").alias("w_node"), F.col("message_id").alias("w_id"))
+    )
     targets = (
-        ids.select(F.col("node").alias("t_node"), F.col("message_id").alias("t_id"))
+        ids.join(wanted, (ids.node == wanted.w_node) & (ids.message_id == wanted.w_id), "left_semi")
+        .select(F.col("node").alias("t_node"), F.col("message_id").alias("t_id"))
         .distinct()
         .withColumn("delivered", F.lit(True))
     )
-    old = snapshot.outbox.where(F.col("created_at") <= as_of - settings.outbox_after_ms)
     old = old.join(
         targets, (targets.t_node == old.target) & (targets.t_id == old.message_id), "left"
     )
@@ -176,11 +195,11 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict)
 
 
-def _sequence_gaps(snapshot: Snapshot, judged_before: int) -> DataFrame:
+def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     sessions = (
-        snapshot.message_ids.groupBy("node", "session_id", "sender")
+        by_session.groupBy("node", "session_id", "sender")
         .agg(
             F.max("sequence").alias("top"),
             F.countDistinct("sequence").alias("seen"),

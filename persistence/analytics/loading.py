@@ -122,10 +122,9 @@ def load_nodes(
                 loads[source.name] = load
                 for frame, data in frames.items():
                     parts[frame].append(data)
-        frames = _union_and_cache(spark, parts)
-        _verify_counts(frames, loads)
+        frames, released = union_and_verify(parts, loads)
+        cleanup += released
         if not all(source.named for source in sources):
-            cleanup.append(_unpersister(list(frames.values())))
             frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
         nodes = [loads[source.name] for source in sources]
         databases = {
@@ -140,6 +139,19 @@ def load_nodes(
         while cleanup:
             cleanup.pop()()
         raise
+
+
+def union_and_verify(
+    parts: dict[str, list[DataFrame]], loads: dict[str, NodeLoad]
+) -> tuple[dict[str, DataFrame], list[Callable[[], None]]]:
+    """Union the nodes' frames per table, cache them and check the row counts.
+
+    Returns the frames and what releases their cache when the names are put in place (the
+    renamed frames are new ones, cached by the snapshot itself).
+    """
+    frames = _union_and_cache(parts)
+    _verify_counts(frames, loads)
+    return frames, [_unpersister(list(frames.values()))]
 
 
 def _unpersister(frames: list[DataFrame]) -> Callable[[], None]:
@@ -195,9 +207,7 @@ def _load_source(
     return load, frames
 
 
-def _union_and_cache(
-    spark: SparkSession, parts: dict[str, list[DataFrame]]
-) -> dict[str, DataFrame]:
+def _union_and_cache(parts: dict[str, list[DataFrame]]) -> dict[str, DataFrame]:
     from pyspark import StorageLevel
 
     frames: dict[str, DataFrame] = {}

@@ -85,6 +85,8 @@ class AnalysisReport:
     spark: dict[str, str]
     load_seconds: float
     checks: list[CheckReport]
+    findings: dict[str, str] = attrs.field(factory=dict)
+    """Where each check's full findings list was written as Parquet (``--findings-dir``)."""
 
     def check(self, name: str) -> CheckReport:
         """The check called ``name``."""
@@ -106,10 +108,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def collect_table(frame: DataFrame, row_limit: int) -> Table:
-    """The first ``row_limit`` rows of ``frame`` and its row count."""
+def collect_table(frame: DataFrame, row_limit: int, total: int | None = None) -> Table:
+    """The first ``row_limit`` rows of ``frame`` and its row count.
+
+    ``total`` is the count when ``frame`` holds only the first rows of a longer list (a
+    check's bounded findings, :attr:`CheckResult.total`).
+    """
     rows = frame.limit(row_limit).collect()
-    total = frame.count() if len(rows) >= row_limit else len(rows)
+    if total is None:
+        total = frame.count() if len(rows) >= row_limit else len(rows)
     return Table(
         columns=list(frame.columns),
         rows=[[_plain(value) for value in row] for row in rows],
@@ -134,13 +141,17 @@ def collect_report(
     row_limit: int = 200,
     seconds: Mapping[str, float] | None = None,
     load_seconds: float = 0.0,
+    findings: Mapping[str, str] | None = None,
 ) -> AnalysisReport:
-    """Turn check results into an :class:`AnalysisReport` (collects their rows from Spark)."""
+    """Turn check results into an :class:`AnalysisReport` (collects their rows from Spark).
+
+    ``findings``: the Parquet folder of each check's full findings list, when written.
+    """
     functions = dict(CHECKS)
     checks = []
     for result in results:
         started = time.perf_counter()
-        table = collect_table(result.frame, row_limit)
+        table = collect_table(result.frame, row_limit, result.total)
         extras = {key: collect_table(frame, row_limit) for key, frame in result.extras.items()}
         spent = (seconds or {}).get(result.name, 0.0) + time.perf_counter() - started
         checks.append(
@@ -167,6 +178,7 @@ def collect_report(
         spark={"master": str(spark.sparkContext.master), "version": str(spark.version)},
         load_seconds=round(load_seconds, 3),
         checks=checks,
+        findings=dict(findings or {}),
     )
 
 
@@ -292,9 +304,17 @@ def render_text(report: AnalysisReport, max_rows: int = 20) -> str:
         lines.append(f"  [{check.status.upper():4}] {check.title}: {check.summary}")
     for check in report.checks:
         lines += ["", f"{check.title} [{check.status.upper()}] ({check.seconds:.1f} s)"]
+        if check.table.total > len(check.table.rows):
+            lines.append(
+                f"  {check.table.total} findings; the report keeps the first "
+                f"{len(check.table.rows)} (all of them: --findings-dir)"
+            )
         lines.append(text_table(check.table, max_rows))
         for key, table in check.extras.items():
             lines.append(f"  {key.replace('_', ' ')}:")
             lines.append(text_table(table, max_rows, indent="    "))
+    if report.findings:
+        lines += ["", "Full findings lists (Parquet)"]
+        lines += [f"  {name}: {folder}" for name, folder in report.findings.items()]
     lines += ["", f"Overall: {report.status.upper()}"]
     return "\n".join(lines) + "\n"

@@ -133,6 +133,21 @@ class Snapshot:
     checkpoint_keys: dict[str, bytes] = attrs.field(factory=dict, repr=False)
     """Node name to its checkpoint MAC key (``--key-file``): the nodes whose checkpoint
     blobs are decoded and checked (:mod:`persistence.analytics.blobs`)."""
+    _shared: dict[str, DataFrame] = attrs.field(factory=dict, alias="shared")
+
+    def shared_frame(self, name: str, build: Callable[[], DataFrame]) -> DataFrame:
+        """The frame ``name`` several checks use: built by ``build()`` and cached once.
+
+        The cache is released when the snapshot closes. Checks call it through
+        :func:`persistence.analytics.checking.shared`.
+        """
+        if name not in self._shared:
+            from pyspark import StorageLevel
+
+            frame = build().persist(StorageLevel.MEMORY_AND_DISK)
+            self._shared[name] = frame
+            self.on_close(frame.unpersist)
+        return self._shared[name]
 
     @property
     def node_names(self) -> list[str]:

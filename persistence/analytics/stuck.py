@@ -17,13 +17,16 @@ from persistence.analytics.checking import (
     Verdict,
     as_of_ms,
     duration,
+    first_rows,
     is_analyzed,
     keep,
 )
-from persistence.analytics.evidence import known_flows, waits
+from persistence.analytics.evidence import known_flows
 from persistence.analytics.session_columns import counterpart_flow
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from persistence.analytics.snapshot import Snapshot
 
 
@@ -41,17 +44,24 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
     Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
-    any is found.
+    any is found. The findings are bounded: the counts are exact (one pass over the
+    checkpoints, no join), the frame holds the ``report_rows`` longest waits with their
+    counterparts, and the full list (every row joined with the counterparts) is computed
+    only when written (``--findings-dir``).
     """
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
     as_of = as_of_ms(snapshot, settings)
     limit = as_of - settings.stuck_after_ms
-    paused = snapshot.paused.select(
-        F.col("node").alias("p_node"), F.col("flow_id").alias("p_flow"), "paused_at"
+    paused = F.broadcast(
+        snapshot.paused.select(
+            F.col("node").alias("p_node"), F.col("flow_id").alias("p_flow"), "paused_at"
+        )
     )
-    live = snapshot.checkpoints
+    live = snapshot.checkpoints.select(
+        "node", "flow_id", "flow_class", "status", "suspended_on", "waiting_for", "updated_at"
+    )
     on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
     checkpoints = live.where(F.col("status") != "HOSPITALIZED").join(paused, on_hold, "left_anti")
     held = keep(
@@ -60,41 +70,85 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         .select("node", "flow_id", "flow_class", "status", "suspended_on", "paused_at")
         .orderBy("node", "flow_id"),
     )
-    receiving = waits(checkpoints).where(F.col("updated_at") <= limit)
-    known = known_flows(snapshot).select(
-        F.col("node").alias("k_node"),
-        F.col("flow_id").alias("k_flow"),
-        F.col("status").alias("counterpart_status"),
+    base = _stuck_rows(checkpoints, as_of, limit)
+    order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
+    counted = base.agg(
+        F.count("*").alias("rows"), F.count(F.when(F.col("first"), True)).alias("flows")
+    ).first()
+    rows = int(counted["rows"]) if counted is not None else 0
+    flows = int(counted["flows"]) if counted is not None and counted["flows"] else 0
+    top = keep(snapshot, first_rows(base, order, settings.report_rows))
+    known = known_flows(snapshot)
+    keys = top.where(F.col("session_id").isNotNull()).select(
+        F.col("counterparty").alias("s_node"),
+        counterpart_flow(F.col("node"), F.col("session_id")).alias("s_flow"),
     )
-    receiving = receiving.withColumn(
-        "counterpart_flow_id", counterpart_flow(F.col("node"), F.col("session_id"))
+    wanted = known.join(
+        F.broadcast(keys),
+        (known.node == keys.s_node) & (known.flow_id == keys.s_flow),
+        "left_semi",
     )
-    receiving = receiving.join(
-        known,
-        (known.k_node == receiving.counterparty) & (known.k_flow == receiving.counterpart_flow_id),
-        "left",
+    frame = keep(snapshot, _with_counterparts(snapshot, top, wanted).orderBy(*order))
+    full = _with_counterparts(snapshot, base, known)
+    threshold = duration(settings.stuck_after_ms)
+    on_pause = held.count()
+    aside = f" ({on_pause} paused by an operator, not judged)" if on_pause else ""
+    if flows:
+        shown = f"; the {settings.report_rows} longest shown" if rows > settings.report_rows else ""
+        verdict = Verdict(
+            WARN,
+            f"{flows} flow{'s' if flows != 1 else ''} stuck for more than {threshold}{aside}"
+            f"{shown}",
+            rows,
+        )
+    else:
+        verdict = Verdict(OK, f"no flow suspended for more than {threshold}{aside}")
+    return CheckResult(
+        "stuck_flows",
+        "Stuck flows",
+        frame,
+        verdict,
+        extras={"paused": held},
+        total=rows,
+        full=full,
     )
-    analyzed = is_analyzed(snapshot, F.col("counterparty"))
-    live_states = ("UNSTARTED", "RUNNABLE", "SUSPENDED", "HOSPITALIZED")
-    receiving = receiving.select(
+
+
+def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
+    """Every stuck row, before the counterparts are looked up (no join, no shuffle).
+
+    ``first`` marks one row per flow (the first session a flow waits on; the only row of a
+    sleeping or idle flow), so counting the flows needs no ``distinct``.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+
+    schema = ArrayType(
+        StructType(
+            [StructField("session", StringType()), StructField("counterparty", StringType())]
+        )
+    )
+    receiving = checkpoints.where(
+        (F.col("suspended_on") == "Receive") & (F.col("updated_at") <= limit)
+    ).select(
         "node",
         "flow_id",
         "flow_class",
         "status",
         "suspended_on",
         (F.lit(as_of) - F.col("updated_at")).alias("waited_ms"),
-        "session_id",
-        "counterparty",
-        "counterpart_flow_id",
-        F.when(~analyzed, F.lit("not analyzed"))
-        .when(F.col("counterpart_status").isNull(), F.lit("missing"))
-        .otherwise(F.col("counterpart_status"))
-        .alias("counterpart_status"),
-        F.when(~analyzed, F.lit(None).cast("boolean"))
-        .otherwise(
-            F.col("counterpart_status").isin(*live_states) & F.col("counterpart_status").isNotNull()
-        )
-        .alias("counterparty_has_session"),
+        F.posexplode(F.from_json("waiting_for", schema)).alias("pos", "wait"),
+    )
+    receiving = receiving.select(
+        "node",
+        "flow_id",
+        "flow_class",
+        "status",
+        "suspended_on",
+        "waited_ms",
+        F.col("wait.session").alias("session_id"),
+        F.col("wait.counterparty").alias("counterparty"),
+        (F.col("pos") == 0).alias("first"),
     )
     until = F.get_json_object("waiting_for", "$.until").cast("bigint")
     sleeping = checkpoints.where((F.col("suspended_on") == "Sleep") & (until <= limit))
@@ -111,30 +165,54 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         "status",
         "suspended_on",
         "waited_ms",
-        *[
-            F.lit(None).cast(kind).alias(name)
-            for name, kind in (
-                ("session_id", "string"),
-                ("counterparty", "string"),
-                ("counterpart_flow_id", "string"),
-                ("counterpart_status", "string"),
-                ("counterparty_has_session", "boolean"),
-            )
-        ],
+        F.lit(None).cast("string").alias("session_id"),
+        F.lit(None).cast("string").alias("counterparty"),
+        F.lit(True).alias("first"),
     )
-    frame = keep(
-        snapshot, receiving.unionByName(others).orderBy(F.desc("waited_ms"), "node", "flow_id")
+    return receiving.unionByName(others)
+
+
+def _with_counterparts(snapshot: Snapshot, rows: DataFrame, known: DataFrame) -> DataFrame:
+    """``rows`` of :func:`_stuck_rows` with the counterpart flow and its status there."""
+    from pyspark.sql import functions as F
+
+    known = known.select(
+        F.col("node").alias("k_node"),
+        F.col("flow_id").alias("k_flow"),
+        F.col("status").alias("counterpart_status"),
     )
-    flows = frame.select("node", "flow_id").distinct().count()
-    threshold = duration(settings.stuck_after_ms)
-    on_pause = held.count()
-    aside = f" ({on_pause} paused by an operator, not judged)" if on_pause else ""
-    if flows:
-        verdict = Verdict(
-            WARN,
-            f"{flows} flow{'s' if flows != 1 else ''} stuck for more than {threshold}{aside}",
-            frame.count(),
+    rows = rows.withColumn(
+        "counterpart_flow_id",
+        F.when(
+            F.col("session_id").isNotNull(), counterpart_flow(F.col("node"), F.col("session_id"))
+        ),
+    )
+    rows = rows.join(
+        known,
+        (known.k_node == rows.counterparty) & (known.k_flow == rows.counterpart_flow_id),
+        "left",
+    )
+    analyzed = is_analyzed(snapshot, F.col("counterparty"))
+    live_states = ("UNSTARTED", "RUNNABLE", "SUSPENDED", "HOSPITALIZED")
+    waits_on = F.col("session_id").isNotNull()
+    return rows.select(
+        "node",
+        "flow_id",
+        "flow_class",
+        "status",
+        "suspended_on",
+        "waited_ms",
+        "session_id",
+        "counterparty",
+        "counterpart_flow_id",
+        F.when(~waits_on, F.lit(None).cast("string"))
+        .when(~analyzed, F.lit("not analyzed"))
+        .when(F.col("counterpart_status").isNull(), F.lit("missing"))
+        .otherwise(F.col("counterpart_status"))
+        .alias("counterpart_status"),
+        F.when(~waits_on | ~analyzed, F.lit(None).cast("boolean"))
+        .otherwise(
+            F.col("counterpart_status").isin(*live_states) & F.col("counterpart_status").isNotNull()
         )
-    else:
-        verdict = Verdict(OK, f"no flow suspended for more than {threshold}{aside}")
-    return CheckResult("stuck_flows", "Stuck flows", frame, verdict, extras={"paused": held})
+        .alias("counterparty_has_session"),
+    )

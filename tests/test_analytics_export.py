@@ -1,0 +1,155 @@
+"""The incremental Parquet export that ``fiberflow analyze --export-dir`` reads.
+
+After a first export, a checkpoint row updated, one deleted, one inserted, one changed with
+an old ``updated_at`` (a late commit) and a dedup id deleted must all be in the next export,
+which must then hold exactly the database's rows; and analyzing the export must find what
+analyzing the databases finds (the corrupted network of ``tests/test_analytics.py``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from persistence.analytics import CheckSettings, analyze, parse_node_argument
+from persistence.analytics.export import TIME_COLUMNS, export_nodes
+from persistence.analytics.snapshot import TABLES
+from persistence.store import NodeDatabase
+from tests.analytics_data import Injected, NetworkData
+from tests.test_analytics import broken, clean, require_jdbc
+
+__all__ = ["broken", "clean"]  # module-scoped fixtures, shared with tests/test_analytics.py
+
+NAME = "O=Alice,L=London,C=GB"
+T0 = 1_800_000_000_000
+MINUTE = 60_000
+CHECKPOINT = (
+    "INSERT INTO node_checkpoints (flow_id, flow_class, status, progress_step, suspended_on,"
+    " waiting_for, journal_length, checkpoint_bytes, error_message, created_at, updated_at,"
+    " checkpoint_version) VALUES (?, 'app.Flow', ?, NULL, NULL, NULL, 3, 500, NULL, ?, ?, 1)"
+)
+
+
+def _node(path: Path, flows: int) -> list[str]:
+    NodeDatabase(f"sqlite:///{path}").close()
+    ids = [uuid.uuid4().hex for _ in range(flows)]
+    with sqlite3.connect(path) as connection:
+        connection.executemany(
+            CHECKPOINT, [(flow, "RUNNABLE", T0, T0 + i * MINUTE) for i, flow in enumerate(ids)]
+        )
+        connection.executemany(
+            "INSERT INTO node_message_ids VALUES (?, ?, ?, ?, ?)",
+            [
+                (f"N-{flow}.s0-0", "O=Bob,L=Paris,C=FR", f"{flow}.s0", 0, T0 + i * MINUTE)
+                for i, flow in enumerate(ids)
+            ],
+        )
+    connection.close()
+    return ids
+
+
+def _database_rows(path: Path, frame: str) -> list[tuple[Any, ...]]:
+    table, key, columns = TABLES[frame]
+    with sqlite3.connect(path) as connection:
+        found = connection.execute(
+            f"SELECT {', '.join(n for n, _ in columns)} FROM {table} ORDER BY {key}"
+        ).fetchall()
+    connection.close()
+    return found
+
+
+def _exported_rows(folder: Path, frame: str) -> list[tuple[Any, ...]]:
+    import pyarrow.parquet as pq
+
+    _, key, columns = TABLES[frame]
+    (file,) = folder.glob(f"*/{frame}.parquet")
+    data = pq.read_table(file).sort_by(key)
+    return [tuple(row[n] for n, _ in columns) for row in data.to_pylist()]
+
+
+def test_an_updated_a_deleted_a_new_and_a_late_row_are_all_in_the_next_export(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "alice.db"
+    ids = _node(path, 3000)
+    folder = tmp_path / "export"
+    source = parse_node_argument(f"{NAME}=sqlite:///{path}")
+    (first,) = export_nodes([source], [f"{NAME}=sqlite:///{path}"], folder)
+    assert first.full and first.tables["checkpoints"].rows == 3000
+    for frame in TABLES:
+        assert _exported_rows(folder, frame) == _database_rows(path, frame), frame
+    updated, deleted, late, added = ids[10], ids[20], ids[30], uuid.uuid4().hex
+    now = T0 + 3000 * MINUTE
+    with sqlite3.connect(path) as connection:
+        connection.execute(
+            "UPDATE node_checkpoints SET status = 'SUSPENDED', suspended_on = 'Sleep', "
+            "checkpoint_version = 2, updated_at = ? WHERE flow_id = ?",
+            (now, updated),
+        )
+        connection.execute("DELETE FROM node_checkpoints WHERE flow_id = ?", (deleted,))
+        connection.execute(CHECKPOINT, (added, "UNSTARTED", now, now))
+        # a late commit: changed, but stamped long before the first export's watermark
+        connection.execute(
+            "UPDATE node_checkpoints SET status = 'HOSPITALIZED', error_message = 'late', "
+            "checkpoint_version = 2 WHERE flow_id = ?",
+            (late,),
+        )
+        connection.execute(
+            "DELETE FROM node_message_ids WHERE message_id = ?", (f"N-{ids[40]}.s0-0",)
+        )
+    connection.close()
+    (second,) = export_nodes([source], [f"{NAME}=sqlite:///{path}"], folder)
+    assert not second.full
+    for frame in TABLES:
+        assert _exported_rows(folder, frame) == _database_rows(path, frame), frame
+    exported = {row[0]: row for row in _exported_rows(folder, "checkpoints")}
+    assert deleted not in exported and exported[added][2] == "UNSTARTED"
+    assert exported[updated][2] == "SUSPENDED" and exported[late][2] == "HOSPITALIZED"
+    checkpoints = second.tables["checkpoints"]
+    # read again: the rows stamped within LATE_COMMIT_MS of the watermark (ten, with the
+    # updated and the added one), and the buckets (of 1,048,576) of the deleted row and the late
+    # commit, whose fingerprints changed
+    assert checkpoints.rows == 3000 and checkpoints.changed == 12
+    assert checkpoints.buckets == 2 and checkpoints.reread < 10
+    assert second.tables["message_ids"].buckets == 1
+    (file,) = folder.glob("*/checkpoints.parquet")
+    written = file.stat().st_mtime_ns
+    (third,) = export_nodes([source], [f"{NAME}=sqlite:///{path}"], folder)  # nothing changed
+    assert third.tables["checkpoints"].buckets == 0
+    assert file.stat().st_mtime_ns == written  # the rows read again were the same: not rewritten
+    for frame in TABLES:
+        assert _exported_rows(folder, frame) == _database_rows(path, frame), frame
+    assert TIME_COLUMNS.keys() == TABLES.keys()
+
+
+@pytest.mark.spark
+def test_analyzing_the_export_finds_what_analyzing_the_databases_finds(
+    spark: Any, broken: tuple[NetworkData, Injected], tmp_path: Path
+) -> None:
+    require_jdbc()
+    data, injected = broken
+    arguments = data.sources(injected.nodes)
+    sources = [parse_node_argument(s) for s in arguments]
+    settings = CheckSettings(as_of_ms=data.now_ms + 60_000, grace_ms=30_000)
+    direct = analyze(sources, settings, spark=spark)
+    export_nodes(sources, arguments, tmp_path / "export")
+    exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
+    assert [n["path"] for n in exported.nodes] == ["export"] * len(sources)
+    assert all(
+        n["snapshot"].startswith("exported: SQLite read transaction") for n in exported.nodes
+    )
+    assert exported.status == direct.status == "fail"
+    for mine, theirs in zip(exported.checks, direct.checks, strict=True):
+        assert (mine.name, mine.status, mine.summary) == (
+            theirs.name,
+            theirs.status,
+            theirs.summary,
+        )
+        assert mine.table.rows == theirs.table.rows, mine.name
+        assert {k: t.rows for k, t in mine.extras.items()} == {
+            k: t.rows for k, t in theirs.extras.items()
+        }, mine.name
