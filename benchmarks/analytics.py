@@ -289,6 +289,8 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                                 WHERE p.node = cp.node AND p.flow_id = cp.flow_id)
                 AND (
                   (suspended_on = 'Sleep' AND json_extract(waiting_for, '$.until') <= :stuck)
+                  OR (suspended_on = 'Operation'
+                      AND coalesce(json_extract(waiting_for, '$.until'), updated_at) <= :stuck)
                   OR (status IN ('UNSTARTED', 'RUNNABLE') AND updated_at <= :stuck))""",
         )
 

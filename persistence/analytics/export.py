@@ -71,7 +71,11 @@ TIME_COLUMNS = {
     "outbox": "created_at",
     "paused": "paused_at",
 }
-"""The time column of each table: new and changed rows have it above the watermark."""
+"""The time column of each table: new and changed rows have it above the watermark.
+
+A table without one (``node_checkpoint_blobs``: only ``flow_id`` is exported; the small
+``node_workers``, whose ``renewed_at`` changes all the time) is exported whole on every
+refresh: one narrow column of about as many rows as the checkpoints, for the blobs."""
 VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
@@ -308,6 +312,8 @@ def _refresh_table(
     import pyarrow.parquet as pq
 
     table = qualified_table(source, TABLES[frame][0])
+    if frame not in TIME_COLUMNS:
+        return _replace_table(reader, frame, table, target), watermark
     key, _, chars = _key_info(frame)
     when = TIME_COLUMNS[frame]
     wanted = _database_fingerprints(reader, frame, table)
@@ -350,6 +356,17 @@ def _refresh_table(
     known = [value for value in (top, watermark) if value is not None]
     mark = max(known) if known else None
     return TableExport(len(data), changed, buckets, reread), mark
+
+
+def _replace_table(reader: _Reader, frame: str, table: str, target: Path) -> TableExport:
+    """Export a table without a time column whole (see :data:`TIME_COLUMNS`)."""
+    import pyarrow.parquet as pq
+
+    data = _fetch(reader, frame, table, "1=1", ())
+    temporary = target.with_suffix(f".{os.getpid()}.tmp")
+    pq.write_table(data, temporary)
+    temporary.replace(target)
+    return TableExport(len(data), len(data), 0, 0)
 
 
 def _group(sources: Sequence[NodeSource]) -> list[list[NodeSource]]:

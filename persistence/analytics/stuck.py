@@ -40,7 +40,10 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
       ``counterparty_has_session`` (its flow is live);
     * suspended on ``Sleep`` whose wake-up time passed more than the threshold ago;
     * ``UNSTARTED`` or ``RUNNABLE`` with no checkpoint for longer than the threshold (its
-      node is not running it).
+      node is not running it);
+    * suspended on an external ``Operation``: running it (its checkpoint older than the
+      threshold: the call has not come back), or backing off before a retry whose time
+      passed more than the threshold ago.
 
     Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
@@ -155,8 +158,15 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
     idle = checkpoints.where(
         F.col("status").isin("UNSTARTED", "RUNNABLE") & (F.col("updated_at") <= limit)
     )
-    others = sleeping.withColumn("waited_ms", F.lit(as_of) - until).unionByName(
-        idle.withColumn("waited_ms", F.lit(as_of) - F.col("updated_at"))
+    # an external operation: since its retry time when backing off, else since the checkpoint
+    operation_since = F.coalesce(until, F.col("updated_at"))
+    operating = checkpoints.where(
+        (F.col("suspended_on") == "Operation") & (operation_since <= limit)
+    )
+    others = (
+        sleeping.withColumn("waited_ms", F.lit(as_of) - until)
+        .unionByName(idle.withColumn("waited_ms", F.lit(as_of) - F.col("updated_at")))
+        .unionByName(operating.withColumn("waited_ms", F.lit(as_of) - operation_since))
     )
     others = others.select(
         "node",
