@@ -95,3 +95,26 @@ def test_the_sessions_frame_has_one_partition_per_arrow_batch_of_rows(
     assert sum(facts.blobs.values()) >= 3
     assert rows >= 3
     assert partitions == 1
+
+
+def test_the_arrow_fallback_writes_row_groups_of_many_rows(
+    spark: Any, clean: NetworkData, tmp_path: Path
+) -> None:
+    # The same streaming, in the loader's Arrow path (no JDBC driver): one row group of the
+    # dedup ids, not one per row.
+    import pyarrow.parquet as pq
+
+    from persistence.analytics.reading import read_arrow
+
+    name = most_blobs(clean)
+    source = parse_node_argument(f"{name}=sqlite:///{clean.databases[name]}")
+    opened = open_sqlite(source, tmp_path, 0)
+    try:
+        frame = read_arrow(spark, opened, source, "message_ids", tmp_path / "arrow")
+        rows = frame.count()
+    finally:
+        closer(opened.connection)()
+    metadata = pq.ParquetFile(tmp_path / "arrow" / "message_ids.parquet").metadata
+    assert rows >= 2
+    assert metadata.num_rows == rows
+    assert metadata.num_row_groups == 1
