@@ -5,7 +5,8 @@ SQLite snapshot yielded one row per chunk, so every blob became its own Arrow ba
 Spark's local-relation threshold every batch its own partition: each query of the check ran
 stages of one task per blob. Real blobs of MockNetwork flows (tests/analytics_data.py's clean
 network) are read here; the threshold is lowered so the small test data takes the path a large
-run takes.
+run takes. The same streaming is checked where the loader's Arrow fallback and the PostgreSQL
+export read rows.
 """
 
 from __future__ import annotations
@@ -118,3 +119,24 @@ def test_the_arrow_fallback_writes_row_groups_of_many_rows(
     assert rows >= 2
     assert metadata.num_rows == rows
     assert metadata.num_row_groups == 1
+
+
+def test_the_postgresql_export_reads_in_chunks_of_its_size() -> None:
+    # On PostgreSQL ``partitions()`` without a size gives every row in one chunk.
+    from sqlalchemy import create_engine
+
+    from persistence.analytics.export import _Reader
+    from persistence.engine import normalize_url
+    from tests.conftest import POSTGRES_URL, postgres_problem, require_service
+
+    require_service("PostgreSQL", postgres_problem())
+    engine = create_engine(normalize_url(POSTGRES_URL))
+    try:
+        with engine.connect() as connection:
+            reader = _Reader(None, connection)
+            sql = "SELECT generate_series(1, ?)"
+            chunks = [len(chunk) for chunk in reader.chunks(sql, (5,), size=2)]
+            assert chunks == [2, 2, 1]
+            assert reader.rows(sql, (5,)) == [(i,) for i in range(1, 6)]
+    finally:
+        engine.dispose()
