@@ -10,7 +10,9 @@ node database of the real schema. It then times:
   streaming the blobs from the snapshot copy, checking each MAC and decoding it in the driver
   (what the check adds per blob), in blobs per second;
 * ``check``: the whole ``checkpoint_blobs`` check on Spark over the loaded snapshot (the
-  decode, the facts into Spark, the joins with the dedup ids).
+  decode, the facts into Spark, the joins with the dedup ids), then the stages and tasks
+  Spark ran for the load and the check (a stage of a task per blob is the bug docs/analytics.md
+  describes: it must stay a handful of tasks).
 
 Run: ``python benchmarks/analytics_blobs.py [--blobs 100000] [--master local[*]]``.
 """
@@ -27,6 +29,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -120,6 +123,19 @@ def write_database(path: Path, key: bytes, rows: list[tuple[str, bytes]], blobs:
     return total
 
 
+def stage_tasks(spark: Any) -> list[int]:
+    """The task count of every stage Spark ran so far (``statusTracker``; ``[0]`` for none)."""
+    tracker = spark.sparkContext.statusTracker()
+    tasks: list[int] = []
+    for job in sorted(tracker.getJobIdsForGroup(None)):
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info else []:
+            stage_info = tracker.getStageInfo(stage)
+            if stage_info is not None:
+                tasks.append(stage_info.numTasks)
+    return tasks or [0]
+
+
 def main() -> None:
     """Generate, time the decode alone and the whole check, print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -157,10 +173,12 @@ def main() -> None:
                 result = checkpoint_blobs(snapshot, CheckSettings(as_of_ms=1_800_000_060_000))
                 result.frame.count()
                 seconds = time.perf_counter() - started
+            tasks = stage_tasks(spark)
             print(
                 f"check: {seconds:.1f} s = {count / seconds:,.0f} blobs/s "
                 f"({result.verdict.status}: {result.verdict.summary})"
             )
+            print(f"spark: {len(tasks)} stages, {sum(tasks):,} tasks, the largest {max(tasks):,}")
         finally:
             stop_spark(spark)
 

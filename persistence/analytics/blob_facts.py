@@ -160,7 +160,9 @@ def read_node_blobs(
     problem_batches: list[pyarrow.RecordBatch] = []
     session_batches: list[pyarrow.RecordBatch] = []
     count = 0
-    for chunk in result.partitions():
+    # The size must be given here: on SQLite, ``partitions()`` without one yields one-row
+    # chunks despite ``yield_per`` (SQLAlchemy 2.1), that is one Arrow batch per blob.
+    for chunk in result.partitions(BATCH_ROWS):
         count += len(chunk)
         problems, columns = decode_rows(node, (tuple(row) for row in chunk), seal)
         if problems:
@@ -202,6 +204,14 @@ def read_blob_facts(snapshot: Snapshot, keys: Mapping[str, bytes]) -> BlobFacts:
 
 
 def _frame(spark: Any, table: pyarrow.Table) -> DataFrame:
-    """An Arrow table as a cached Spark frame (an empty one keeps its schema)."""
-    frame: DataFrame = spark.createDataFrame(table)
+    """An Arrow table as a cached Spark frame (an empty one keeps its schema).
+
+    ``createDataFrame`` sends the table's record batches as they are (split only above
+    ``spark.sql.execution.arrow.maxRecordsPerBatch``) and, once they exceed
+    ``spark.sql.execution.arrow.localRelationThreshold`` (48 MiB), makes one partition of
+    each: batches of a few rows would become a stage of one task per batch in every query
+    that reads the frame. The chunks are merged first, so the frame has one partition per
+    ``maxRecordsPerBatch`` rows at most (a local relation below the threshold).
+    """
+    frame: DataFrame = spark.createDataFrame(table.combine_chunks())
     return frame.cache()

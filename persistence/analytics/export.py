@@ -161,7 +161,7 @@ class _Reader:
         result = self.postgresql.execution_options(stream_results=True, yield_per=size).execute(
             text(sql), names
         )
-        for part in result.partitions():
+        for part in result.partitions(size):  # without the size: every row at once
             yield [tuple(row) for row in part]
 
 

@@ -41,6 +41,9 @@ ReadPath = Literal["auto", "jdbc", "arrow"]
 ROWS_PER_PARTITION = 250_000
 """Rows a JDBC partition reads (at most ``max_partitions`` partitions per table)."""
 
+ARROW_ROWS = 50_000
+"""Rows per chunk (and Parquet row group) of the Arrow fallback read."""
+
 HEX_DIGITS = "0123456789abcdef"
 """The first characters of the keys (hex flow ids), in order: the partition boundaries."""
 
@@ -155,12 +158,14 @@ def read_arrow(
     query = text(f"SELECT {selected} FROM {qualified_table(source, table)}")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{frame}.parquet"
-    result = opened.connection.execution_options(stream_results=True, yield_per=50_000).execute(
+    result = opened.connection.execution_options(stream_results=True, yield_per=ARROW_ROWS).execute(
         query
     )
     with pq.ParquetWriter(target, schema) as writer:
         wrote = False
-        for chunk in result.partitions():
+        # The size must be given: without it SQLite yields one-row chunks (a Parquet row
+        # group per row) and PostgreSQL one chunk of every row (SQLAlchemy 2.1).
+        for chunk in result.partitions(ARROW_ROWS):
             values = list(zip(*chunk, strict=True))
             arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(columns))]
             writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
