@@ -316,19 +316,28 @@ def console_routes(
             ),
         )
 
+    async def operate_and_note(
+        session: Session, action: str, flow_id: str | None, what: str
+    ) -> None:
+        """Run an operation; its outcome, or why it was refused, is the next page's note.
+
+        A request the user may not make (400, 401, 403) is raised instead, to be refused.
+        """
+        try:
+            done = await run_in_threadpool(gateway.operate, action, flow_id)
+            sessions.note(session.session_id, f"{what}: {done['outcome']}")
+        except ApiError as error:
+            if error.status in (400, 401, 403):
+                raise
+            sessions.note(session.session_id, f"{what} refused: {error.message}")
+
     async def operate_flow(request: Request, session: Session, form: dict[str, str]) -> Response:
         action = request.path_params["action"]
         flow_id = request.path_params["flow_id"]
         if action not in FLOW_ACTIONS:
             raise ApiError(404, f"no operation {action!r} (known: {', '.join(FLOW_ACTIONS)})")
         back = _local_target(form.get("back"))
-        try:
-            done = await run_in_threadpool(gateway.operate, action, flow_id)
-            sessions.note(session.session_id, f"{action} {flow_id}: {done['outcome']}")
-        except ApiError as error:
-            if error.status in (400, 401, 403):
-                raise
-            sessions.note(session.session_id, f"{action} {flow_id} refused: {error.message}")
+        await operate_and_note(session, action, flow_id, f"{action} {flow_id}")
         return RedirectResponse(back, 303)
 
     async def node_page(request: Request, session: Session, _: dict[str, str]) -> Response:
@@ -351,13 +360,7 @@ def console_routes(
         action = request.path_params["action"]
         if action not in NODE_ACTIONS:
             raise ApiError(404, f"no node operation {action!r} (known: drain, undrain)")
-        try:
-            done = await run_in_threadpool(gateway.operate, action, None)
-            sessions.note(session.session_id, f"{action}: {done['outcome']}")
-        except ApiError as error:
-            if error.status in (400, 401, 403):
-                raise
-            sessions.note(session.session_id, f"{action} refused: {error.message}")
+        await operate_and_note(session, action, None, action)
         return RedirectResponse(f"{PREFIX}/node", 303)
 
     def start_forms(user: RpcUser) -> list[dict[str, Any]]:

@@ -117,6 +117,10 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
 
 
+ROW_COLUMNS = ("node", "flow_id", "flow_class", "status", "suspended_on", "waited_ms")
+"""The columns every stuck row starts with, whatever the flow waits on."""
+
+
 def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
     """Every stuck row, before the counterparts are looked up (no join, no shuffle).
 
@@ -143,12 +147,7 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
         F.posexplode(F.from_json("waiting_for", schema)).alias("pos", "wait"),
     )
     receiving = receiving.select(
-        "node",
-        "flow_id",
-        "flow_class",
-        "status",
-        "suspended_on",
-        "waited_ms",
+        *ROW_COLUMNS,
         F.col("wait.session").alias("session_id"),
         F.col("wait.counterparty").alias("counterparty"),
         (F.col("pos") == 0).alias("first"),
@@ -169,12 +168,7 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
         .unionByName(operating.withColumn("waited_ms", F.lit(as_of) - operation_since))
     )
     others = others.select(
-        "node",
-        "flow_id",
-        "flow_class",
-        "status",
-        "suspended_on",
-        "waited_ms",
+        *ROW_COLUMNS,
         F.lit(None).cast("string").alias("session_id"),
         F.lit(None).cast("string").alias("counterparty"),
         F.lit(True).alias("first"),
