@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.session_columns import counterpart_flow, is_responder, message_session
+from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -21,17 +22,14 @@ if TYPE_CHECKING:
 
 
 def waits(checkpoints: DataFrame) -> DataFrame:
-    """One row per (flow, session it waits on) of flows suspended on ``Receive``."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+    """One row per (flow, session it waits on) of flows suspended on ``Receive``.
 
-    schema = ArrayType(
-        StructType(
-            [StructField("session", StringType()), StructField("counterparty", StringType())]
-        )
-    )
-    receiving = checkpoints.where(F.col("suspended_on") == "Receive")
-    parsed = receiving.withColumn("wait", F.explode(F.from_json("waiting_for", schema)))
+    Reads the parsed :data:`~persistence.analytics.waiting.WAITS` column (no JSON parsing).
+    """
+    from pyspark.sql import functions as F
+
+    receiving = checkpoints.where(F.col("suspended_on") == RECEIVE)
+    parsed = receiving.withColumn("wait", F.explode(F.col(WAITS)))
     return parsed.select(
         "*",
         F.col("wait.session").alias("session_id"),

@@ -50,6 +50,13 @@ from sqlalchemy import Connection, text
 from persistence.analytics.opening import check_identifier, open_postgresql, qualified_table
 from persistence.analytics.snapshot import LONG, TABLES, AnalyticsLoadError, NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource, check_unique_names
+from persistence.analytics.waiting import (
+    UNTIL,
+    WAITS,
+    arrow_waits,
+    arrow_waits_type,
+    with_waits,
+)
 from statemachine.session_ids import MESSAGE_ID_PREFIX
 
 if TYPE_CHECKING:
@@ -80,6 +87,10 @@ VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
 """The export's manifest in the export folder."""
+FORMAT = 2
+"""The layout of the exported files; a node exported in another layout is exported again in
+full. 2: the checkpoints carry the parsed ``waits`` and ``until``
+(:mod:`persistence.analytics.waiting`)."""
 
 
 @attrs.frozen
@@ -127,11 +138,13 @@ def _columns(frame: str) -> list[tuple[str, str]]:
 
 
 def _schema(frame: str) -> pyarrow.Schema:
+    """The Parquet file's columns: those read from the table, then the parsed ones."""
     import pyarrow as pa
 
-    return pa.schema(
-        [(name, pa.int64() if kind == LONG else pa.string()) for name, kind in _columns(frame)]
-    )
+    fields = [(name, pa.int64() if kind == LONG else pa.string()) for name, kind in _columns(frame)]
+    if frame == "checkpoints":
+        fields += [(WAITS, arrow_waits_type()), (UNTIL, pa.int64())]
+    return pa.schema(fields)
 
 
 class _Reader:
@@ -283,11 +296,17 @@ def _fetch(reader: _Reader, frame: str, table: str, where: str, params: Sequence
     import pyarrow as pa
 
     schema = _schema(frame)
-    selected = ", ".join(name for name, _ in _columns(frame))
+    selected_names = [name for name, _ in _columns(frame)]
+    selected = ", ".join(selected_names)
     batches = []
     for chunk in reader.chunks(f"SELECT {selected} FROM {table} WHERE {where}", params):
         values = list(zip(*chunk, strict=True))
-        arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(schema))]
+        arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(values))]
+        if frame == "checkpoints":  # parsed once here, stored beside the row
+            arrays += arrow_waits(
+                values[selected_names.index("suspended_on")],
+                values[selected_names.index("waiting_for")],
+            )
         batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
 
@@ -411,7 +430,7 @@ def export_nodes(
                 }
                 node_folder = folder / entry["folder"]
                 node_folder.mkdir(exist_ok=True)
-                full = not entry["watermarks"]
+                full = not entry["watermarks"] or entry.get("format") != FORMAT
                 tables: dict[str, TableExport] = {}
                 marks: dict[str, int | None] = {}
                 for frame in TABLES:
@@ -434,6 +453,7 @@ def export_nodes(
                 )
                 manifest["nodes"][source.name] = {
                     "folder": entry["folder"],
+                    "format": FORMAT,
                     "watermarks": marks,
                     "export": attrs.asdict(export),
                 }
@@ -470,9 +490,11 @@ def load_export(
             data = spark.read.parquet(
                 str((folder / entry["folder"] / f"{frame}.parquet").resolve())
             )
-            parts[frame].append(
-                data.select(F.lit(source.name).alias("node"), *[name for name, _ in columns])
-            )
+            names = [name for name, _ in columns]
+            if frame == "checkpoints":  # the parsed waits the export stored (see waiting.py)
+                names += [name for name in (WAITS, UNTIL) if name in data.columns]
+            data = data.select(F.lit(source.name).alias("node"), *names)
+            parts[frame].append(with_waits(data) if frame == "checkpoints" else data)
         loads[source.name] = NodeLoad(
             name=source.name,
             url=source.display_url(),

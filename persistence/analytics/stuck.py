@@ -23,6 +23,7 @@ from persistence.analytics.checking import (
 )
 from persistence.analytics.evidence import known_flows
 from persistence.analytics.session_columns import counterpart_flow
+from persistence.analytics.waiting import RECEIVE, UNTIL, WAITS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -63,7 +64,7 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         )
     )
     live = snapshot.checkpoints.select(
-        "node", "flow_id", "flow_class", "status", "suspended_on", "waiting_for", "updated_at"
+        "node", "flow_id", "flow_class", "status", "suspended_on", WAITS, UNTIL, "updated_at"
     )
     on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
     checkpoints = live.where(F.col("status") != "HOSPITALIZED").join(paused, on_hold, "left_anti")
@@ -128,15 +129,9 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
     sleeping or idle flow), so counting the flows needs no ``distinct``.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
-    schema = ArrayType(
-        StructType(
-            [StructField("session", StringType()), StructField("counterparty", StringType())]
-        )
-    )
     receiving = checkpoints.where(
-        (F.col("suspended_on") == "Receive") & (F.col("updated_at") <= limit)
+        (F.col("suspended_on") == RECEIVE) & (F.col("updated_at") <= limit)
     ).select(
         "node",
         "flow_id",
@@ -144,7 +139,7 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
         "status",
         "suspended_on",
         (F.lit(as_of) - F.col("updated_at")).alias("waited_ms"),
-        F.posexplode(F.from_json("waiting_for", schema)).alias("pos", "wait"),
+        F.posexplode(F.col(WAITS)).alias("pos", "wait"),
     )
     receiving = receiving.select(
         *ROW_COLUMNS,
@@ -152,7 +147,7 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
         F.col("wait.counterparty").alias("counterparty"),
         (F.col("pos") == 0).alias("first"),
     )
-    until = F.get_json_object("waiting_for", "$.until").cast("bigint")
+    until = F.col(UNTIL)
     sleeping = checkpoints.where((F.col("suspended_on") == "Sleep") & (until <= limit))
     idle = checkpoints.where(
         F.col("status").isin("UNSTARTED", "RUNNABLE") & (F.col("updated_at") <= limit)
