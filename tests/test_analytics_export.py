@@ -8,6 +8,10 @@ analyzing the databases finds (the corrupted network of ``tests/test_analytics.p
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import shutil
 import sqlite3
 import uuid
 from pathlib import Path
@@ -15,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from flows.cli import main as cli_main
 from persistence.analytics import CheckSettings, analyze, parse_node_argument
 from persistence.analytics.export import TIME_COLUMNS, export_nodes
 from persistence.analytics.snapshot import TABLES
@@ -162,3 +167,49 @@ def test_analyzing_the_export_finds_what_analyzing_the_databases_finds(
         assert {k: t.rows for k, t in mine.extras.items()} == {
             k: t.rows for k, t in theirs.extras.items()
         }, mine.name
+
+
+def test_an_export_is_analyzed_as_it_is_with_no_refresh(
+    spark: Any, broken: tuple[NetworkData, Injected], tmp_path: Path
+) -> None:
+    """``--no-refresh`` reads only the export: the databases may be gone, the export's time
+    is what the report shows, and the findings are the export's."""
+    data, injected = broken
+    copies = tmp_path / "databases"
+    copies.mkdir()
+    arguments = []
+    for name in injected.nodes:  # copies, removed before the analysis
+        copy = copies / Path(data.databases[name]).name
+        shutil.copyfile(data.databases[name], copy)
+        arguments.append(f"{name}=sqlite:///{copy}")
+    sources = [parse_node_argument(s) for s in arguments]
+    export_nodes(sources, arguments, tmp_path / "export")
+    settings = CheckSettings(as_of_ms=data.now_ms + 60_000, grace_ms=30_000)
+    expected = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
+    shutil.rmtree(copies)
+    argv = ["analyze", "--export-dir", str(tmp_path / "export"), "--no-refresh"]
+    argv += ["--as-of", str(data.now_ms + 60_000), "--grace", "30s"]
+    for argument in arguments:
+        argv += ["--node", argument]
+    argv += ["--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        status = cli_main(argv)
+    assert status == 1, stderr.getvalue()
+    assert "export 2" not in stderr.getvalue()  # nothing was refreshed
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [n["snapshot"] for n in report["nodes"]] == [n["snapshot"] for n in expected.nodes]
+    assert all(n["snapshot"].startswith("exported: ") for n in report["nodes"])
+    found = {c["name"]: (c["status"], c["summary"]) for c in report["checks"]}
+    assert found == {c.name: (c.status, c.summary) for c in expected.checks}
+
+
+def test_no_refresh_without_an_export_dir_is_refused(tmp_path: Path) -> None:
+    """``--no-refresh`` alone, or with ``--export-only``, is a usage error (exit 2)."""
+    node = f"A=sqlite:///{tmp_path / 'a.db'}"
+    for extra in ([], ["--export-dir", str(tmp_path / "e"), "--export-only"]):
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            status = cli_main(["analyze", "--no-refresh", *extra, "--node", node])
+        assert status == 2
+        assert "--no-refresh needs --export-dir, without --export-only" in stderr.getvalue()

@@ -160,6 +160,13 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --export-dir: refresh the export and stop (no Spark)",
     )
     parser.add_argument(
+        "--no-refresh",
+        action="store_true",
+        help="with --export-dir: analyze the export as it is, without opening the databases "
+        "(refresh it on its own schedule with --export-only; the report says when each node "
+        "was exported)",
+    )
+    parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
     )
 
@@ -384,14 +391,17 @@ def run_analyze(
     from persistence.analytics.opening import probe_source
     from persistence.analytics.snapshot import AnalyticsLoadError
 
+    if args.export_only and args.export_dir is None:
+        err.write("fiberflow analyze: --export-only needs --export-dir\n")
+        return 2
+    if args.no_refresh and (args.export_dir is None or args.export_only):
+        err.write("fiberflow analyze: --no-refresh needs --export-dir, without --export-only\n")
+        return 2
     try:
-        for source in sources:  # before Spark's 10-20 s start
+        for source in sources if not args.no_refresh else ():  # before Spark's 10-20 s start
             probe_source(source)
     except AnalyticsLoadError as error:
         err.write(f"fiberflow analyze: {error}\n")
-        return 2
-    if args.export_only and args.export_dir is None:
-        err.write("fiberflow analyze: --export-only needs --export-dir\n")
         return 2
     if args.export_only:
         progress = Progress(stream=err)
@@ -511,7 +521,7 @@ def _run_spark(
     from persistence.analytics.sources import find_jdbc_jars
 
     exporting: Future[list[NodeExport]] | None = None
-    if args.export_dir is not None:  # the refresh (SQLite/PostgreSQL, Arrow) while the JVM starts
+    if args.export_dir is not None and not args.no_refresh:  # the refresh while the JVM starts
         from persistence.analytics.export import export_nodes
 
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fiberflow-export")

@@ -40,8 +40,10 @@ def waits(checkpoints: DataFrame) -> DataFrame:
 def known_flows(snapshot: Snapshot) -> DataFrame:
     """Every flow a node knows: live (its checkpoint status), ``COMPLETED`` or ``FAILED``.
 
-    One row per (node, flow); a shared frame, built and cached once per snapshot for every
-    check that joins with it (stuck flows, session consistency).
+    One row per (node, flow), with ``tables``: in how many of the node's checkpoints,
+    results and exceptions it is (more than one is a node integrity finding). A shared
+    frame, built and cached once per snapshot for every check that joins with it (stuck
+    flows, session consistency, session ownership, node integrity).
     """
     from persistence.analytics.checking import shared
 
@@ -70,9 +72,12 @@ def _known_flows(snapshot: Snapshot) -> DataFrame:
     )
     union = live.unionByName(done).unionByName(failed)
     best = union.groupBy("node", "flow_id").agg(
-        F.min(F.struct("rank", "status", "suspended_on")).alias("best")
+        F.min(F.struct("rank", "status", "suspended_on")).alias("best"),
+        F.count("*").alias("tables"),
     )
-    return best.select("node", "flow_id", F.col("best.status").alias("status"), "best.suspended_on")
+    return best.select(
+        "node", "flow_id", F.col("best.status").alias("status"), "best.suspended_on", "tables"
+    )
 
 
 def session_ends(snapshot: Snapshot) -> DataFrame:

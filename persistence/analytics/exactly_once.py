@@ -10,6 +10,7 @@ behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import (
@@ -29,6 +30,11 @@ from persistence.analytics.session_columns import (
     message_session,
     peer_session,
 )
+
+BROADCAST_ROWS = 200_000
+"""Up to this many keys (pairs consumed twice, irregular ids, sessions that may have a gap),
+the message ids are filtered by them through a broadcast (a scan, no shuffle); more use a
+plain join."""
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -58,18 +64,33 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     settings = settings or CheckSettings()
     as_of = as_of_ms(snapshot, settings)
     ids = snapshot.message_ids
-    # one shuffle by session serves both groupings by session (consumed twice, and the gaps)
+    # one shuffle by session serves both groupings by session (consumed twice, and the gaps);
+    # each counts first (a code-generated hash aggregation) and gathers the ids and sequence
+    # numbers only for the few groups that are findings or may be
     by_session = ids.repartition("node", "session_id")
-
-    twice = (
+    repeated = keep(
+        snapshot,
         by_session.groupBy("node", "session_id", "sequence")
+        .agg(F.count("*").alias("times"))
+        .where(F.col("times") > 1)
+        .select(F.col("node").alias("r_node"), F.col("session_id").alias("r_session"), "sequence"),
+    )
+    few = _narrow(repeated)
+    twice_rows = ids.join(
+        few(repeated),
+        (ids.node == repeated.r_node)
+        & ids.session_id.eqNullSafe(repeated.r_session)
+        & ids.sequence.eqNullSafe(repeated.sequence),
+        "left_semi",
+    )
+    twice = (
+        twice_rows.groupBy("node", "session_id", "sequence")
         .agg(
             F.count("*").alias("times"),
             F.sort_array(F.collect_list("message_id")).alias("ids"),
             F.first("sender").alias("counterparty"),
             F.max("inserted_at").alias("at"),
         )
-        .where(F.col("times") > 1)
         .select(
             "node",
             F.lit("consumed_twice").alias("kind"),
@@ -87,21 +108,24 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
             ).alias("detail"),
         )
     )
-    # an id recorded twice is rare (it is the primary key): find those first, narrowly, and
-    # count the distinct (session, sequence) pairs of those rows only
-    twice_ids = (
-        ids.groupBy("node", "message_id")
-        .agg(F.count("*").alias("n"))
-        .where(F.col("n") > 1)
+    # an id recorded for two (session, sequence) pairs: a row whose id is the one its pair
+    # gives (N-<peer session>-<sequence>, sequence >= 0) shares its id only with rows of the
+    # same pair, since the id spells the pair out; so only ids of other rows can be reused
+    expected = expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
+    regular = F.coalesce((F.col("message_id") == expected) & (F.col("sequence") >= 0), F.lit(False))
+    irregular = keep(
+        snapshot,
+        ids.where(~regular)
         .select(F.col("node").alias("d_node"), F.col("message_id").alias("d_id"))
+        .distinct(),
     )
-    repeated = ids.join(
-        F.broadcast(twice_ids),
-        (ids.node == twice_ids.d_node) & (ids.message_id == twice_ids.d_id),
+    suspects = ids.join(
+        _narrow(irregular)(irregular),
+        (ids.node == irregular.d_node) & (ids.message_id == irregular.d_id),
         "left_semi",
     )
     reused = (
-        repeated.groupBy("node", "message_id")
+        suspects.groupBy("node", "message_id")
         .agg(
             F.countDistinct("session_id", "sequence").alias("pairs"),
             F.first("session_id").alias("session_id"),
@@ -122,7 +146,6 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
             ).alias("detail"),
         )
     )
-    expected = expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
     mismatch = ids.where(F.col("message_id") != expected).select(
         "node",
         F.lit("id_mismatch").alias("kind"),
@@ -133,7 +156,7 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
         F.col("inserted_at").alias("at"),
         F.concat(F.lit("expected "), expected).alias("detail"),
     )
-    gaps = _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)
+    gaps = _sequence_gaps(snapshot, by_session, repeated, as_of - settings.grace_ms)
     old = snapshot.outbox.where(F.col("created_at") <= as_of - settings.outbox_after_ms)
     wanted = F.broadcast(
         old.select(F.col("target").alias("w_node"), F.col("message_id").alias("w_id"))
@@ -195,11 +218,51 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict)
 
 
-def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int) -> DataFrame:
+def _sequence_gaps(
+    snapshot: Snapshot, by_session: DataFrame, repeated: DataFrame, judged_before: int
+) -> DataFrame:
+    """Sequence numbers never consumed below the highest one consumed in a session.
+
+    A session (node, session, sender) has a gap when its highest sequence number + 1 is more
+    than the distinct numbers it consumed. Counting rows instead of distinct numbers gives
+    the same answer where no number was consumed twice (``repeated``: few), so the distinct
+    numbers are gathered only for sessions that fail the count or have a number twice.
+    """
     from pyspark.sql import functions as F
 
+    counted = by_session.groupBy("node", "session_id", "sender").agg(
+        F.max("sequence").alias("top"),
+        F.count("*").alias("rows"),
+        F.max("inserted_at").alias("at"),
+    )
+    twice = repeated.select(
+        F.col("r_node").alias("t_node"), F.col("r_session").alias("t_session")
+    ).distinct()
+    counted = counted.join(
+        F.broadcast(twice.withColumn("twice", F.lit(True))),
+        (counted.node == twice.t_node) & counted.session_id.eqNullSafe(twice.t_session),
+        "left",
+    )
+    candidates = keep(
+        snapshot,
+        counted.where(
+            ((F.col("top") + 1 > F.col("rows")) | F.col("twice").isNotNull())
+            & (F.col("at") <= judged_before)
+        ).select(
+            F.col("node").alias("c_node"),
+            F.col("session_id").alias("c_session"),
+            F.col("sender").alias("c_sender"),
+        ),
+    )
+    rows = by_session.join(
+        _narrow(candidates)(candidates),
+        (by_session.node == candidates.c_node)
+        & by_session.session_id.eqNullSafe(candidates.c_session)
+        & by_session.sender.eqNullSafe(candidates.c_sender),
+        "left_semi",
+    )
     sessions = (
-        by_session.groupBy("node", "session_id", "sender")
+        rows.groupBy("node", "session_id", "sender")
         .agg(
             F.max("sequence").alias("top"),
             F.countDistinct("sequence").alias("seen"),
@@ -239,3 +302,12 @@ def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int
             F.lit(" never consumed, later ones were"),
         ).alias("detail"),
     )
+
+
+def _narrow(frame: DataFrame) -> Callable[[DataFrame], DataFrame]:
+    """Broadcast a (cached) frame of keys when it is small, else join it plainly."""
+    from pyspark.sql import functions as F
+
+    if frame.count() <= BROADCAST_ROWS:
+        return F.broadcast
+    return lambda keys: keys

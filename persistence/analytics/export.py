@@ -507,7 +507,7 @@ def load_export(
             taken_at_ms=export["taken_at_ms"],
             rows={frame: table["rows"] for frame, table in export["tables"].items()},
         )
-    frames, cleanup = union_and_verify(parts, loads)
+    frames, cleanup = union_and_verify(parts, loads, cache=False)  # Parquet: read again
     if not all(source.named for source in sources):
         frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
     nodes = [loads[source.name] for source in sources]

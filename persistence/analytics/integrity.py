@@ -13,8 +13,15 @@ ever having had a checkpoint. So in a consistent snapshot:
 * no flow is both finished (a row in ``node_flow_results`` or ``node_flow_exceptions``) and
   live (a checkpoint row), and none both completed and failed.
 
-One aggregation over the union of the four tables' ``(node, flow_id)`` answers every
-question (no join); the blob itself is never read.
+The blob itself is never read. Most flows are fine, so the check first finds the few flows
+that may not be (:func:`suspect_flows`), without moving every row: the checkpoint rows and
+the blobs are compared by **fingerprints** of each key bucket (the first
+:data:`BUCKET_CHARS` characters of the flow id: rows, and two sums of 32-bit hashes of the
+ids), and the flows in more than one of the checkpoints, results and exceptions are read
+from the shared :func:`~persistence.analytics.evidence.known_flows`. Then one aggregation
+over the four tables' rows of those flows only (:func:`flow_facts`) says what is wrong with
+each. A bucket whose rows and blobs differ has fingerprints that differ unless the sums of
+both hashes of the differing ids cancel out (about one chance in 2**62).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
+from persistence.analytics.evidence import known_flows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -40,10 +48,57 @@ TAGS = ("live", "blob", "completed", "failed")
 """What :func:`flow_facts` says of each flow: a checkpoint row, a blob, a result, an error."""
 KINDS = (ROW_WITHOUT_BLOB, BLOB_WITHOUT_ROW, FINISHED_AND_LIVE, COMPLETED_AND_FAILED)
 """The kinds of findings, in report order."""
+BUCKET_CHARS = 3
+"""Characters of the flow id that name a fingerprint bucket (4,096 buckets of hex ids)."""
+BROADCAST_ROWS = 200_000
+"""Up to this many suspect flows, the four tables are filtered by them through a broadcast
+(a scan, no shuffle); more use a plain join."""
 
 
-def flow_facts(snapshot: Snapshot) -> DataFrame:
+def suspect_flows(snapshot: Snapshot) -> DataFrame:
+    """The (node, flow) pairs that may be findings: a superset, cached until the snapshot closes.
+
+    Every flow of a bucket whose checkpoint rows and blobs differ, and every flow the node
+    has in more than one of its checkpoints, results and exceptions.
+    """
+    from pyspark.sql import functions as F
+
+    bucket = F.substring("flow_id", 1, BUCKET_CHARS).alias("bucket")
+
+    def prints(frame: DataFrame, prefix: str) -> DataFrame:
+        return frame.groupBy("node", bucket).agg(
+            F.count("*").alias(f"{prefix}_rows"),
+            F.sum(F.hash("flow_id").cast("bigint")).alias(f"{prefix}_murmur"),
+            F.sum(F.xxhash64("flow_id") % (1 << 31)).alias(f"{prefix}_xx"),
+        )
+
+    rows, blobs = prints(snapshot.checkpoints, "c"), prints(snapshot.blobs, "b")
+    differ = (
+        rows.join(blobs, ["node", "bucket"], "full_outer")
+        .where(
+            ~F.col("c_rows").eqNullSafe(F.col("b_rows"))
+            | ~F.col("c_murmur").eqNullSafe(F.col("b_murmur"))
+            | ~F.col("c_xx").eqNullSafe(F.col("b_xx"))
+        )
+        .select(F.col("node").alias("d_node"), F.col("bucket").alias("d_bucket"))
+    )
+    keys = snapshot.checkpoints.select("node", "flow_id").unionByName(
+        snapshot.blobs.select("node", "flow_id")
+    )
+    in_buckets = keys.join(
+        F.broadcast(differ),
+        (keys.node == differ.d_node)
+        & (F.substring(keys.flow_id, 1, BUCKET_CHARS) == differ.d_bucket),
+        "left_semi",
+    )
+    several = known_flows(snapshot).where(F.col("tables") > 1).select("node", "flow_id")
+    return keep(snapshot, in_buckets.unionByName(several).distinct())
+
+
+def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     """One row per (node, flow) any of the four flow tables holds, with what each says.
+
+    ``only``: the (node, flow_id) pairs to describe (every flow when None).
 
     Columns: ``node``, ``flow_id``, ``flow_class`` (from the checkpoint row, else the
     result, else the error; null for a lone blob), ``status`` (the checkpoint row's),
@@ -65,11 +120,21 @@ def flow_facts(snapshot: Snapshot) -> DataFrame:
             (F.col(at) if at else F.lit(None).cast("long")).alias("at"),
         )
 
+    def of(frame: DataFrame) -> DataFrame:
+        if only is None:
+            return frame
+        wanted = only.select(F.col("node").alias("o_node"), F.col("flow_id").alias("o_flow"))
+        if only.count() <= BROADCAST_ROWS:
+            wanted = F.broadcast(wanted)
+        return frame.join(
+            wanted, (frame.node == wanted.o_node) & (frame.flow_id == wanted.o_flow), "left_semi"
+        )
+
     union = (
-        part(snapshot.checkpoints, "live", 0, "flow_class", "updated_at")
-        .unionByName(part(snapshot.blobs, "blob", 3, None, None))
-        .unionByName(part(snapshot.results, "completed", 1, "flow_class", "completed_at"))
-        .unionByName(part(snapshot.exceptions, "failed", 2, "flow_class", "failed_at"))
+        part(of(snapshot.checkpoints), "live", 0, "flow_class", "updated_at")
+        .unionByName(part(of(snapshot.blobs), "blob", 3, None, None))
+        .unionByName(part(of(snapshot.results), "completed", 1, "flow_class", "completed_at"))
+        .unionByName(part(of(snapshot.exceptions), "failed", 2, "flow_class", "failed_at"))
     )
     facts = union.groupBy("node", "flow_id").agg(
         F.collect_set("tag").alias("tags"),
@@ -100,7 +165,7 @@ def node_integrity(snapshot: Snapshot, settings: CheckSettings | None = None) ->
     """
     from pyspark.sql import functions as F
 
-    facts = flow_facts(snapshot)
+    facts = flow_facts(snapshot, only=suspect_flows(snapshot))
     finished = F.col("completed") | F.col("failed")
     outcome = F.when(F.col("completed"), F.lit("a result")).otherwise(F.lit("an error"))
     kind = (

@@ -143,14 +143,16 @@ def load_nodes(
 
 
 def union_and_verify(
-    parts: dict[str, list[DataFrame]], loads: dict[str, NodeLoad]
+    parts: dict[str, list[DataFrame]], loads: dict[str, NodeLoad], *, cache: bool = True
 ) -> tuple[dict[str, DataFrame], list[Callable[[], None]]]:
     """Union the nodes' frames per table, cache them and check the row counts.
 
     Returns the frames and what releases their cache when the names are put in place (the
-    renamed frames are new ones, cached by the snapshot itself).
+    renamed frames are new ones, cached by the snapshot itself). ``cache=False`` leaves
+    frames read from Parquet files uncached: Spark reads only the columns a check needs
+    from them again faster than it would build the cache of every column.
     """
-    frames = _union_and_cache(parts)
+    frames = _union_and_cache(parts, cache)
     _verify_counts(frames, loads)
     return frames, [_unpersister(list(frames.values()))]
 
@@ -210,7 +212,7 @@ def _load_source(
     return load, frames
 
 
-def _union_and_cache(parts: dict[str, list[DataFrame]]) -> dict[str, DataFrame]:
+def _union_and_cache(parts: dict[str, list[DataFrame]], cache: bool) -> dict[str, DataFrame]:
     from pyspark import StorageLevel
 
     frames: dict[str, DataFrame] = {}
@@ -218,7 +220,7 @@ def _union_and_cache(parts: dict[str, list[DataFrame]]) -> dict[str, DataFrame]:
         combined = datas[0]
         for data in datas[1:]:
             combined = combined.unionByName(data)
-        frames[frame] = combined.persist(StorageLevel.MEMORY_AND_DISK)
+        frames[frame] = combined.persist(StorageLevel.MEMORY_AND_DISK) if cache else combined
     return frames
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
-from persistence.analytics.evidence import known_flows, session_ends
+from persistence.analytics.evidence import judged_session_ends, known_flows
 from persistence.analytics.session_columns import (
     initiator_session,
     is_responder,
@@ -94,8 +94,9 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
     )
     known = known_flows(snapshot).select("node", "flow_id", F.col("status").alias("owner_status"))
     consumed = consumed.join(known, ["node", "flow_id"], "left")
-    # the sender's own ends of the session, with another counterparty than this node
-    ends = session_ends(snapshot).select(
+    # the sender's own ends of the session, with another counterparty than this node (the
+    # shared, cached judged ends: the same rows as session_ends, not grouped a second time)
+    ends = judged_session_ends(snapshot).select(
         F.col("node").alias("e_node"),
         F.col("session_id").alias("e_session"),
         F.col("counterparty").alias("e_target"),
