@@ -51,32 +51,48 @@ def known_flows(snapshot: Snapshot) -> DataFrame:
 
 
 def _known_flows(snapshot: Snapshot) -> DataFrame:
+    """The live row wins over a result, a result over an error (then the least status).
+
+    Each (status, suspended_on) pair the tables hold gets a number in the order of the pair,
+    so the winner is the least of one ``bigint`` per row (rank, then that number): a
+    code-generated hash aggregation, where the least of a struct of strings would sort
+    every row.
+    """
     from pyspark.sql import functions as F
 
-    live = snapshot.checkpoints.select(
-        "node", "flow_id", "status", "suspended_on", F.lit(0).alias("rank")
+    found = snapshot.checkpoints.select("status", "suspended_on").distinct().collect()
+    pairs = {(row["status"], row["suspended_on"]) for row in found}
+    pairs |= {("COMPLETED", None), ("FAILED", None)}
+    ordered = sorted(pairs, key=lambda pair: tuple((v is not None, v or "") for v in pair))
+    size = len(ordered)
+    codes = snapshot.spark.createDataFrame(
+        [(code, status, on) for code, (status, on) in enumerate(ordered)],
+        "code bigint, c_status string, c_on string",
     )
+    live = snapshot.checkpoints.join(
+        F.broadcast(codes),
+        F.col("status").eqNullSafe(F.col("c_status"))
+        & F.col("suspended_on").eqNullSafe(F.col("c_on")),
+    ).select("node", "flow_id", F.col("code").alias("key"))
     done = snapshot.results.select(
-        "node",
-        "flow_id",
-        F.lit("COMPLETED").alias("status"),
-        F.lit(None).cast("string").alias("suspended_on"),
-        F.lit(1).alias("rank"),
+        "node", "flow_id", F.lit(size + ordered.index(("COMPLETED", None))).alias("key")
     )
     failed = snapshot.exceptions.select(
-        "node",
-        "flow_id",
-        F.lit("FAILED").alias("status"),
-        F.lit(None).cast("string").alias("suspended_on"),
-        F.lit(2).alias("rank"),
+        "node", "flow_id", F.lit(2 * size + ordered.index(("FAILED", None))).alias("key")
     )
     union = live.unionByName(done).unionByName(failed)
     best = union.groupBy("node", "flow_id").agg(
-        F.min(F.struct("rank", "status", "suspended_on")).alias("best"),
-        F.count("*").alias("tables"),
+        F.min("key").alias("key"), F.count("*").alias("tables")
     )
+    code = (F.col("key") % size + 1).cast("int")
+    statuses = F.array(*[F.lit(status).cast("string") for status, _ in ordered])
+    suspended = F.array(*[F.lit(on).cast("string") for _, on in ordered])
     return best.select(
-        "node", "flow_id", F.col("best.status").alias("status"), "best.suspended_on", "tables"
+        "node",
+        "flow_id",
+        F.element_at(statuses, code).alias("status"),
+        F.element_at(suspended, code).alias("suspended_on"),
+        "tables",
     )
 
 
@@ -110,13 +126,25 @@ def session_ends(snapshot: Snapshot) -> DataFrame:
         F.lit("outbox").alias("evidence"),
         F.col("created_at").alias("at"),
     ).where(F.col("session_id") != "")
-    return (
+    kinds = ("outbox", "received", "waiting")  # in the order the array lists them
+    grouped = (
         waiting.unionByName(received)
         .unionByName(sent)
         .groupBy("node", "session_id", "counterparty")
-        .agg(
-            F.min("at").alias("since_ms"), F.sort_array(F.collect_set("evidence")).alias("evidence")
+        .agg(  # flags, not a set: a code-generated hash aggregation
+            F.min("at").alias("since_ms"),
+            *[
+                F.max((F.col("evidence") == kind).cast("int")).alias(f"has_{kind}")
+                for kind in kinds
+            ],
         )
+    )
+    evidence = F.filter(
+        F.array(*[F.when(F.col(f"has_{kind}") == 1, F.lit(kind)) for kind in kinds]),
+        lambda kind: kind.isNotNull(),
+    )
+    return grouped.select(
+        "node", "session_id", "counterparty", "since_ms", evidence.alias("evidence")
     )
 
 

@@ -51,6 +51,9 @@ UNOWNED = "unowned"
 """Messages consumed in a session end the node holds no flow for."""
 MISDIRECTED = "misdirected"
 """Messages consumed by a node that evidence shows was not their target."""
+BROADCAST_ROWS = 200_000
+"""Up to this many consumed session ends with evidence of another target, they are joined
+to the others through a broadcast (no shuffle); more use a plain join."""
 
 
 def session_tag(session: Column) -> Column:
@@ -94,32 +97,41 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
     )
     known = known_flows(snapshot).select("node", "flow_id", F.col("status").alias("owner_status"))
     consumed = consumed.join(known, ["node", "flow_id"], "left")
-    # the sender's own ends of the session, with another counterparty than this node (the
-    # shared, cached judged ends: the same rows as session_ends, not grouped a second time)
+    # the sender's own ends of the session with another counterparty than this node (the
+    # shared, cached judged ends: the same rows as session_ends): an inner join finds the
+    # few ends that name another target, gathered for those ends only
     ends = judged_session_ends(snapshot).select(
         F.col("node").alias("e_node"),
         F.col("session_id").alias("e_session"),
         F.col("counterparty").alias("e_target"),
     )
+    consumers = snapshot.message_ids.where(session_flow(F.col("session_id")) != "").select(
+        F.col("node").alias("m_node"),
+        F.col("session_id").alias("m_session"),
+        F.col("sender").alias("m_sender"),
+    )
+    elsewhere = keep(
+        snapshot,
+        consumers.join(
+            ends,
+            (ends.e_node == consumers.m_sender)
+            & (ends.e_session == peer_session(consumers.m_session))
+            & (ends.e_target != consumers.m_node),
+        )
+        .groupBy("m_node", "m_session", "m_sender")
+        .agg(F.sort_array(F.collect_set("e_target")).alias("m_targets")),
+    )
+    few = elsewhere.count() <= BROADCAST_ROWS
     consumed = consumed.join(
-        ends,
-        (ends.e_node == consumed.sender)
-        & (ends.e_session == peer_session(consumed.session_id))
-        & (ends.e_target != consumed.node),
+        F.broadcast(elsewhere) if few else elsewhere,
+        (elsewhere.m_node == consumed.node)
+        & (elsewhere.m_session == consumed.session_id)
+        & (elsewhere.m_sender == consumed.sender),
         "left",
     )
-    consumed = consumed.groupBy(
-        "node",
-        "session_id",
-        "sender",
-        "role",
-        "flow_id",
-        "owner_status",
-        "messages",
-        "first_sequence",
-        "last_sequence",
-        "last_at",
-    ).agg(F.sort_array(F.collect_set("e_target")).alias("targets"))
+    consumed = consumed.withColumn(
+        "targets", F.coalesce(F.col("m_targets"), F.array().cast("array<string>"))
+    ).drop("m_node", "m_session", "m_sender", "m_targets")
     # a named node's initiator ends carry its own tag: another analyzed node's tag names it
     named = [n.name for n in snapshot.nodes if n.named_by != "unknown"]
     tags = {identity_tag(name): name for name in snapshot.node_names}
@@ -151,7 +163,7 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
         .when((F.col("role") == "responder") & (F.col("last_sequence") == 0), "refused")
         .otherwise(UNOWNED)
     )
-    consumed = keep(snapshot, consumed.withColumn("outcome", outcome))
+    consumed = consumed.withColumn("outcome", outcome)
     which = F.when(F.col("role") == "responder", "responder").otherwise("initiating")
     reason = F.when(
         F.col("outcome") == MISDIRECTED,
@@ -176,28 +188,35 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
             F.lit(" (live or finished)"),
         )
     )
+    columns: list[Column | str] = [
+        "node",
+        "flow_id",
+        "session_id",
+        F.col("outcome").alias("kind"),
+        "target",
+        "role",
+        "sender",
+        "messages",
+        "first_sequence",
+        "last_sequence",
+        "last_at",
+        reason.alias("reason"),
+    ]
+    # cached narrow: every end's outcome, and the finding's columns only where it is one
+    is_finding = F.col("outcome").isin(UNOWNED, MISDIRECTED)
+    judged = keep(
+        snapshot,
+        consumed.select("outcome", F.when(is_finding, F.struct(*columns)).alias("finding")),
+    )
     findings = keep(
         snapshot,
-        consumed.where(F.col("outcome").isin(UNOWNED, MISDIRECTED))
-        .select(
-            "node",
-            "flow_id",
-            "session_id",
-            F.col("outcome").alias("kind"),
-            "target",
-            "role",
-            "sender",
-            "messages",
-            "first_sequence",
-            "last_sequence",
-            "last_at",
-            reason.alias("reason"),
-        )
+        judged.where(F.col("finding").isNotNull())
+        .select("finding.*")
         .orderBy("node", "session_id", "sender"),
     )
     summary = keep(
         snapshot,
-        consumed.groupBy("outcome").agg(F.count("*").alias("session_ends")).orderBy("outcome"),
+        judged.groupBy("outcome").agg(F.count("*").alias("session_ends")).orderBy("outcome"),
     )
     counts = {row["outcome"]: row["session_ends"] for row in summary.collect()}
     found = counts.get(UNOWNED, 0) + counts.get(MISDIRECTED, 0)
