@@ -65,10 +65,16 @@ def _known_flows(snapshot: Snapshot) -> DataFrame:
     pairs |= {("COMPLETED", None), ("FAILED", None)}
     ordered = sorted(pairs, key=lambda pair: tuple((v is not None, v or "") for v in pair))
     size = len(ordered)
-    codes = snapshot.spark.createDataFrame(
-        [(code, status, on) for code, (status, on) in enumerate(ordered)],
-        "code bigint, c_status string, c_on string",
-    )
+    # built in the JVM (no Python data to ship: no Python worker, no accumulator channel)
+    rows = [
+        F.struct(
+            F.lit(code).cast("bigint").alias("code"),
+            F.lit(status).cast("string").alias("c_status"),
+            F.lit(on).cast("string").alias("c_on"),
+        )
+        for code, (status, on) in enumerate(ordered)
+    ]
+    codes = snapshot.spark.range(1).select(F.inline(F.array(*rows)))
     live = snapshot.checkpoints.join(
         F.broadcast(codes),
         F.col("status").eqNullSafe(F.col("c_status"))
