@@ -125,6 +125,30 @@ def shared(snapshot: Snapshot, name: str, build: Callable[[], DataFrame]) -> Dat
     return snapshot.shared_frame(name, build)
 
 
+def small_frame(
+    snapshot: Snapshot, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]]
+) -> DataFrame:
+    """A few rows as a DataFrame built in the JVM: ``columns`` are (name, Spark type) pairs.
+
+    No Python data is shipped (``createDataFrame`` would start a Python worker and its
+    accumulator channel for a handful of counts).
+    """
+    from pyspark.sql import functions as F
+
+    ddl = ",".join(f"{name}:{kind}" for name, kind in columns)
+    structs = [
+        F.struct(
+            *[
+                F.lit(value).cast(kind).alias(name)
+                for (name, kind), value in zip(columns, row, strict=True)
+            ]
+        )
+        for row in rows
+    ]
+    values = F.array(*structs) if structs else F.array().cast(f"array<struct<{ddl}>>")
+    return snapshot.spark.range(1).select(F.inline(values))
+
+
 def first_rows(frame: DataFrame, order: Sequence[Column | str], rows: int) -> DataFrame:
     """The first ``rows`` of ``frame`` in ``order``, without sorting the whole frame.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from persistence.analytics.candidates import candidate_snapshot
 from persistence.analytics.checking import (
     FAIL,
     OK,
@@ -24,8 +25,10 @@ from persistence.analytics.checking import (
     as_of_ms,
     is_analyzed,
     keep,
+    small_frame,
 )
 from persistence.analytics.evidence import judged_session_ends
+from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import expected_message_id, session_flow
 
 BROADCAST_ROWS = 200_000
@@ -33,6 +36,8 @@ BROADCAST_ROWS = 200_000
 by them through a broadcast (a scan, no shuffle of the big tables); more use plain joins."""
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from persistence.analytics.snapshot import Snapshot
 
 ORPHAN = "orphan"
@@ -69,9 +74,54 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     node names; ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan
     is found, ``warn`` when only ends not delivered yet or unconfirmed.
     """
+    settings = settings or CheckSettings()
+    found = screen(snapshot, settings)
+    orphans, counts = judge_ends(candidate_snapshot(snapshot, settings), settings)
+    counts["ok"] = counts.get("ok", 0) + found.ends_ok
+    counts["not analyzed"] = counts.get("not analyzed", 0) + found.ends_not_analyzed
+    counts = {outcome: n for outcome, n in counts.items() if n}
+    summary_frame = keep(
+        snapshot,
+        small_frame(
+            snapshot, (("outcome", "string"), ("sessions", "bigint")), sorted(counts.items())
+        ),
+    )
+    found_orphans = counts.get(ORPHAN, 0)
+    waiting = counts.get(NOT_DELIVERED, 0) + counts.get(UNCONFIRMED, 0)
+    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    if found_orphans:
+        verdict = Verdict(
+            FAIL,
+            f"{found_orphans} session end{'s' if found_orphans != 1 else ''} without a "
+            f"counterpart ({detail})",
+            found_orphans + waiting,
+        )
+    elif waiting:
+        verdict = Verdict(
+            WARN,
+            f"{waiting} session end{'s' if waiting != 1 else ''} not delivered yet to a node "
+            f"that has not run since ({detail})",
+            waiting,
+        )
+    else:
+        verdict = Verdict(OK, f"every session end has its counterpart ({detail or 'no sessions'})")
+    return CheckResult(
+        "session_consistency",
+        "Cross-node session consistency",
+        orphans,
+        verdict,
+        extras={"summary": summary_frame},
+    )
+
+
+def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, dict[str, int]]:
+    """The full rules on every session end of ``snapshot``: (the findings, ends by outcome).
+
+    ``snapshot`` is the candidates' (:mod:`persistence.analytics.candidates`); the latest
+    record per node and sender is read from the whole snapshot.
+    """
     from pyspark.sql import functions as F
 
-    settings = settings or CheckSettings()
     as_of = as_of_ms(snapshot, settings)
     ends = judged_session_ends(snapshot)
     analyzed = is_analyzed(snapshot, F.col("counterparty"))
@@ -82,7 +132,8 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     )
     # the few ends whose counterpart is not known: look up the rest for them only
     open_ends = keep(snapshot, ends.where(analyzed & F.col("counterpart_status").isNull()))
-    small = open_ends.count() <= BROADCAST_ROWS
+    open_count = open_ends.count()
+    small = open_count <= BROADCAST_ROWS
     narrow = F.broadcast if small else (lambda frame: frame)
     initial_id = expected_message_id(F.col("session_id"), F.lit(0))
     wanted = open_ends.select(
@@ -135,9 +186,9 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     # when it last recorded a message from this node (small: one row per node, per pair)
     alive = snapshot.workers.groupBy("node").agg(F.max("renewed_at").alias("a_last"))
     alive = alive.select(F.col("node").alias("a_node"), F.col("a_last").alias("last_alive_ms"))
-    heard = snapshot.message_ids.groupBy("node", "sender").agg(
-        F.max("inserted_at").alias("last_from_us_ms")
-    )
+    # the latest record per node and sender needs every record (none to judge: none read)
+    records = snapshot.whole.message_ids if open_count else snapshot.message_ids
+    heard = records.groupBy("node", "sender").agg(F.max("inserted_at").alias("last_from_us_ms"))
     heard = heard.select(
         F.col("node").alias("h_node"), F.col("sender").alias("h_sender"), "last_from_us_ms"
     )
@@ -222,36 +273,5 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     )
     orphans = keep(snapshot, orphans)
     judged = ends.groupBy("outcome").agg(F.count("*").alias("sessions"))
-    summary_frame = keep(
-        snapshot,
-        judged.unionByName(resolved)
-        .groupBy("outcome")
-        .agg(F.sum("sessions").cast("bigint").alias("sessions"))
-        .orderBy("outcome"),
-    )
-    counts = {row["outcome"]: row["sessions"] for row in summary_frame.collect()}
-    found = counts.get(ORPHAN, 0)
-    waiting = counts.get(NOT_DELIVERED, 0) + counts.get(UNCONFIRMED, 0)
-    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-    if found:
-        verdict = Verdict(
-            FAIL,
-            f"{found} session end{'s' if found != 1 else ''} without a counterpart ({detail})",
-            found + waiting,
-        )
-    elif waiting:
-        verdict = Verdict(
-            WARN,
-            f"{waiting} session end{'s' if waiting != 1 else ''} not delivered yet to a node "
-            f"that has not run since ({detail})",
-            waiting,
-        )
-    else:
-        verdict = Verdict(OK, f"every session end has its counterpart ({detail or 'no sessions'})")
-    return CheckResult(
-        "session_consistency",
-        "Cross-node session consistency",
-        orphans,
-        verdict,
-        extras={"summary": summary_frame},
-    )
+    counted = judged.unionByName(resolved).groupBy("outcome").agg(F.sum("sessions").alias("n"))
+    return orphans, {row["outcome"]: int(row["n"]) for row in counted.collect()}

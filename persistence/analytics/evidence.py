@@ -37,20 +37,26 @@ def waits(checkpoints: DataFrame) -> DataFrame:
     ).drop("wait")
 
 
-def known_flows(snapshot: Snapshot) -> DataFrame:
+def known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     """Every flow a node knows: live (its checkpoint status), ``COMPLETED`` or ``FAILED``.
 
     One row per (node, flow), with ``tables``: in how many of the node's checkpoints,
     results and exceptions it is (more than one is a node integrity finding). A shared
-    frame, built and cached once per snapshot for every check that joins with it (stuck
-    flows, session consistency, session ownership, node integrity).
+    frame, built and cached once per snapshot for every check that joins with it (on the
+    candidates' snapshot: session consistency, session ownership; the stuck check's full
+    list).
+
+    ``only``: a few (``k_node``, ``k_flow``) pairs: the flows of only those, read through a
+    broadcast of them (a scan of each table, no shuffle), not cached.
     """
     from persistence.analytics.checking import shared
 
+    if only is not None:
+        return _known_flows(snapshot, only)
     return shared(snapshot, "known_flows", lambda: _known_flows(snapshot))
 
 
-def _known_flows(snapshot: Snapshot) -> DataFrame:
+def _known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     """The live row wins over a result, a result over an error (then the least status).
 
     Each (status, suspended_on) pair the tables hold gets a number in the order of the pair,
@@ -60,7 +66,22 @@ def _known_flows(snapshot: Snapshot) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    found = snapshot.checkpoints.select("status", "suspended_on").distinct().collect()
+    def of(frame: DataFrame) -> DataFrame:
+        if only is None:
+            return frame
+        wanted = F.broadcast(only)
+        return frame.join(
+            wanted,
+            (frame.node == wanted.k_node) & (frame.flow_id == wanted.k_flow),
+            "left_semi",
+        )
+
+    checkpoints, results, exceptions = (
+        of(snapshot.checkpoints),
+        of(snapshot.results),
+        of(snapshot.exceptions),
+    )
+    found = checkpoints.select("status", "suspended_on").distinct().collect()
     pairs = {(row["status"], row["suspended_on"]) for row in found}
     pairs |= {("COMPLETED", None), ("FAILED", None)}
     ordered = sorted(pairs, key=lambda pair: tuple((v is not None, v or "") for v in pair))
@@ -75,15 +96,15 @@ def _known_flows(snapshot: Snapshot) -> DataFrame:
         for code, (status, on) in enumerate(ordered)
     ]
     codes = snapshot.spark.range(1).select(F.inline(F.array(*rows)))
-    live = snapshot.checkpoints.join(
+    live = checkpoints.join(
         F.broadcast(codes),
         F.col("status").eqNullSafe(F.col("c_status"))
         & F.col("suspended_on").eqNullSafe(F.col("c_on")),
     ).select("node", "flow_id", F.col("code").alias("key"))
-    done = snapshot.results.select(
+    done = results.select(
         "node", "flow_id", F.lit(size + ordered.index(("COMPLETED", None))).alias("key")
     )
-    failed = snapshot.exceptions.select(
+    failed = exceptions.select(
         "node", "flow_id", F.lit(2 * size + ordered.index(("FAILED", None))).alias("key")
     )
     union = live.unionByName(done).unionByName(failed)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from persistence.analytics.candidates import candidate_snapshot
 from persistence.analytics.checking import (
     FAIL,
     OK,
@@ -57,11 +58,15 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     * ``undelivered``: an outbox message older than ``outbox_after_ms`` (the detail says
       whether the target already consumed it, i.e. only the row was left behind).
 
-    ``fail`` when any is found.
+    ``fail`` when any is found. Only the screening's candidate conversations can have a
+    finding (:mod:`persistence.analytics.screening`): the rules run on the snapshot restricted
+    to them, and look for a reused id in every record.
     """
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
+    whole = snapshot
+    snapshot = candidate_snapshot(whole, settings)
     as_of = as_of_ms(snapshot, settings)
     ids = snapshot.message_ids
     # one shuffle by session serves both groupings by session (consumed twice, and the gaps);
@@ -119,9 +124,12 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
         .select(F.col("node").alias("d_node"), F.col("message_id").alias("d_id"))
         .distinct(),
     )
-    suspects = ids.join(
-        _narrow(irregular)(irregular),
-        (ids.node == irregular.d_node) & (ids.message_id == irregular.d_id),
+    # an irregular id is among the candidates; the row it may share its id with need not be
+    narrow = _narrow(irregular)
+    every = whole.message_ids if irregular.count() else ids
+    suspects = every.join(
+        narrow(irregular),
+        (every.node == irregular.d_node) & (every.message_id == irregular.d_id),
         "left_semi",
     )
     reused = (

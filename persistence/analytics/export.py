@@ -48,6 +48,13 @@ import attrs
 from sqlalchemy import Connection, text
 
 from persistence.analytics.opening import check_identifier, open_postgresql, qualified_table
+from persistence.analytics.session_flows import (
+    FLOW_KEY,
+    ODD,
+    RECORD_KEYS,
+    arrow_flow_keys,
+    arrow_record_keys,
+)
 from persistence.analytics.snapshot import LONG, TABLES, AnalyticsLoadError, NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource, check_unique_names
 from persistence.analytics.waiting import (
@@ -87,10 +94,13 @@ VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
 """The export's manifest in the export folder."""
-FORMAT = 2
+FORMAT = 3
 """The layout of the exported files; a node exported in another layout is exported again in
 full. 2: the checkpoints carry the parsed ``waits`` and ``until``
-(:mod:`persistence.analytics.waiting`)."""
+(:mod:`persistence.analytics.waiting`). 3: the flow rows carry their ``flow_key``, the
+consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`)."""
+FLOW_FRAMES = ("checkpoints", "blobs", "results", "exceptions")
+"""The tables of flow rows: each row is stored with its ``flow_key``."""
 
 
 @attrs.frozen
@@ -144,6 +154,10 @@ def _schema(frame: str) -> pyarrow.Schema:
     fields = [(name, pa.int64() if kind == LONG else pa.string()) for name, kind in _columns(frame)]
     if frame == "checkpoints":
         fields += [(WAITS, arrow_waits_type()), (UNTIL, pa.int64())]
+    if frame in FLOW_FRAMES:
+        fields.append((FLOW_KEY, pa.int64()))
+    if frame == "message_ids":
+        fields += [(name, pa.bool_() if name == ODD else pa.int64()) for name in RECORD_KEYS]
     return pa.schema(fields)
 
 
@@ -292,7 +306,18 @@ def _export_fingerprints(data: pyarrow.Table, frame: str) -> Fingerprints:
     return result
 
 
-def _fetch(reader: _Reader, frame: str, table: str, where: str, params: Sequence[Any]) -> Any:
+def _fetch(
+    reader: _Reader,
+    frame: str,
+    table: str,
+    where: str,
+    params: Sequence[Any],
+    node: str | None = None,
+) -> Any:
+    """The rows of ``table`` matching ``where``, with what is derived once beside each row.
+
+    ``node``: the node's name when it was given (the keys that hold it are stored), else None.
+    """
     import pyarrow as pa
 
     schema = _schema(frame)
@@ -301,11 +326,21 @@ def _fetch(reader: _Reader, frame: str, table: str, where: str, params: Sequence
     batches = []
     for chunk in reader.chunks(f"SELECT {selected} FROM {table} WHERE {where}", params):
         values = list(zip(*chunk, strict=True))
+        column = {name: values[i] for i, name in enumerate(selected_names)}
         arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(values))]
         if frame == "checkpoints":  # parsed once here, stored beside the row
             arrays += arrow_waits(
-                values[selected_names.index("suspended_on")],
-                values[selected_names.index("waiting_for")],
+                column["suspended_on"], column["waiting_for"], node, column["flow_id"]
+            )
+        if frame in FLOW_FRAMES:
+            arrays.append(arrow_flow_keys(node, column["flow_id"]))
+        if frame == "message_ids":
+            arrays += arrow_record_keys(
+                node,
+                column["message_id"],
+                column["sender"],
+                column["session_id"],
+                column["sequence"],
             )
         batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
@@ -331,18 +366,19 @@ def _refresh_table(
     import pyarrow.parquet as pq
 
     table = qualified_table(source, TABLES[frame][0])
+    node = source.name if source.named else None
     if frame not in TIME_COLUMNS:
-        return _replace_table(reader, frame, table, target), watermark
+        return _replace_table(reader, frame, table, target, node), watermark
     key, _, chars = _key_info(frame)
     when = TIME_COLUMNS[frame]
     wanted = _database_fingerprints(reader, frame, table)
     if watermark is None or not target.exists():
-        data = _fetch(reader, frame, table, "1=1", ())
+        data = _fetch(reader, frame, table, "1=1", (), node)
         changed, buckets, reread = len(data), len(wanted), 0
         unchanged = False
     else:
         old = pq.read_table(target, schema=_schema(frame))
-        fresh = _fetch(reader, frame, table, f"{when} > ?", (watermark - LATE_COMMIT_MS,))
+        fresh = _fetch(reader, frame, table, f"{when} > ?", (watermark - LATE_COMMIT_MS,), node)
         replaced = pc.is_in(old[key], value_set=fresh[key].combine_chunks())
         data = pa.concat_tables([old.filter(pc.invert(replaced)), fresh])
         have = _export_fingerprints(data, frame)
@@ -356,7 +392,8 @@ def _refresh_table(
         for index in range(0, len(differ), 50):
             ranges = [_key_range(bucket, chars) for bucket in differ[index : index + 50]]
             where = " OR ".join(f"({column} >= ? AND {column} < ?)" for _ in ranges)
-            again = _fetch(reader, frame, table, where, [v for pair in ranges for v in pair])
+            bounds = [v for pair in ranges for v in pair]
+            again = _fetch(reader, frame, table, where, bounds, node)
             reread += len(again)
             parts.append(again)
         data = pa.concat_tables(parts)
@@ -377,11 +414,13 @@ def _refresh_table(
     return TableExport(len(data), changed, buckets, reread), mark
 
 
-def _replace_table(reader: _Reader, frame: str, table: str, target: Path) -> TableExport:
+def _replace_table(
+    reader: _Reader, frame: str, table: str, target: Path, node: str | None
+) -> TableExport:
     """Export a table without a time column whole (see :data:`TIME_COLUMNS`)."""
     import pyarrow.parquet as pq
 
-    data = _fetch(reader, frame, table, "1=1", ())
+    data = _fetch(reader, frame, table, "1=1", (), node)
     temporary = target.with_suffix(f".{os.getpid()}.tmp")
     pq.write_table(data, temporary)
     temporary.replace(target)
@@ -472,9 +511,10 @@ def load_export(
     Each node's snapshot time is its export's (the report shows how fresh the data is).
     On a cluster ``directory`` must be readable by every executor.
     """
+    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
-    from persistence.analytics.loading import union_and_verify
+    from persistence.analytics.loading import union_frames
     from persistence.analytics.naming import apply_names, infer_node_names
 
     folder = Path(directory)
@@ -487,12 +527,19 @@ def load_export(
             raise AnalyticsLoadError(f"{source.name} is not in the export {folder}")
         export = entry["export"]
         for frame, (_, _, columns) in TABLES.items():
-            data = spark.read.parquet(
-                str((folder / entry["folder"] / f"{frame}.parquet").resolve())
-            )
+            path = (folder / entry["folder"] / f"{frame}.parquet").resolve()
+            # the file holds what the manifest says it does (its footer, not a Spark job)
+            found, written = pq.read_metadata(path).num_rows, export["tables"][frame]["rows"]
+            if found != written:
+                raise AnalyticsLoadError(
+                    f"{source.name}: {path} holds {found} rows of {TABLES[frame][0]} but the "
+                    f"export wrote {written}: the export changed while it was read"
+                )
+            data = spark.read.parquet(str(path))
             names = [name for name, _ in columns]
-            if frame == "checkpoints":  # the parsed waits the export stored (see waiting.py)
-                names += [name for name in (WAITS, UNTIL) if name in data.columns]
+            # what the export derived and stored beside each row (waiting.py, session_flows.py)
+            stored = (WAITS, UNTIL, FLOW_KEY, *RECORD_KEYS)
+            names += [name for name in stored if name in data.columns]
             data = data.select(F.lit(source.name).alias("node"), *names)
             parts[frame].append(with_waits(data) if frame == "checkpoints" else data)
         loads[source.name] = NodeLoad(
@@ -507,8 +554,8 @@ def load_export(
             taken_at_ms=export["taken_at_ms"],
             rows={frame: table["rows"] for frame, table in export["tables"].items()},
         )
-    frames, cleanup = union_and_verify(parts, loads, cache=False)  # Parquet: read again
+    frames = union_frames(parts)  # Parquet: read again by each check, only what it needs
     if not all(source.named for source in sources):
         frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
     nodes = [loads[source.name] for source in sources]
-    return Snapshot(spark=spark, nodes=nodes, frames=frames, cleanup=cleanup)
+    return Snapshot(spark=spark, nodes=nodes, frames=frames)

@@ -17,8 +17,8 @@ The blob itself is never read. Most flows are fine, so the check first finds the
 that may not be (:func:`suspect_flows`), without moving every row: the checkpoint rows and
 the blobs are compared by **fingerprints** of each key bucket (the first
 :data:`BUCKET_CHARS` characters of the flow id: rows, and two sums of 32-bit hashes of the
-ids), and the flows in more than one of the checkpoints, results and exceptions are read
-from the shared :func:`~persistence.analytics.evidence.known_flows`. Then one aggregation
+ids), and the flows in more than one of the checkpoints, results and exceptions are the
+conversation screening's overlaps (:mod:`persistence.analytics.screening`). Then one aggregation
 over the four tables' rows of those flows only (:func:`flow_facts`) says what is wrong with
 each. A bucket whose rows and blobs differ has fingerprints that differ unless the sums of
 both hashes of the differing ids cancel out (about one chance in 2**62).
@@ -29,7 +29,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
-from persistence.analytics.evidence import known_flows
+from persistence.analytics.screening import flow_key, screen
+from persistence.analytics.session_flows import flow_key_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -55,11 +56,12 @@ BROADCAST_ROWS = 200_000
 (a scan, no shuffle); more use a plain join."""
 
 
-def suspect_flows(snapshot: Snapshot) -> DataFrame:
-    """The (node, flow) pairs that may be findings: a superset, cached until the snapshot closes.
+def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
+    """The keys (``flow_key``) of the flows that may be findings: a superset, cached.
 
     Every flow of a bucket whose checkpoint rows and blobs differ, and every flow the node
-    has in more than one of its checkpoints, results and exceptions.
+    has in more than one of its checkpoints, results and exceptions (the screening's
+    overlaps, :mod:`persistence.analytics.screening`).
     """
     from pyspark.sql import functions as F
 
@@ -73,15 +75,19 @@ def suspect_flows(snapshot: Snapshot) -> DataFrame:
         )
 
     rows, blobs = prints(snapshot.checkpoints, "c"), prints(snapshot.blobs, "b")
-    differ = (
+    differ = keep(
+        snapshot,
         rows.join(blobs, ["node", "bucket"], "full_outer")
         .where(
             ~F.col("c_rows").eqNullSafe(F.col("b_rows"))
             | ~F.col("c_murmur").eqNullSafe(F.col("b_murmur"))
             | ~F.col("c_xx").eqNullSafe(F.col("b_xx"))
         )
-        .select(F.col("node").alias("d_node"), F.col("bucket").alias("d_bucket"))
+        .select(F.col("node").alias("d_node"), F.col("bucket").alias("d_bucket")),
     )
+    several = screen(snapshot, settings).overlaps.select("flow_key")
+    if not differ.count():
+        return several
     keys = snapshot.checkpoints.select("node", "flow_id").unionByName(
         snapshot.blobs.select("node", "flow_id")
     )
@@ -90,15 +96,15 @@ def suspect_flows(snapshot: Snapshot) -> DataFrame:
         (keys.node == differ.d_node)
         & (F.substring(keys.flow_id, 1, BUCKET_CHARS) == differ.d_bucket),
         "left_semi",
-    )
-    several = known_flows(snapshot).where(F.col("tables") > 1).select("node", "flow_id")
+    ).select(flow_key("node", "flow_id").alias("flow_key"))
     return keep(snapshot, in_buckets.unionByName(several).distinct())
 
 
 def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     """One row per (node, flow) any of the four flow tables holds, with what each says.
 
-    ``only``: the (node, flow_id) pairs to describe (every flow when None).
+    ``only``: the keys (``flow_key``, :func:`~persistence.analytics.screening.flow_key`) of
+    the flows to describe (every flow when None).
 
     Columns: ``node``, ``flow_id``, ``flow_class`` (from the checkpoint row, else the
     result, else the error; null for a lone blob), ``status`` (the checkpoint row's),
@@ -120,15 +126,16 @@ def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
             (F.col(at) if at else F.lit(None).cast("long")).alias("at"),
         )
 
-    def of(frame: DataFrame) -> DataFrame:
-        if only is None:
-            return frame
-        wanted = only.select(F.col("node").alias("o_node"), F.col("flow_id").alias("o_flow"))
+    wanted = None
+    if only is not None:
+        wanted = only.select(F.col("flow_key").alias("o_key"))
         if only.count() <= BROADCAST_ROWS:
             wanted = F.broadcast(wanted)
-        return frame.join(
-            wanted, (frame.node == wanted.o_node) & (frame.flow_id == wanted.o_flow), "left_semi"
-        )
+
+    def of(frame: DataFrame) -> DataFrame:
+        if wanted is None:
+            return frame
+        return frame.join(wanted, flow_key_column(frame) == F.col("o_key"), "left_semi")
 
     union = (
         part(of(snapshot.checkpoints), "live", 0, "flow_class", "updated_at")
@@ -165,7 +172,8 @@ def node_integrity(snapshot: Snapshot, settings: CheckSettings | None = None) ->
     """
     from pyspark.sql import functions as F
 
-    facts = flow_facts(snapshot, only=suspect_flows(snapshot))
+    settings = settings or CheckSettings()
+    facts = flow_facts(snapshot, only=suspect_flows(snapshot, settings))
     finished = F.col("completed") | F.col("failed")
     outcome = F.when(F.col("completed"), F.lit("a result")).otherwise(F.lit("an error"))
     kind = (

@@ -26,6 +26,8 @@ from persistence.analytics.checking import (
     duration,
     keep,
 )
+from persistence.analytics.screening import screen
+from persistence.analytics.session_flows import flow_key_column
 
 if TYPE_CHECKING:
     from persistence.analytics.snapshot import Snapshot
@@ -45,6 +47,9 @@ NICE_BUCKETS_MS = (
     7 * DAY_MS,
 )
 """The round buckets of the status-over-time series, smallest first."""
+BROADCAST_ROWS = 200_000
+"""Up to this many flows in more than one table, the flow counts leave them out through a
+broadcast (a scan, no shuffle); more use plain joins."""
 MAX_BUCKETS = 48
 """The most buckets :func:`choose_bucket` cuts the status-over-time series into."""
 
@@ -61,16 +66,27 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     """
     from pyspark.sql import functions as F
 
-    results = snapshot.results.select("node", "flow_id", "flow_class")
-    finished = results.select("node", "flow_id").unionByName(
-        snapshot.exceptions.select("node", "flow_id")
+    settings = settings or CheckSettings()
+    found = screen(snapshot, settings)
+    narrow = F.broadcast if found.overlap_count <= BROADCAST_ROWS else (lambda frame: frame)
+    # the few flows in more than one table (the screening's overlaps) leave the counts of the
+    # live ones (finished: counted as finished) and of the errors (also a result: completed)
+    overlaps = found.overlaps
+    finished = narrow(
+        overlaps.where(F.col("live") & (F.col("finished") | F.col("failed"))).select(
+            F.col("flow_key").alias("o_key")
+        )
     )
-    live = snapshot.checkpoints.join(finished, ["node", "flow_id"], "left_anti").select(
-        "node", "flow_class", "status"
+    completed = narrow(
+        overlaps.where(F.col("finished") & F.col("failed")).select(F.col("flow_key").alias("o_key"))
     )
-    done = results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))
-    failed = snapshot.exceptions.join(
-        results.select("node", "flow_id"), ["node", "flow_id"], "left_anti"
+    checkpoints, exceptions = snapshot.checkpoints, snapshot.exceptions
+    live = checkpoints.join(
+        finished, flow_key_column(checkpoints) == F.col("o_key"), "left_anti"
+    ).select("node", "flow_class", "status")
+    done = snapshot.results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))
+    failed = exceptions.join(
+        completed, flow_key_column(exceptions) == F.col("o_key"), "left_anti"
     ).select("node", "flow_class", F.lit("FAILED").alias("status"))
     frame = (
         live.unionByName(done)

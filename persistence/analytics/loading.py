@@ -143,16 +143,14 @@ def load_nodes(
 
 
 def union_and_verify(
-    parts: dict[str, list[DataFrame]], loads: dict[str, NodeLoad], *, cache: bool = True
+    parts: dict[str, list[DataFrame]], loads: dict[str, NodeLoad]
 ) -> tuple[dict[str, DataFrame], list[Callable[[], None]]]:
     """Union the nodes' frames per table, cache them and check the row counts.
 
     Returns the frames and what releases their cache when the names are put in place (the
-    renamed frames are new ones, cached by the snapshot itself). ``cache=False`` leaves
-    frames read from Parquet files uncached: Spark reads only the columns a check needs
-    from them again faster than it would build the cache of every column.
+    renamed frames are new ones, cached by the snapshot itself).
     """
-    frames = _union_and_cache(parts, cache)
+    frames = _union_and_cache(parts, cache=True)
     _verify_counts(frames, loads)
     return frames, [_unpersister(list(frames.values()))]
 
@@ -210,6 +208,11 @@ def _load_source(
         rows=rows,
     )
     return load, frames
+
+
+def union_frames(parts: dict[str, list[DataFrame]]) -> dict[str, DataFrame]:
+    """Each table's frame: the union of the nodes' frames (nothing cached, nothing counted)."""
+    return _union_and_cache(parts, cache=False)
 
 
 def _union_and_cache(parts: dict[str, list[DataFrame]], cache: bool) -> dict[str, DataFrame]:

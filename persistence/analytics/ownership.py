@@ -31,8 +31,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
+from persistence.analytics.candidates import candidate_snapshot
+from persistence.analytics.checking import (
+    FAIL,
+    OK,
+    CheckResult,
+    CheckSettings,
+    Verdict,
+    keep,
+    small_frame,
+)
 from persistence.analytics.evidence import judged_session_ends, known_flows
+from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import (
     initiator_session,
     is_responder,
@@ -43,7 +53,7 @@ from persistence.analytics.session_columns import (
 from statemachine.session_ids import TAG_LENGTH, identity_tag
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
     from persistence.analytics.snapshot import Snapshot
 
@@ -73,6 +83,45 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
     sequence numbers, and a one-line ``reason``. ``extras["summary"]`` counts the consumed
     session ends by outcome (``owned``, ``refused``, ``unowned``, ``misdirected``). ``fail``
     when any finding.
+    """
+    settings = settings or CheckSettings()
+    found = screen(snapshot, settings)
+    findings, counts = judge_consumed(candidate_snapshot(snapshot, settings))
+    counts["owned"] = counts.get("owned", 0) + found.consumed_owned
+    counts = {outcome: n for outcome, n in counts.items() if n}
+    summary = keep(
+        snapshot,
+        small_frame(
+            snapshot, (("outcome", "string"), ("session_ends", "bigint")), sorted(counts.items())
+        ),
+    )
+    unowned = counts.get(UNOWNED, 0) + counts.get(MISDIRECTED, 0)
+    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    if unowned:
+        verdict = Verdict(
+            FAIL,
+            f"{unowned} consumed session end{'s' if unowned != 1 else ''} not held by the node "
+            f"({detail})",
+            unowned,
+        )
+    else:
+        verdict = Verdict(
+            OK, f"every consumed message's session end is held ({detail or 'no messages'})"
+        )
+    return CheckResult(
+        "session_ownership",
+        "Session ownership of consumed messages",
+        findings,
+        verdict,
+        extras={"summary": summary},
+    )
+
+
+def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
+    """The full rules on every consumed session end of ``snapshot``: (findings, counts).
+
+    ``snapshot`` is the candidates' (:mod:`persistence.analytics.candidates`); the counts are
+    of consumed session ends by outcome.
     """
     from pyspark.sql import functions as F
 
@@ -214,28 +263,5 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
         .select("finding.*")
         .orderBy("node", "session_id", "sender"),
     )
-    summary = keep(
-        snapshot,
-        judged.groupBy("outcome").agg(F.count("*").alias("session_ends")).orderBy("outcome"),
-    )
-    counts = {row["outcome"]: row["session_ends"] for row in summary.collect()}
-    found = counts.get(UNOWNED, 0) + counts.get(MISDIRECTED, 0)
-    detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-    if found:
-        verdict = Verdict(
-            FAIL,
-            f"{found} consumed session end{'s' if found != 1 else ''} not held by the node "
-            f"({detail})",
-            found,
-        )
-    else:
-        verdict = Verdict(
-            OK, f"every consumed message's session end is held ({detail or 'no messages'})"
-        )
-    return CheckResult(
-        "session_ownership",
-        "Session ownership of consumed messages",
-        findings,
-        verdict,
-        extras={"summary": summary},
-    )
+    counted = judged.groupBy("outcome").agg(F.count("*").alias("n")).collect()
+    return findings, {row["outcome"]: int(row["n"]) for row in counted}

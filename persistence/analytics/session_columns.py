@@ -65,6 +65,13 @@ def initiator_session(session: Column) -> Column:
     return F.when(is_responder(session), _without_suffix(session)).otherwise(session)
 
 
+def conversation_key(session: Column) -> Column:
+    """A 64-bit key shared by both ends of a session: ``xxhash64`` of its initiator's id."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(initiator_session(session))
+
+
 def peer_session(session: Column) -> Column:
     """The other end's session id (``X`` <-> ``X.r``)."""
     from pyspark.sql import functions as F

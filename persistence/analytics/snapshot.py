@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -89,6 +89,9 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
 payloads are never read."""
 
 
+T = TypeVar("T")
+
+
 class AnalyticsLoadError(RuntimeError):
     """A node database could not be read (missing tables, no driver, a moving snapshot)."""
 
@@ -134,6 +137,26 @@ class Snapshot:
     """Node name to its checkpoint MAC key (``--key-file``): the nodes whose checkpoint
     blobs are decoded and checked (:mod:`persistence.analytics.blobs`)."""
     _shared: dict[str, DataFrame] = attrs.field(factory=dict, alias="shared")
+    _values: dict[Any, Any] = attrs.field(factory=dict, alias="values")
+    parent: Snapshot | None = None
+    """The whole snapshot, when this one is restricted to a part of it (the candidates of
+    :mod:`persistence.analytics.candidates`): what a rule needs of every row (the latest
+    record per node and sender, say) is read from the parent."""
+
+    @property
+    def whole(self) -> Snapshot:
+        """The unrestricted snapshot: :attr:`parent`, or this one."""
+        return self.parent if self.parent is not None else self
+
+    def shared_value(self, key: Any, build: Callable[[], T]) -> T:
+        """A value several checks use (the screening of the conversations), built once.
+
+        ``key`` identifies it (with the settings it depends on); whatever it caches in Spark
+        it releases through :meth:`on_close`.
+        """
+        if key not in self._values:
+            self._values[key] = build()
+        return self._values[key]  # type: ignore[no-any-return]
 
     def shared_frame(self, name: str, build: Callable[[], DataFrame]) -> DataFrame:
         """The frame ``name`` several checks use: built by ``build()`` and cached once.
@@ -205,7 +228,13 @@ class Snapshot:
         return self.frames["workers"]
 
     def on_close(self, release: Callable[[], object]) -> None:
-        """Have ``release`` called when the snapshot closes (cached check results)."""
+        """Have ``release`` called when the snapshot closes (cached check results).
+
+        A restricted snapshot hands it to its parent, which is the one that is closed.
+        """
+        if self.parent is not None:
+            self.parent.on_close(release)
+            return
 
         def run() -> None:
             release()

@@ -82,18 +82,15 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     rows = int(counted["rows"]) if counted is not None else 0
     flows = int(counted["flows"]) if counted is not None and counted["flows"] else 0
     top = keep(snapshot, first_rows(base, order, settings.report_rows))
-    known = known_flows(snapshot)
     keys = top.where(F.col("session_id").isNotNull()).select(
-        F.col("counterparty").alias("s_node"),
-        counterpart_flow(F.col("node"), F.col("session_id")).alias("s_flow"),
+        F.col("counterparty").alias("k_node"),
+        counterpart_flow(F.col("node"), F.col("session_id")).alias("k_flow"),
     )
-    wanted = known.join(
-        F.broadcast(keys),
-        (known.node == keys.s_node) & (known.flow_id == keys.s_flow),
-        "left_semi",
-    )
+    # the counterparts of the rows kept only (a broadcast of their keys); of every row only
+    # for the full list, when it is written
+    wanted = known_flows(snapshot, only=keep(snapshot, keys))
     frame = keep(snapshot, _with_counterparts(snapshot, top, wanted).orderBy(*order))
-    full = _with_counterparts(snapshot, base, known)
+    full = _with_counterparts(snapshot, base, known_flows(snapshot))
     threshold = duration(settings.stuck_after_ms)
     on_pause = held.count()
     aside = f" ({on_pause} paused by an operator, not judged)" if on_pause else ""

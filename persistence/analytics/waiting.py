@@ -55,21 +55,38 @@ def with_waits(checkpoints: DataFrame) -> DataFrame:
 
 
 def arrow_waits(
-    suspended_on: Sequence[str | None], waiting_for: Sequence[str | None]
+    suspended_on: Sequence[str | None],
+    waiting_for: Sequence[str | None],
+    node: str | None = None,
+    flow_ids: Sequence[str | None] | None = None,
 ) -> tuple[pyarrow.Array, pyarrow.Array]:
     """The :data:`WAITS` and :data:`UNTIL` arrays of rows, parsed in Python (the export).
 
     Parses as :func:`with_waits` does: text that is not the JSON expected gives nulls (a
-    ``Receive`` list element without a field gives a null field), never an error.
+    ``Receive`` list element without a field gives a null field), never an error. Each wait
+    also carries its session keys (:mod:`persistence.analytics.session_flows`) when the
+    node's name and the rows' ``flow_ids`` are given, else nulls (Spark computes them).
     """
     import pyarrow as pa
 
+    from persistence.analytics.session_flows import python_session_keys
+
     waits: list[list[dict[str, Any] | None] | None] = []
     until: list[int | None] = []
-    for kind, text in zip(suspended_on, waiting_for, strict=True):
+    flows = flow_ids if flow_ids is not None else [None] * len(suspended_on)
+    for kind, text, flow in zip(suspended_on, waiting_for, flows, strict=True):
         value = _parsed(text)
         if kind == RECEIVE:
-            waits.append(_sessions(value))
+            sessions = _sessions(value)
+            if sessions is not None and node is not None and flow is not None:
+                for item in sessions:
+                    if item is not None:
+                        keys = python_session_keys(
+                            node, item["session"], item["counterparty"], flow
+                        )
+                        if keys is not None:
+                            item.update(keys)
+            waits.append(sessions)
             until.append(None)
         else:
             waits.append(None)
@@ -78,10 +95,20 @@ def arrow_waits(
 
 
 def arrow_waits_type() -> pyarrow.DataType:
-    """The Arrow type of :data:`WAITS`."""
+    """The Arrow type of :data:`WAITS` in the export.
+
+    The session, the counterparty and the session keys
+    (:data:`~persistence.analytics.session_flows.SESSION_KEY_TYPES`).
+    """
     import pyarrow as pa
 
-    return pa.list_(pa.struct([("session", pa.string()), ("counterparty", pa.string())]))
+    from persistence.analytics.session_flows import SESSION_KEY_TYPES
+
+    keys = [
+        (name, pa.bool_() if kind == "boolean" else pa.int64())
+        for name, kind in SESSION_KEY_TYPES.items()
+    ]
+    return pa.list_(pa.struct([("session", pa.string()), ("counterparty", pa.string()), *keys]))
 
 
 def _parsed(text: str | None) -> Any:

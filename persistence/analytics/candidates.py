@@ -1,0 +1,169 @@
+"""The snapshot restricted to the candidate conversations of the screening.
+
+:mod:`persistence.analytics.screening` leaves to the checks the conversations it cannot call
+healthy. They judge those with their full rules, on a :class:`Snapshot` that holds, of the big
+tables, only the rows that concern them (cached: they are few):
+
+* ``message_ids`` and ``outbox``: the rows of the candidate conversations (every row of each,
+  so a session's sequence numbers are whole), and the outbox rows whose id is not of the
+  grammar (no conversation; the audit still judges their age);
+* ``checkpoints``: the flows waiting on a candidate conversation, with ``waits`` cut to the
+  candidate sessions (so no healthy session end is counted twice), and every flow a rule may
+  look up for a candidate end (the initiating flow, the responder, the counterpart), with
+  ``waits`` cut the same way;
+* ``results``, ``exceptions``, ``blobs``: the rows of those flows;
+* ``paused`` and ``workers`` whole (small).
+
+Rules that need every row (the latest record per node and sender, a message id reused in
+another conversation) read :attr:`Snapshot.whole`, the snapshot it was cut from.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from persistence.analytics.checking import CheckSettings, as_of_ms
+from persistence.analytics.screening import screen
+from persistence.analytics.session_columns import (
+    counterpart_flow,
+    initiator_session,
+    is_responder,
+    message_session,
+    responder_flow_id,
+    session_flow,
+)
+from persistence.analytics.session_flows import conversation_column
+from persistence.analytics.waiting import RECEIVE, WAITS
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from persistence.analytics.snapshot import Snapshot
+
+BROADCAST_ROWS = 200_000
+"""Up to this many candidate conversations (and flows), the big tables are filtered through a
+broadcast (a scan, no shuffle); more use plain joins."""
+
+
+def candidate_snapshot(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
+    """``snapshot`` restricted to the screening's candidates (built once, cached)."""
+    old_before = as_of_ms(snapshot, settings) - settings.outbox_after_ms
+    return snapshot.shared_value(
+        ("candidates", old_before), lambda: _restricted(snapshot, settings)
+    )
+
+
+def _narrow(frame: DataFrame, rows: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return F.broadcast(frame) if rows <= BROADCAST_ROWS else frame
+
+
+def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.snapshot import Snapshot
+
+    found = screen(snapshot, settings)
+    wanted = _narrow(
+        found.candidates.select(F.col("conversation").alias("c_key")), found.candidate_count
+    )
+
+    def kept(frame: DataFrame) -> DataFrame:
+        # checkpointed, not only cached: the checks build long plans on these frames, and a
+        # cached frame's plan would carry the screening's whole lineage into each of them
+        return frame.localCheckpoint(eager=True)
+
+    def of_candidates(frame: DataFrame, session: Column) -> DataFrame:
+        key = conversation_column(frame, session)
+        return frame.join(wanted, key == F.col("c_key"), "left_semi")
+
+    ids = kept(of_candidates(snapshot.message_ids, F.col("session_id")))
+    outbox_session = message_session(F.col("message_id"))
+    outbox = kept(
+        of_candidates(snapshot.outbox.where(outbox_session != ""), outbox_session).unionByName(
+            snapshot.outbox.where(outbox_session == "")
+        )
+    )
+    waited = kept(
+        of_candidates(
+            snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
+                "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
+            ),
+            F.col("w.session"),
+        )
+    )
+    flows = kept(_flows_looked_up(ids, outbox, waited).distinct())
+    few = _narrow(flows, flows.count())
+
+    def of_flows(frame: DataFrame) -> DataFrame:
+        return frame.join(
+            few, (frame.node == few.k_node) & (frame.flow_id == few.k_flow), "left_semi"
+        )
+
+    cut = waited.groupBy(F.col("node").alias("c_node"), F.col("flow_id").alias("c_flow")).agg(
+        F.transform(
+            F.sort_array(F.collect_list(F.struct("pos", "w"))), lambda entry: entry["w"]
+        ).alias("c_waits")
+    )
+    checkpoints = of_flows(snapshot.checkpoints)
+    checkpoints = checkpoints.join(
+        cut, (checkpoints.node == cut.c_node) & (checkpoints.flow_id == cut.c_flow), "left"
+    )
+    checkpoints = checkpoints.withColumn(WAITS, F.col("c_waits")).drop(
+        "c_node", "c_flow", "c_waits"
+    )
+    frames = dict(snapshot.frames)
+    frames.update(
+        checkpoints=kept(checkpoints),
+        message_ids=ids,
+        outbox=outbox,
+        results=kept(of_flows(snapshot.results)),
+        exceptions=kept(of_flows(snapshot.exceptions)),
+        blobs=kept(of_flows(snapshot.blobs)),
+    )
+    return Snapshot(spark=snapshot.spark, nodes=snapshot.nodes, frames=frames, parent=snapshot)
+
+
+def _flows_looked_up(ids: DataFrame, outbox: DataFrame, waited: DataFrame) -> DataFrame:
+    """(``k_node``, ``k_flow``): every flow a rule may look up for a candidate's rows.
+
+    The waiting flows themselves, and for each end: the flow that holds it on its node
+    (its own flow for an initiator end, the responder for a responder end, by the sender)
+    and the counterpart on the other node.
+    """
+    from pyspark.sql import functions as F
+
+    ends = (
+        ids.select("node", F.col("session_id").alias("session"), F.col("sender").alias("peer"))
+        .unionByName(
+            outbox.select(
+                "node",
+                message_session(F.col("message_id")).alias("session"),
+                F.col("target").alias("peer"),
+            )
+        )
+        .unionByName(
+            waited.select(
+                "node", F.col("w.session").alias("session"), F.col("w.counterparty").alias("peer")
+            )
+        )
+        .distinct()
+    )
+    session, node, peer = F.col("session"), F.col("node"), F.col("peer")
+    owner = F.when(
+        is_responder(session), responder_flow_id(peer, initiator_session(session))
+    ).otherwise(session_flow(session))
+    keys = ends.select(
+        F.explode(
+            F.array(
+                F.struct(node.alias("k_node"), owner.alias("k_flow")),
+                F.struct(node.alias("k_node"), session_flow(session).alias("k_flow")),
+                F.struct(peer.alias("k_node"), counterpart_flow(node, session).alias("k_flow")),
+            )
+        ).alias("k")
+    ).select("k.*")
+    waiting = waited.select(F.col("node").alias("k_node"), F.col("flow_id").alias("k_flow"))
+    return keys.unionByName(waiting).where(
+        F.col("k_node").isNotNull() & F.col("k_flow").isNotNull()
+    )

@@ -1,0 +1,424 @@
+"""The conversation screening: every session end of every node judged in two aggregations.
+
+The cross-node checks (session consistency, session ownership, the exactly-once audit) and
+the flow-level ones (node integrity, flow counts) ask of millions of rows questions whose
+answer is nearly always "fine". This module answers them for the whole network at once, with
+64-bit keys and no join of the big tables, and hands the checks only what is *not* plainly
+fine: the **candidate** conversations, which they judge with their full rules on a snapshot
+restricted to them (:mod:`persistence.analytics.candidates`), and the counts of the rest.
+
+**A conversation** is one session as both its ends see it: the initiator's end ``S`` on node
+A and the responder's end ``S.r`` on node B. Every row that shows a session end (a flow
+waiting on it, a consumed message, a message in the outbox) names it, so all of a
+conversation's rows share the initiator's session id and are grouped by a 64-bit hash of it
+(:func:`~persistence.analytics.session_columns.conversation_key`): one shuffle of those rows,
+one aggregation (:func:`_conversations`). Per conversation it tells:
+
+* its **shape**: every row names the same two nodes (``A`` and ``B``, each the other's
+  counterparty), so there is at most one initiator end and one responder end, and nothing is
+  malformed (a null session or counterparty, an id not of the grammar, an initiator session
+  tagged for another node, an outbox message older than ``--outbox-after``);
+* its **messages**: each end consumed exactly the sequence numbers ``0..top``, once each:
+  ``top + 1`` rows whose XOR of ``h(k) ^ h(k + 1)`` telescopes to ``h(0) ^ h(top + 1)``
+  (``h`` is ``xxhash64``; any missing or repeated number breaks it but for a 64-bit
+  collision), and every id is the one its session and sequence number give;
+* its **flows**: the keys ``xxhash64(A, F)`` and ``xxhash64(B, R)`` of the initiating flow
+  and the responder (the rows carry both, :mod:`~persistence.analytics.session_flows`), and
+  whether a flow waiting on the end with that very id already shows it live.
+
+Then one more aggregation (:func:`_flow_index`) brings together every flow the nodes know
+(the keys of ``node_checkpoints``, ``node_flow_results`` and ``node_flow_exceptions``) with
+the flow keys the healthy conversations still need: a needed key no node table holds makes
+its conversation a candidate, and a flow in more than one of the three tables is an
+**overlap** (what node integrity and the flow counts need).
+
+A healthy conversation (right shape, right messages, every needed flow known) gives exactly
+what the checks' full rules would: each of its ends ``ok`` (or ``not analyzed`` when the
+other node was not given) in session consistency, each consumed end ``owned`` in session
+ownership, no exactly-once finding. So the counts are exact, and every finding is among the
+candidates. Hash collisions could only hide a finding: two flow keys or two conversations of
+equal 64-bit hashes, or an XOR that cancels, about one chance in 2**64 each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import attrs
+
+from persistence.analytics.checking import CheckSettings, as_of_ms
+from persistence.analytics.session_columns import is_responder, message_session
+from persistence.analytics.session_flows import (
+    CONVERSATION,
+    INITIATOR_KEY,
+    INITIATOR_NODE,
+    MAX_SEQUENCE,
+    ODD,
+    OWN,
+    RESPONDER_KEY,
+    RESPONDER_NODE,
+    flow_key_column,
+    node_hashes,
+    session_keys,
+)
+from persistence.analytics.waiting import RECEIVE, WAITS
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from persistence.analytics.snapshot import Snapshot
+
+WAIT, RECORD, OUTBOX = 0, 1, 2
+"""The kinds of evidence row: a flow waiting on the end, a consumed message, an outbox row."""
+
+INITIATOR_END = 1 << 0
+"""A row of the initiator's end (session ``S``)."""
+RESPONDER_END = 1 << 1
+"""A row of the responder's end (session ``S.r``)."""
+INITIATOR_CONSUMED = 1 << 2
+"""The initiator's end consumed a message."""
+RESPONDER_CONSUMED = 1 << 3
+"""The responder's end consumed a message."""
+INITIATOR_WAITING = 1 << 4
+"""The initiating flow itself (by its id) waits on its end: it is live."""
+RESPONDER_WAITING = 1 << 5
+"""The responder flow itself waits on its end: it is live."""
+INITIATOR_ANALYZED = 1 << 6
+"""The initiator's node is analyzed."""
+RESPONDER_ANALYZED = 1 << 7
+"""The responder's node is analyzed."""
+UNUSUAL = 1 << 8
+"""Something the screening does not judge: a malformed row, an irregular id, an old outbox
+message, an initiator session tagged for another node."""
+
+LIVE, FINISHED, FAILED, NEEDED = 1, 2, 4, 8
+"""Flags of the flow index: a checkpoint row, a result, an error, a key a conversation needs."""
+
+
+@attrs.frozen
+class Screen:
+    """What the screening found (see the module docstring); its frames are cached."""
+
+    conversations: int
+    """Conversations seen (healthy and candidates)."""
+    candidates: DataFrame
+    """``conversation``: the key of every candidate conversation."""
+    candidate_count: int
+    ends_ok: int
+    """Session ends of healthy conversations whose counterpart flow is known."""
+    ends_not_analyzed: int
+    """Session ends of healthy conversations whose counterparty is not analyzed."""
+    consumed_owned: int
+    """Consumed session ends of healthy conversations (each held by its flow)."""
+    overlaps: DataFrame
+    """``flow_key``, ``live``, ``finished``, ``failed``: the flows in more than one of a
+    node's checkpoints, results and exceptions."""
+    overlap_count: int
+
+
+def flow_key(node: Column | str, flow_id: Column | str) -> Column:
+    """The 64-bit key of a (node, flow id): ``xxhash64(node, flow_id)``."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(node, flow_id)
+
+
+def screen(snapshot: Snapshot, settings: CheckSettings) -> Screen:
+    """The screening of ``snapshot`` (computed once per snapshot and outbox threshold)."""
+    old_before = as_of_ms(snapshot, settings) - settings.outbox_after_ms
+    return snapshot.shared_value(("screen", old_before), lambda: _screen(snapshot, old_before))
+
+
+def _bit(condition: Column, flag: int) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.when(condition, F.lit(flag)).otherwise(F.lit(0))
+
+
+def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
+    """One row per wait, consumed message and outbox message, with its keys.
+
+    Columns: the session keys (:data:`~persistence.analytics.session_flows.SESSION_KEYS`,
+    stored by the export or computed), ``responder`` (the row is of the responder's end),
+    ``kind``, ``own`` (a wait of the end's own flow) and ``sequence``.
+    """
+    from pyspark.sql import functions as F
+
+    named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
+    exploded = snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
+        "node", "flow_id", F.explode(WAITS).alias("w")
+    )
+    fields = exploded.schema["w"].dataType.fieldNames()  # type: ignore[attr-defined]
+    waits = exploded.select(
+        "node", "flow_id", *[F.col(f"w.{field}").alias(field) for field in fields]
+    )
+    ids = snapshot.message_ids
+    outbox = snapshot.outbox.withColumn("session", message_session(F.col("message_id")))
+    outbox = outbox.where(F.col("session") != "")
+
+    def rows(
+        frame: DataFrame, session: str, counterparty: str, kind: int, **extra: Column
+    ) -> DataFrame:
+        keys = session_keys(
+            frame,
+            F.col("node"),
+            F.col(session),
+            F.col(counterparty),
+            named=named,
+            flow_id=extra.pop("flow_id", None),
+            record=extra.pop("record", None),  # type: ignore[arg-type]
+        )
+        odd = keys.pop(ODD) | extra.pop("old", F.lit(False))
+        own = keys.pop(OWN, F.lit(False))
+        return frame.select(
+            *[column.alias(name) for name, column in keys.items()],
+            odd.alias(ODD),
+            own.alias(OWN),
+            F.coalesce(is_responder(F.col(session)), F.lit(False)).alias("responder"),
+            F.lit(kind).alias("kind"),
+            extra.pop("sequence", F.lit(None).cast("bigint")).alias("sequence"),
+        )
+
+    return (
+        rows(waits, "session", "counterparty", WAIT, flow_id=F.col("flow_id"))
+        .unionByName(
+            rows(
+                ids,
+                "session_id",
+                "sender",
+                RECORD,
+                record=(F.col("message_id"), F.col("sequence")),  # type: ignore[arg-type]
+                sequence=F.col("sequence"),
+            )
+        )
+        .unionByName(
+            rows(
+                outbox,
+                "session",
+                "target",
+                OUTBOX,
+                old=F.coalesce(F.col("created_at") <= old_before, F.lit(True)),
+            )
+        )
+    )
+
+
+def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
+    """One row per conversation: its key, flags (a bit mask), flow keys and message checks."""
+    from pyspark.sql import functions as F
+
+    rows = _evidence(snapshot, old_before)
+    responder = F.col("responder")
+    record = F.col("kind") == RECORD
+    waiting = (F.col("kind") == WAIT) & F.col(OWN)
+    analyzed = node_hashes(snapshot.node_names)
+    mask = (
+        _bit(~responder, INITIATOR_END)
+        .bitwiseOR(_bit(responder, RESPONDER_END))
+        .bitwiseOR(_bit(~responder & record, INITIATOR_CONSUMED))
+        .bitwiseOR(_bit(responder & record, RESPONDER_CONSUMED))
+        .bitwiseOR(_bit(~responder & waiting, INITIATOR_WAITING))
+        .bitwiseOR(_bit(responder & waiting, RESPONDER_WAITING))
+        .bitwiseOR(_bit(F.col(INITIATOR_NODE).isin(analyzed), INITIATOR_ANALYZED))
+        .bitwiseOR(_bit(F.col(RESPONDER_NODE).isin(analyzed), RESPONDER_ANALYZED))
+        .bitwiseOR(_bit(F.col(ODD), UNUSUAL))
+    )
+    sequence = F.col("sequence")
+    telescope = F.xxhash64(sequence).bitwiseXOR(F.xxhash64(_next(sequence)))
+    keyed = rows.select(
+        F.col(CONVERSATION).alias("conversation"),
+        mask.alias("mask"),
+        F.xxhash64(INITIATOR_NODE, RESPONDER_NODE).alias("pair"),
+        INITIATOR_KEY,
+        RESPONDER_KEY,
+        F.when(record & ~responder, sequence).alias("i_sequence"),
+        F.when(record & responder, sequence).alias("r_sequence"),
+        F.when(record & ~responder, telescope).alias("i_telescope"),
+        F.when(record & responder, telescope).alias("r_telescope"),
+    )
+    return keyed.groupBy("conversation").agg(
+        F.bit_or("mask").alias("mask"),
+        F.min("pair").alias("pair_low"),
+        F.max("pair").alias("pair_high"),
+        F.max(INITIATOR_KEY).alias("initiator_key"),
+        F.max(RESPONDER_KEY).alias("responder_key"),
+        F.count("i_sequence").alias("i_records"),
+        F.max("i_sequence").alias("i_top"),
+        F.bit_xor("i_telescope").alias("i_telescope"),
+        F.count("r_sequence").alias("r_records"),
+        F.max("r_sequence").alias("r_top"),
+        F.bit_xor("r_telescope").alias("r_telescope"),
+    )
+
+
+def _next(number: Column) -> Column:
+    """``number + 1``, null for the largest (no overflow error: the row is unusual)."""
+    from pyspark.sql import functions as F
+
+    return F.when(number < MAX_SEQUENCE, number + 1)
+
+
+def _has(flag: int) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col("mask").bitwiseAND(F.lit(flag)) != 0
+
+
+def _gapless(records: str, top: str, telescope: str) -> Column:
+    """An end's consumed sequence numbers are exactly ``0..top``, once each (or none)."""
+    from pyspark.sql import functions as F
+
+    zero = F.xxhash64(F.lit(0).cast("bigint"))
+    after = _next(F.col(top))
+    whole = (F.col(records) == after) & (F.col(telescope) == zero.bitwiseXOR(F.xxhash64(after)))
+    return (F.col(records) == 0) | F.coalesce(whole, F.lit(False))
+
+
+def _judged(conversations: DataFrame) -> DataFrame:
+    """The conversations with what they need: ``lookup_*`` keys to look up, ``unusual``."""
+    from pyspark.sql import functions as F
+
+    need_initiator = (_has(RESPONDER_END) & _has(INITIATOR_ANALYZED)) | _has(INITIATOR_CONSUMED)
+    need_responder = (_has(INITIATOR_END) & _has(RESPONDER_ANALYZED)) | _has(RESPONDER_CONSUMED)
+    unusual = (
+        _has(UNUSUAL)
+        | (F.col("pair_low") != F.col("pair_high"))
+        | ~_gapless("i_records", "i_top", "i_telescope")
+        | ~_gapless("r_records", "r_top", "r_telescope")
+        | (need_initiator & F.col("initiator_key").isNull())
+        | (need_responder & F.col("responder_key").isNull())
+    )
+    return conversations.select(
+        "conversation",
+        "mask",
+        "initiator_key",
+        "responder_key",
+        (need_initiator & ~_has(INITIATOR_WAITING)).alias("lookup_initiator"),
+        (need_responder & ~_has(RESPONDER_WAITING)).alias("lookup_responder"),
+        F.coalesce(unusual, F.lit(True)).alias("unusual"),
+    )
+
+
+def _flow_index(snapshot: Snapshot, judged: DataFrame) -> DataFrame:
+    """Every flow key the nodes know or a healthy conversation needs, with its flags."""
+    from pyspark.sql import functions as F
+
+    def known(frame: DataFrame, flag: int) -> DataFrame:
+        return frame.select(flow_key_column(frame).alias("flow_key"), F.lit(flag).alias("f"))
+
+    healthy = judged.where(~F.col("unusual"))
+    wanted = (
+        healthy.where("lookup_initiator")
+        .select(F.col("initiator_key").alias("flow_key"), F.lit(NEEDED).alias("f"))
+        .unionByName(
+            healthy.where("lookup_responder").select(
+                F.col("responder_key").alias("flow_key"), F.lit(NEEDED).alias("f")
+            )
+        )
+    )
+    union = (
+        known(snapshot.checkpoints, LIVE)
+        .unionByName(known(snapshot.results, FINISHED))
+        .unionByName(known(snapshot.exceptions, FAILED))
+        .unionByName(wanted)
+    )
+    flags = union.groupBy("flow_key").agg(F.bit_or("f").alias("flags"))
+    tables = (
+        F.col("flags").bitwiseAND(LIVE).cast("boolean").cast("int")
+        + F.col("flags").bitwiseAND(FINISHED).cast("boolean").cast("int")
+        + F.col("flags").bitwiseAND(FAILED).cast("boolean").cast("int")
+    )
+    missing = F.col("flags") == NEEDED
+    return flags.where(missing | (tables > 1)).select(
+        "flow_key",
+        missing.alias("missing"),
+        F.col("flags").bitwiseAND(LIVE).cast("boolean").alias("live"),
+        F.col("flags").bitwiseAND(FINISHED).cast("boolean").alias("finished"),
+        F.col("flags").bitwiseAND(FAILED).cast("boolean").alias("failed"),
+    )
+
+
+@contextmanager
+def _without_partial_aggregation(snapshot: Snapshot) -> Iterator[None]:
+    """Group without a partial aggregation before the shuffle, while in the block.
+
+    Both of the screening's groupings (by conversation, by flow key) have nearly as many
+    groups as rows, and a conversation's rows come from different files, so a partial
+    aggregation before the shuffle would reduce nothing and cost a second hash table of every
+    key (Spark's ``spark.sql.execution.bypassPartialAggregation``). Not for the small
+    groupings of the other checks, nor for an aggregate without grouping keys.
+    """
+    conf = snapshot.spark.conf
+    key = "spark.sql.execution.bypassPartialAggregation"
+    before = conf.get(key, None)
+    conf.set(key, "true")
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.unset(key)
+        else:
+            conf.set(key, before)
+
+
+def _screen(snapshot: Snapshot, old_before: int) -> Screen:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    judged = _judged(_conversations(snapshot, old_before)).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # small results are checkpointed: their (long) lineage would be planned, and printed
+        # into every plan that uses them, again and again
+        with _without_partial_aggregation(snapshot):
+            index = _flow_index(snapshot, judged).localCheckpoint(eager=True)
+        missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
+        overlaps = index.where(~F.col("missing")).drop("missing")
+        overlap_count = overlaps.count()
+        missing_count = missing.count()
+        classified = judged
+        if missing_count:
+            small = F.broadcast(missing) if missing_count <= 200_000 else missing
+            for side in ("initiator", "responder"):
+                flag = F.col("m_key").isNotNull() & F.col(f"lookup_{side}")
+                classified = (
+                    classified.join(small, F.col(f"{side}_key") == F.col("m_key"), "left")
+                    .withColumn("unusual", F.col("unusual") | F.coalesce(flag, F.lit(False)))
+                    .drop("m_key")
+                )
+        initiator_ok = _has(INITIATOR_END) & _has(RESPONDER_ANALYZED)
+        responder_ok = _has(RESPONDER_END) & _has(INITIATOR_ANALYZED)
+        initiator_aside = _has(INITIATOR_END) & ~_has(RESPONDER_ANALYZED)
+        responder_aside = _has(RESPONDER_END) & ~_has(INITIATOR_ANALYZED)
+
+        def count(condition: Column) -> Column:
+            return F.count(F.when(~F.col("unusual") & condition, True))
+
+        classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            totals = classified.agg(
+                F.count("*").alias("conversations"),
+                F.count(F.when(F.col("unusual"), True)).alias("candidates"),
+                (count(initiator_ok) + count(responder_ok)).alias("ok"),
+                (count(initiator_aside) + count(responder_aside)).alias("aside"),
+                (count(_has(INITIATOR_CONSUMED)) + count(_has(RESPONDER_CONSUMED))).alias("owned"),
+            ).first()
+            candidates = (
+                classified.where("unusual").select("conversation").localCheckpoint(eager=True)
+            )
+        finally:
+            classified.unpersist()
+    finally:
+        judged.unpersist()
+    assert totals is not None
+    return Screen(
+        conversations=int(totals["conversations"]),
+        candidates=candidates,
+        candidate_count=int(totals["candidates"]),
+        ends_ok=int(totals["ok"]),
+        ends_not_analyzed=int(totals["aside"]),
+        consumed_owned=int(totals["owned"]),
+        overlaps=overlaps,
+        overlap_count=overlap_count,
+    )

@@ -1,0 +1,327 @@
+"""The 64-bit keys of each session row and each flow row: stored by the export, or from Spark.
+
+The conversation screening (:mod:`persistence.analytics.screening`) reads, of every row that
+shows a session end (a consumed message, a session a flow waits on, an outbox message), and of
+every flow row, a few 64-bit keys. Computing them in Spark costs microseconds a row (a regular
+expression, a SHA-1 and the UUID's formatting, string slicing): more than all the rest of the
+screening. So the Parquet export computes them in Python when it reads a row and stores them
+beside it, like the parsed waits (``waiting.py``); where a stored value is null or its column
+absent (a JDBC or Arrow read, an older export, a node the export could not name), Spark
+computes it with the same definition. ``xxhash64`` is Spark's (``XXH64`` with seed 42, each
+further column hashed with the previous hash as its seed, nulls skipped), which the Python
+``xxhash`` package computes bit for bit; ``tests/test_analytics_screening.py`` holds the two
+forms to agree.
+
+Of a session row of node ``N`` with session ``s`` and counterparty ``c`` (the sender of a
+consumed message, the counterparty waited on, an outbox message's target): the session is the
+responder's side when ``s`` ends in ``.r``, its initiator's id is ``b`` (``s`` without
+``.r``), the initiator's node ``I`` is ``c`` on the responder's side and ``N`` on the
+initiator's, the responder's node ``P`` the other one. Then:
+
+* :data:`CONVERSATION`: ``xxhash64(b)``, shared by both ends of the session;
+* :data:`INITIATOR_NODE`, :data:`RESPONDER_NODE`: ``xxhash64(I)``, ``xxhash64(P)``;
+* :data:`INITIATOR_KEY`: ``xxhash64(I, F)``, the flow key of the initiating flow ``F``
+  (:func:`~persistence.analytics.session_columns.session_flow` of ``s``; empty when not of
+  the grammar);
+* :data:`RESPONDER_KEY`: ``xxhash64(P, R)``, the flow key of the responder
+  ``R = responder_flow_id(I, b)``;
+* :data:`ODD`: what the screening does not judge: a null session or counterparty, a session
+  not of the grammar, an initiator session of a named node tagged for another, and for a
+  consumed message an irregular id or sequence number;
+* for a wait, :data:`OWN`: the waiting flow is the end's own flow (``F`` on the initiator's
+  side, ``R`` on the responder's).
+
+Of a flow row (checkpoint, blob, result, exception): :data:`FLOW_KEY`, ``xxhash64(N, flow)``.
+
+The node's own name is in most of them: the export stores them only for a node named on the
+command line (``NAME=URL``); a node named from the other nodes' tables gets them from Spark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from persistence.analytics.session_columns import SESSION_FLOW_PATTERN
+from statemachine.session_ids import (
+    MESSAGE_ID_PREFIX,
+    RESPONDER_NAMESPACE,
+    RESPONDER_SUFFIX,
+    TAG_LENGTH,
+    identity_tag,
+)
+
+if TYPE_CHECKING:
+    import pyarrow
+    from pyspark.sql import Column, DataFrame
+
+CONVERSATION = "conversation"
+"""``xxhash64`` of the session's initiator id (both ends share it)."""
+INITIATOR_NODE = "initiator_node"
+"""``xxhash64`` of the initiator's node name."""
+RESPONDER_NODE = "responder_node"
+"""``xxhash64`` of the responder's node name."""
+INITIATOR_KEY = "initiator_key"
+"""The flow key of the initiating flow on the initiator's node."""
+RESPONDER_KEY = "responder_key"
+"""The flow key of the responder flow on the responder's node."""
+ODD = "odd"
+"""The row is malformed or irregular (the screening leaves its conversation to the rules)."""
+OWN = "own"
+"""A wait's flow is the end's own flow (the initiating flow, or the responder)."""
+FLOW_KEY = "flow_key"
+"""``xxhash64(node, flow_id)`` of a flow row."""
+SESSION_KEYS = (CONVERSATION, INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY, ODD)
+"""The keys of every session row (a wait has :data:`OWN` too)."""
+SESSION_KEY_TYPES = {
+    CONVERSATION: "bigint",
+    INITIATOR_NODE: "bigint",
+    RESPONDER_NODE: "bigint",
+    INITIATOR_KEY: "bigint",
+    RESPONDER_KEY: "bigint",
+    ODD: "boolean",
+    OWN: "boolean",
+}
+"""Spark's type of each key."""
+MAX_SEQUENCE = (1 << 63) - 1
+"""The largest sequence number (the screening adds one to it: ``odd`` beyond)."""
+
+_SESSION_FLOW = re.compile(SESSION_FLOW_PATTERN)
+_JAVA_LINE_BREAKS = re.compile("[\n\r\u0085\u2028\u2029]")
+
+
+# --- Python, for the export ------------------------------------------------------------------
+
+
+def spark_xxhash64(*values: str | int | None) -> int:
+    """Spark's ``xxhash64`` of strings (UTF-8) and 64-bit integers, nulls skipped (signed)."""
+    import xxhash
+
+    seed = 42
+    for value in values:
+        if value is None:
+            continue
+        data = (
+            value.encode()
+            if isinstance(value, str)
+            else (value & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+        )
+        seed = xxhash.xxh64_intdigest(data, seed=seed)
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _base(session: str) -> str:
+    return session[: -len(RESPONDER_SUFFIX)] if session.endswith(RESPONDER_SUFFIX) else session
+
+
+def python_session_flow(session: str) -> str | None:
+    """Spark's ``session_flow`` in Python (None where Java's regex could differ: line breaks)."""
+    if _JAVA_LINE_BREAKS.search(session):
+        return None
+    match = _SESSION_FLOW.match(_base(session))
+    return match.group(1) if match else ""
+
+
+def _responder_flow(initiator: str, base: str) -> str:
+    """``statemachine.session_ids.responder_flow_id`` (UUID5, hex), without the UUID object."""
+    name = f"{initiator}|{base}".encode()
+    digest = bytearray(hashlib.sha1(RESPONDER_NAMESPACE.bytes + name).digest())
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return digest[:16].hex()
+
+
+def _foreign_tag(session: str, own_tag: str) -> bool:
+    """An initiator session id carrying a tag (any 16 characters and a dash) not ``own_tag``."""
+    return (
+        len(session) > TAG_LENGTH
+        and session[TAG_LENGTH] == "-"
+        and not session.startswith(own_tag + "-")
+    )
+
+
+def python_session_keys(
+    node: str | None,
+    session: str | None,
+    counterparty: str | None,
+    flow_id: str | None = None,
+) -> dict[str, Any] | None:
+    """The keys of one session row of ``node`` (None: left to Spark).
+
+    ``node`` is the node's name, or None when the export does not know it (then only Spark
+    can compute them). ``flow_id``: the waiting flow of a wait (gives :data:`OWN`).
+    """
+    if node is None or session is None or counterparty is None:
+        return None
+    first = python_session_flow(session)
+    if first is None:
+        return None
+    responder = session.endswith(RESPONDER_SUFFIX)
+    base = _base(session)
+    initiator, other = (counterparty, node) if responder else (node, counterparty)
+    second = _responder_flow(initiator, base)
+    keys: dict[str, Any] = {
+        CONVERSATION: spark_xxhash64(base),
+        INITIATOR_NODE: spark_xxhash64(initiator),
+        RESPONDER_NODE: spark_xxhash64(other),
+        INITIATOR_KEY: spark_xxhash64(initiator, first),
+        RESPONDER_KEY: spark_xxhash64(other, second),
+        ODD: first == "" or (not responder and _foreign_tag(session, identity_tag(node))),
+    }
+    if flow_id is not None:
+        keys[OWN] = flow_id == (second if responder else first)
+    return keys
+
+
+def python_record_odd(message_id: str | None, session: str, sequence: int | None) -> bool:
+    """A consumed message's id is not the one its session and sequence number give."""
+    if message_id is None or sequence is None or sequence < 0 or sequence >= MAX_SEQUENCE:
+        return True
+    peer = _base(session) if session.endswith(RESPONDER_SUFFIX) else session + RESPONDER_SUFFIX
+    return message_id != f"{MESSAGE_ID_PREFIX}{peer}-{sequence}"
+
+
+RECORD_KEYS = (CONVERSATION, INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY, ODD)
+"""The keys the export stores beside each ``node_message_ids`` row, in this order."""
+
+
+def arrow_record_keys(
+    node: str | None,
+    message_ids: Sequence[str | None],
+    senders: Sequence[str | None],
+    sessions: Sequence[str | None],
+    sequences: Sequence[int | None],
+) -> list[pyarrow.Array]:
+    """The :data:`RECORD_KEYS` arrays of ``node_message_ids`` rows (nulls: left to Spark)."""
+    import pyarrow as pa
+
+    columns: list[list[Any]] = [[] for _ in RECORD_KEYS]
+    for message_id, sender, session, sequence in zip(
+        message_ids, senders, sessions, sequences, strict=True
+    ):
+        keys = python_session_keys(node, session, sender)
+        if keys is None or session is None:
+            for column in columns:
+                column.append(None)
+            continue
+        keys[ODD] = keys[ODD] or python_record_odd(message_id, session, sequence)
+        for column, name in zip(columns, RECORD_KEYS, strict=True):
+            column.append(keys[name])
+    return [
+        pa.array(values, pa.bool_() if name == ODD else pa.int64())
+        for name, values in zip(RECORD_KEYS, columns, strict=True)
+    ]
+
+
+def arrow_flow_keys(node: str | None, flow_ids: Sequence[str | None]) -> pyarrow.Array:
+    """The :data:`FLOW_KEY` array of flow rows (nulls when the node's name is not known)."""
+    import pyarrow as pa
+
+    if node is None:
+        return pa.nulls(len(flow_ids), pa.int64())
+    return pa.array(
+        [None if flow is None else spark_xxhash64(node, flow) for flow in flow_ids], pa.int64()
+    )
+
+
+# --- Spark, where no stored value is --------------------------------------------------------
+
+
+def _stored_or(frame: DataFrame, name: str, computed: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    if name in frame.columns:
+        return F.coalesce(F.col(name), computed)
+    return computed
+
+
+def session_keys(
+    frame: DataFrame,
+    node: Column,
+    session: Column,
+    counterparty: Column,
+    *,
+    named: list[str],
+    flow_id: Column | None = None,
+    record: tuple[Column, Column] | None = None,
+) -> dict[str, Column]:
+    """The keys of ``frame``'s session rows: its stored columns, else computed by Spark.
+
+    ``named``: the nodes whose names were given (the tag rule applies to them);
+    ``flow_id``: the waiting flow (for :data:`OWN`); ``record``: a consumed message's
+    (``message_id``, ``sequence``) (its :data:`ODD` includes an irregular id).
+    """
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.session_columns import (
+        expected_message_id,
+        initiator_session,
+        is_responder,
+        peer_session,
+        responder_flow_id,
+        session_flow,
+    )
+
+    responder = F.coalesce(is_responder(session), F.lit(False))
+    base = initiator_session(session)
+    initiator = F.when(responder, counterparty).otherwise(node)
+    other = F.when(responder, node).otherwise(counterparty)
+    first = session_flow(session)
+    second = responder_flow_id(initiator, base)
+    tags = {name: identity_tag(name) for name in named}
+    own_tag = (
+        F.element_at(F.create_map(*[F.lit(x) for pair in tags.items() for x in pair]), node)
+        if tags
+        else F.lit(None).cast("string")
+    )
+    foreign = (
+        ~responder
+        & (F.substring(session, TAG_LENGTH + 1, 1) == "-")
+        & own_tag.isNotNull()
+        & ~session.startswith(F.concat(F.coalesce(own_tag, F.lit("")), F.lit("-")))
+    )
+    odd = (
+        session.isNull()
+        | counterparty.isNull()
+        | node.isNull()
+        | (F.coalesce(first, F.lit("")) == "")
+        | F.coalesce(foreign, F.lit(False))
+    )
+    if record is not None:
+        message_id, sequence = record
+        expected = expected_message_id(peer_session(session), sequence)
+        regular = (message_id == expected) & (sequence >= 0) & (sequence < MAX_SEQUENCE)
+        odd = odd | ~F.coalesce(regular, F.lit(False))
+    keys = {
+        CONVERSATION: _stored_or(frame, CONVERSATION, F.xxhash64(base)),
+        INITIATOR_NODE: _stored_or(frame, INITIATOR_NODE, F.xxhash64(initiator)),
+        RESPONDER_NODE: _stored_or(frame, RESPONDER_NODE, F.xxhash64(other)),
+        INITIATOR_KEY: _stored_or(frame, INITIATOR_KEY, F.xxhash64(initiator, first)),
+        RESPONDER_KEY: _stored_or(frame, RESPONDER_KEY, F.xxhash64(other, second)),
+        ODD: _stored_or(frame, ODD, F.coalesce(odd, F.lit(True))),
+    }
+    if flow_id is not None:
+        mine = F.when(responder, second).otherwise(first)
+        keys[OWN] = _stored_or(frame, OWN, F.coalesce(flow_id == mine, F.lit(False)))
+    return keys
+
+
+def conversation_column(frame: DataFrame, session: Column) -> Column:
+    """:data:`CONVERSATION` of ``frame``'s rows of ``session``: stored, else from Spark."""
+    from persistence.analytics.session_columns import conversation_key
+
+    return _stored_or(frame, CONVERSATION, conversation_key(session))
+
+
+def flow_key_column(frame: DataFrame) -> Column:
+    """:data:`FLOW_KEY` of ``frame``'s flow rows: stored, else ``xxhash64(node, flow_id)``."""
+    from pyspark.sql import functions as F
+
+    return _stored_or(frame, FLOW_KEY, F.xxhash64("node", "flow_id"))
+
+
+def node_hashes(names: list[str]) -> list[int]:
+    """``xxhash64`` of each node name, as Spark gives it."""
+    return [spark_xxhash64(name) for name in names]
