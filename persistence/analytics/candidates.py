@@ -46,7 +46,10 @@ broadcast (a scan, no shuffle); more use plain joins."""
 
 
 def candidate_snapshot(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
-    """``snapshot`` restricted to the screening's candidates (built once, cached)."""
+    """``snapshot`` restricted to the screening's candidates (built once, cached).
+
+    ``snapshot`` itself when it was not screened (too small to be worth it).
+    """
     old_before = as_of_ms(snapshot, settings) - settings.outbox_after_ms
     return snapshot.shared_value(
         ("candidates", old_before), lambda: _restricted(snapshot, settings)
@@ -60,19 +63,23 @@ def _narrow(frame: DataFrame, rows: int) -> DataFrame:
 
 
 def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from persistence.analytics.snapshot import Snapshot
 
     found = screen(snapshot, settings)
+    if found.candidates is None:  # not screened: the rules judge the whole snapshot
+        return snapshot
     wanted = _narrow(
         found.candidates.select(F.col("conversation").alias("c_key")), found.candidate_count
     )
 
     def kept(frame: DataFrame) -> DataFrame:
-        # checkpointed, not only cached: the checks build long plans on these frames, and a
-        # cached frame's plan would carry the screening's whole lineage into each of them
-        return frame.localCheckpoint(eager=True)
+        # cached on first use; the candidates were checkpointed, so these plans stay short
+        cached = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        snapshot.on_close(cached.unpersist)
+        return cached
 
     def of_candidates(frame: DataFrame, session: Column) -> DataFrame:
         key = conversation_column(frame, session)

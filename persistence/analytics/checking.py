@@ -86,6 +86,8 @@ class CheckResult:
     full: DataFrame | None = None
     """The full findings list (not cached, computed only when written, see
     :func:`write_findings`) when ``frame`` holds only its first rows; None otherwise."""
+    extra_totals: dict[str, int] = attrs.field(factory=dict)
+    """Rows of the whole list of each extra that holds only its first rows (by name)."""
 
     @property
     def findings_frame(self) -> DataFrame:

@@ -66,21 +66,36 @@ def _known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame
     """
     from pyspark.sql import functions as F
 
-    def of(frame: DataFrame) -> DataFrame:
-        if only is None:
-            return frame
+    checkpoints, results, exceptions = snapshot.checkpoints, snapshot.results, snapshot.exceptions
+    if only is not None:
+        # the few rows of those flows, read in one job and kept (their plan is short again)
         wanted = F.broadcast(only)
-        return frame.join(
-            wanted,
-            (frame.node == wanted.k_node) & (frame.flow_id == wanted.k_flow),
-            "left_semi",
-        )
 
-    checkpoints, results, exceptions = (
-        of(snapshot.checkpoints),
-        of(snapshot.results),
-        of(snapshot.exceptions),
-    )
+        def of(frame: DataFrame, rank: int) -> DataFrame:
+            live = rank == 0
+            return frame.join(
+                wanted,
+                (frame.node == wanted.k_node) & (frame.flow_id == wanted.k_flow),
+                "left_semi",
+            ).select(
+                "node",
+                "flow_id",
+                F.lit(rank).alias("rank"),
+                (F.col("status") if live else F.lit(None)).cast("string").alias("status"),
+                (F.col("suspended_on") if live else F.lit(None))
+                .cast("string")
+                .alias("suspended_on"),
+            )
+
+        kept = (
+            of(checkpoints, 0)
+            .unionByName(of(results, 1))
+            .unionByName(of(exceptions, 2))
+            .localCheckpoint(eager=True)
+        )
+        checkpoints = kept.where(F.col("rank") == 0)
+        results = kept.where(F.col("rank") == 1)
+        exceptions = kept.where(F.col("rank") == 2)
     found = checkpoints.select("status", "suspended_on").distinct().collect()
     pairs = {(row["status"], row["suspended_on"]) for row in found}
     pairs |= {("COMPLETED", None), ("FAILED", None)}

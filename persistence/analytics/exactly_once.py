@@ -60,13 +60,17 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
 
     ``fail`` when any is found. Only the screening's candidate conversations can have a
     finding (:mod:`persistence.analytics.screening`): the rules run on the snapshot restricted
-    to them, and look for a reused id in every record.
+    to them (:func:`audit_records`).
     """
+    settings = settings or CheckSettings()
+    return audit_records(candidate_snapshot(snapshot, settings), settings)
+
+
+def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
+    """The audit's full rules on ``snapshot`` (a reused id is looked for in every record)."""
     from pyspark.sql import functions as F
 
-    settings = settings or CheckSettings()
-    whole = snapshot
-    snapshot = candidate_snapshot(whole, settings)
+    whole = snapshot.whole
     as_of = as_of_ms(snapshot, settings)
     ids = snapshot.message_ids
     # one shuffle by session serves both groupings by session (consumed twice, and the gaps);

@@ -15,13 +15,14 @@ ever having had a checkpoint. So in a consistent snapshot:
 
 The blob itself is never read. Most flows are fine, so the check first finds the few flows
 that may not be (:func:`suspect_flows`), without moving every row: the checkpoint rows and
-the blobs are compared by **fingerprints** of each key bucket (the first
-:data:`BUCKET_CHARS` characters of the flow id: rows, and two sums of 32-bit hashes of the
-ids), and the flows in more than one of the checkpoints, results and exceptions are the
-conversation screening's overlaps (:mod:`persistence.analytics.screening`). Then one aggregation
-over the four tables' rows of those flows only (:func:`flow_facts`) says what is wrong with
-each. A bucket whose rows and blobs differ has fingerprints that differ unless the sums of
-both hashes of the differing ids cancel out (about one chance in 2**62).
+the blobs are compared by **fingerprints** of each key bucket (:data:`BUCKETS` buckets by
+the low bits of the flow key, ``xxhash64(node, flow_id)``: rows, and the sums of the key's
+high and low 32 bits), and the flows in more than one of the checkpoints, results and
+exceptions are the conversation screening's overlaps
+(:mod:`persistence.analytics.screening`). Then one aggregation over the four tables' rows of
+those flows only (:func:`flow_facts`) says what is wrong with each. A bucket whose rows and
+blobs differ has fingerprints that differ unless both sums of the differing keys cancel out
+(about one chance in 2**62).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
-from persistence.analytics.screening import flow_key, screen
+from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import flow_key_column
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from persistence.analytics.snapshot import Snapshot
 
@@ -49,8 +50,8 @@ TAGS = ("live", "blob", "completed", "failed")
 """What :func:`flow_facts` says of each flow: a checkpoint row, a blob, a result, an error."""
 KINDS = (ROW_WITHOUT_BLOB, BLOB_WITHOUT_ROW, FINISHED_AND_LIVE, COMPLETED_AND_FAILED)
 """The kinds of findings, in report order."""
-BUCKET_CHARS = 3
-"""Characters of the flow id that name a fingerprint bucket (4,096 buckets of hex ids)."""
+BUCKETS = 4096
+"""Fingerprint buckets per node: the low 12 bits of the flow key."""
 BROADCAST_ROWS = 200_000
 """Up to this many suspect flows, the four tables are filtered by them through a broadcast
 (a scan, no shuffle); more use a plain join."""
@@ -65,13 +66,15 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    bucket = F.substring("flow_id", 1, BUCKET_CHARS).alias("bucket")
+    def bucket(frame: DataFrame) -> Column:
+        return flow_key_column(frame).bitwiseAND(BUCKETS - 1)
 
     def prints(frame: DataFrame, prefix: str) -> DataFrame:
-        return frame.groupBy("node", bucket).agg(
+        key = flow_key_column(frame)
+        return frame.groupBy("node", bucket(frame).alias("bucket")).agg(
             F.count("*").alias(f"{prefix}_rows"),
-            F.sum(F.hash("flow_id").cast("bigint")).alias(f"{prefix}_murmur"),
-            F.sum(F.xxhash64("flow_id") % (1 << 31)).alias(f"{prefix}_xx"),
+            F.sum(F.shiftright(key, 32)).alias(f"{prefix}_high"),
+            F.sum(key.bitwiseAND(0xFFFFFFFF)).alias(f"{prefix}_low"),
         )
 
     rows, blobs = prints(snapshot.checkpoints, "c"), prints(snapshot.blobs, "b")
@@ -80,24 +83,24 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
         rows.join(blobs, ["node", "bucket"], "full_outer")
         .where(
             ~F.col("c_rows").eqNullSafe(F.col("b_rows"))
-            | ~F.col("c_murmur").eqNullSafe(F.col("b_murmur"))
-            | ~F.col("c_xx").eqNullSafe(F.col("b_xx"))
+            | ~F.col("c_high").eqNullSafe(F.col("b_high"))
+            | ~F.col("c_low").eqNullSafe(F.col("b_low"))
         )
         .select(F.col("node").alias("d_node"), F.col("bucket").alias("d_bucket")),
     )
     several = screen(snapshot, settings).overlaps.select("flow_key")
     if not differ.count():
         return several
-    keys = snapshot.checkpoints.select("node", "flow_id").unionByName(
-        snapshot.blobs.select("node", "flow_id")
-    )
-    in_buckets = keys.join(
-        F.broadcast(differ),
-        (keys.node == differ.d_node)
-        & (F.substring(keys.flow_id, 1, BUCKET_CHARS) == differ.d_bucket),
-        "left_semi",
-    ).select(flow_key("node", "flow_id").alias("flow_key"))
-    return keep(snapshot, in_buckets.unionByName(several).distinct())
+
+    def in_buckets(frame: DataFrame) -> DataFrame:
+        return frame.join(
+            F.broadcast(differ),
+            (frame.node == differ.d_node) & (bucket(frame) == differ.d_bucket),
+            "left_semi",
+        ).select(flow_key_column(frame).alias("flow_key"))
+
+    suspects = in_buckets(snapshot.checkpoints).unionByName(in_buckets(snapshot.blobs))
+    return keep(snapshot, suspects.unionByName(several).distinct())
 
 
 def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:

@@ -24,6 +24,7 @@ from persistence.analytics.checking import (
     CheckSettings,
     Verdict,
     duration,
+    first_rows,
     keep,
 )
 from persistence.analytics.screening import screen
@@ -81,13 +82,16 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         overlaps.where(F.col("finished") & F.col("failed")).select(F.col("flow_key").alias("o_key"))
     )
     checkpoints, exceptions = snapshot.checkpoints, snapshot.exceptions
-    live = checkpoints.join(
-        finished, flow_key_column(checkpoints) == F.col("o_key"), "left_anti"
-    ).select("node", "flow_class", "status")
+    if found.overlap_count:
+        checkpoints = checkpoints.join(
+            finished, flow_key_column(checkpoints) == F.col("o_key"), "left_anti"
+        )
+        exceptions = exceptions.join(
+            completed, flow_key_column(exceptions) == F.col("o_key"), "left_anti"
+        )
+    live = checkpoints.select("node", "flow_class", "status")
     done = snapshot.results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))
-    failed = exceptions.join(
-        completed, flow_key_column(exceptions) == F.col("o_key"), "left_anti"
-    ).select("node", "flow_class", F.lit("FAILED").alias("status"))
+    failed = exceptions.select("node", "flow_class", F.lit("FAILED").alias("status"))
     frame = (
         live.unionByName(done)
         .unionByName(failed)
@@ -299,10 +303,14 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
         .orderBy(F.desc("flows"), "node", "flow_class", "outcome")
     )
     frame = keep(snapshot, frame)
+    # the first of them by node and flow (a top-N, no sort of every row); the count is exact
+    settings = settings or CheckSettings()
     listed = keep(
         snapshot,
-        kept.select("node", "flow_id", "flow_class", "error_message", "updated_at").orderBy(
-            "node", "flow_id"
+        first_rows(
+            kept.select("node", "flow_id", "flow_class", "error_message", "updated_at"),
+            ["node", "flow_id"],
+            settings.report_rows,
         ),
     )
     counts = {
@@ -320,4 +328,5 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
         frame,
         verdict,
         extras={"hospitalized": listed},
+        extra_totals={"hospitalized": kept_count},
     )

@@ -152,7 +152,10 @@ def collect_report(
     for result in results:
         started = time.perf_counter()
         table = collect_table(result.frame, row_limit, result.total)
-        extras = {key: collect_table(frame, row_limit) for key, frame in result.extras.items()}
+        extras = {
+            key: collect_table(frame, row_limit, result.extra_totals.get(key))
+            for key, frame in result.extras.items()
+        }
         spent = (seconds or {}).get(result.name, 0.0) + time.perf_counter() - started
         checks.append(
             CheckReport(

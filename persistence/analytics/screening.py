@@ -93,6 +93,11 @@ UNUSUAL = 1 << 8
 """Something the screening does not judge: a malformed row, an irregular id, an old outbox
 message, an initiator session tagged for another node."""
 
+SCREEN_ABOVE_ROWS = 200_000
+"""Snapshots with fewer consumed messages and checkpoints than this are not screened: the
+checks' rules judge every conversation (the screening's own Spark jobs cost more than it
+saves on so few rows); only the flow index is built (for its overlaps)."""
+
 LIVE, FINISHED, FAILED, NEEDED = 1, 2, 4, 8
 """Flags of the flow index: a checkpoint row, a result, an error, a key a conversation needs."""
 
@@ -103,8 +108,9 @@ class Screen:
 
     conversations: int
     """Conversations seen (healthy and candidates)."""
-    candidates: DataFrame
-    """``conversation``: the key of every candidate conversation."""
+    candidates: DataFrame | None
+    """``conversation``: the key of every candidate conversation; None: every conversation is
+    one (a snapshot below :data:`SCREEN_ABOVE_ROWS`, judged whole by the rules)."""
     candidate_count: int
     ends_ok: int
     """Session ends of healthy conversations whose counterpart flow is known."""
@@ -363,9 +369,40 @@ def _without_partial_aggregation(snapshot: Snapshot) -> Iterator[None]:
             conf.set(key, before)
 
 
+def _whole(snapshot: Snapshot) -> Screen:
+    """The "screening" of a small snapshot: every conversation a candidate, the overlaps."""
+    from pyspark.sql import functions as F
+
+    empty = snapshot.spark.range(0).select(
+        F.lit(None).cast("bigint").alias("conversation"),
+        F.lit(None).cast("bigint").alias("initiator_key"),
+        F.lit(None).cast("bigint").alias("responder_key"),
+        F.lit(False).alias("lookup_initiator"),
+        F.lit(False).alias("lookup_responder"),
+        F.lit(True).alias("unusual"),
+    )
+    overlaps = _flow_index(snapshot, empty).drop("missing").localCheckpoint(eager=True)
+    return Screen(
+        conversations=0,
+        candidates=None,
+        candidate_count=0,
+        ends_ok=0,
+        ends_not_analyzed=0,
+        consumed_owned=0,
+        overlaps=overlaps,
+        overlap_count=overlaps.count(),
+    )
+
+
 def _screen(snapshot: Snapshot, old_before: int) -> Screen:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
+
+    rows = sum(
+        load.rows.get(t, 0) for load in snapshot.nodes for t in ("message_ids", "checkpoints")
+    )
+    if rows < SCREEN_ABOVE_ROWS:
+        return _whole(snapshot)
 
     judged = _judged(_conversations(snapshot, old_before)).persist(StorageLevel.MEMORY_AND_DISK)
     try:

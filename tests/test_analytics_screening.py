@@ -1,0 +1,328 @@
+"""The conversation screening: the keys the export stores, the sequence check, and exactness.
+
+The screening (persistence/analytics/screening.py) decides which conversations the checks'
+full rules must judge; every other conversation it counts as healthy. So:
+
+* the keys the export computes in Python must be those Spark computes (one ``xxhash64``, one
+  responder id, one grammar), on the ids real nodes wrote and on malformed ones;
+* the XOR-telescoping check of a session's sequence numbers must reject every multiset that
+  is not exactly ``0..top`` once each;
+* the screened checks must give exactly what the full rules give on the whole snapshot, on
+  the clean and the corrupted networks and for each injected inconsistency.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
+
+from persistence.analytics import (
+    CheckSettings,
+    find_jdbc_jars,
+    load_nodes,
+    parse_node_argument,
+    screening,
+)
+from persistence.analytics.candidates import candidate_snapshot
+from persistence.analytics.consistency import judge_ends, session_consistency
+from persistence.analytics.exactly_once import audit_records, exactly_once_audit
+from persistence.analytics.ownership import judge_consumed, session_ownership
+from persistence.analytics.screening import _gapless, screen
+from persistence.analytics.session_flows import (
+    ODD,
+    OWN,
+    python_record_odd,
+    python_session_keys,
+    session_keys,
+    spark_xxhash64,
+)
+from statemachine.session_ids import identity_tag, responder_flow_id
+from tests.analytics_data import (
+    ALICE,
+    BOB,
+    NAMES,
+    Injected,
+    NetworkData,
+    build_clean_network,
+    corrupt,
+    inject_misdirected_initiator_end,
+    inject_misdirected_responder_end,
+    inject_unowned_initiator_end,
+    inject_unowned_responder_end,
+    sqlite_execute,
+)
+from tests.conftest import require_service
+
+MINUTE_MS = 60_000
+
+
+def require_jdbc() -> None:
+    jars = find_jdbc_jars()
+    missing = [d for d in ("sqlite", "postgresql") if jars.for_dialect(d) is None]
+    require_service("JDBC drivers", f"no JDBC jar for {missing}" if missing else None)
+
+
+@pytest.fixture(autouse=True)
+def screen_every_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The networks here are small: screen them all the same (the path big snapshots take)."""
+    monkeypatch.setattr(screening, "SCREEN_ABOVE_ROWS", 0)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> NetworkData:
+    return build_clean_network(tmp_path_factory.mktemp("screening-clean"))
+
+
+@pytest.fixture(scope="module")
+def broken(
+    clean: NetworkData, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[NetworkData, Injected]:
+    return corrupt(clean, tmp_path_factory.mktemp("screening-broken"))
+
+
+# --- the keys ---------------------------------------------------------------------------------
+
+STRINGS = ["", "a", "hello", "O=Alice,L=London,C=GB", "é ü ∑", "x" * 300]
+NUMBERS = [0, 1, -1, 5, (1 << 63) - 1, -(1 << 63), 1_800_000_000_123]
+
+
+@pytest.mark.spark
+def test_pythons_xxhash64_is_sparks(spark: Any) -> None:
+    """Strings (UTF-8), 64-bit integers, several columns chained, nulls skipped."""
+    from pyspark.sql import functions as F
+
+    rows = [(a, b, n) for a in STRINGS for b in [*STRINGS[:3], None] for n in NUMBERS[:3]]
+    rows += [("k", None, n) for n in NUMBERS]
+    frame = spark.createDataFrame(rows, "a string, b string, n bigint")
+    computed = frame.select(
+        F.xxhash64("a").alias("one"),
+        F.xxhash64("n").alias("number"),
+        F.xxhash64("a", "b", "n").alias("chained"),
+    ).collect()
+    expected = [(spark_xxhash64(a), spark_xxhash64(n), spark_xxhash64(a, b, n)) for a, b, n in rows]
+    assert [tuple(row) for row in computed] == expected
+
+
+def session_rows(data: NetworkData) -> list[tuple[str, str, str | None, str | None]]:
+    """(node, session, counterparty, waiting flow) of every wait and consumed message."""
+    import json
+
+    rows: list[tuple[str, str, str | None, str | None]] = []
+    for name, path in data.databases.items():
+        with sqlite3.connect(path) as connection:
+            rows += [
+                (name, session, sender, None)
+                for session, sender in connection.execute(
+                    "SELECT session_id, sender FROM node_message_ids"
+                )
+            ]
+            for flow, text in connection.execute(
+                "SELECT flow_id, waiting_for FROM node_checkpoints WHERE suspended_on = 'Receive'"
+            ):
+                rows += [(name, w["session"], w["counterparty"], flow) for w in json.loads(text)]
+        connection.close()
+    return rows
+
+
+ODD_SESSIONS = [
+    "not a session",
+    "F.sx",
+    "F.s1.r.r",
+    ".s0",
+    "0123456789abcdef-F.s2",
+    "0123456789abcdeF-F.s2",
+    "0123456789abcdef-.s2.r",
+    "F.s0\n",
+    "F\u2028.s0",
+    "ünïcödé.s7.r",
+]
+
+
+@pytest.mark.spark
+def test_the_exports_session_keys_are_sparks(spark: Any, clean: NetworkData) -> None:
+    """On the sessions the nodes wrote (tagged, both ends, waits and records) and odd ones."""
+    from pyspark.sql import functions as F
+
+    rows = session_rows(clean)
+    assert len(rows) > 40
+    flow = uuid.uuid4().hex
+    rows += [(ALICE, session, BOB, flow) for session in ODD_SESSIONS]
+    rows += [(BOB, session, ALICE, None) for session in ODD_SESSIONS]
+    tagged = f"{identity_tag(BOB)}-{flow}.s0"  # Bob's tag on Alice's initiator session
+    rows += [(ALICE, tagged, BOB, flow), (BOB, tagged, ALICE, flow), (ALICE, "F.s0", None, flow)]
+    responder = responder_flow_id(ALICE, "G.s3")
+    rows += [(BOB, "G.s3.r", ALICE, responder), (BOB, "G.s3.r", ALICE, flow)]
+    frame = spark.createDataFrame(
+        rows, "node string, session string, counterparty string, flow string"
+    )
+    keys = session_keys(
+        frame,
+        F.col("node"),
+        F.col("session"),
+        F.col("counterparty"),
+        named=list(NAMES),
+        flow_id=F.col("flow"),
+    )
+    computed = frame.select(*[column.alias(name) for name, column in keys.items()]).collect()
+    compared = 0
+    for row, (node, session, counterparty, waiter) in zip(computed, rows, strict=True):
+        stored = python_session_keys(node, session, counterparty, waiter or "")
+        if stored is None:  # left to Spark (a line break, a null counterparty)
+            continue
+        if waiter is None:
+            stored[OWN] = row[OWN]
+        assert row.asDict() == stored, (node, session, counterparty)
+        compared += 1
+    assert compared == len(rows) - 5  # two line breaks on each node, a null counterparty
+    owned = {(r[0], r[1], r[3]): row[OWN] for r, row in zip(rows, computed, strict=True)}
+    assert owned[(BOB, "G.s3.r", responder)] and not owned[(BOB, "G.s3.r", flow)]
+    odd = {r[1]: row[ODD] for r, row in zip(rows, computed, strict=True) if r[0] == ALICE}
+    assert all(odd[session] for session in ODD_SESSIONS[:6])  # not of the grammar, or tagged
+    assert not odd["ünïcödé.s7.r"]
+    assert odd[tagged]  # a session tagged for another node is left to the rules
+
+
+@pytest.mark.spark
+def test_a_records_oddity_is_its_id_and_sequence_number(spark: Any) -> None:
+    """A consumed message is odd unless its id is ``N-<peer session>-<sequence>``."""
+    from pyspark.sql import functions as F
+
+    cases = [
+        ("N-F.s0.r-0", "F.s0", 0),
+        ("N-F.s0-3", "F.s0.r", 3),
+        ("N-F.s0-3", "F.s0.r", 4),
+        ("random", "F.s0.r", 0),
+        ("N-F.s0--1", "F.s0.r", -1),
+        (f"N-F.s0-{(1 << 63) - 1}", "F.s0.r", (1 << 63) - 1),
+        ("N-F.s0-0", "F.s0.r", None),
+    ]
+    frame = spark.createDataFrame(cases, "message_id string, session string, sequence bigint")
+    keys = session_keys(
+        frame,
+        F.lit(ALICE),
+        F.col("session"),
+        F.lit(BOB),
+        named=[],
+        record=(F.col("message_id"), F.col("sequence")),
+    )
+    computed = [row[0] for row in frame.select(keys[ODD]).collect()]
+    assert computed == [python_record_odd(m, s, q) for m, s, q in cases]
+    assert computed == [False, False, True, True, True, True, True]
+
+
+# --- the sequence check -------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@examples(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.lists(st.integers(-1, 7), max_size=9), min_size=1, max_size=150))
+def test_the_telescoping_xor_accepts_exactly_the_whole_sequences(
+    spark: Any, sessions: list[list[int]]
+) -> None:
+    """``0..top`` once each passes; any gap, repeat or negative number does not."""
+    from pyspark.sql import functions as F
+
+    sessions = [*sessions, [], [0], [0, 1, 2], [0, 0], [1], [0, 2], [1, 5, 6, 2, 3, 7, 0, 4]]
+    rows = [(index, number) for index, numbers in enumerate(sessions) for number in numbers]
+    rows += [(index, None) for index, numbers in enumerate(sessions) if not numbers]
+    frame = spark.createDataFrame(rows, "session int, sequence bigint")
+    sequence = F.col("sequence")
+    telescope = F.xxhash64(sequence).bitwiseXOR(F.xxhash64(sequence + 1))
+    grouped = frame.groupBy("session").agg(
+        F.count("sequence").alias("records"),
+        F.max("sequence").alias("top"),
+        F.bit_xor(telescope).alias("telescope"),
+    )
+    judged = dict(
+        grouped.select("session", _gapless("records", "top", "telescope")).collect()  # type: ignore[arg-type]
+    )
+    for index, numbers in enumerate(sessions):
+        assert judged[index] == (sorted(numbers) == list(range(len(numbers)))), numbers
+
+
+# --- exactness ----------------------------------------------------------------------------------
+
+
+def judged_both_ways(snapshot: Any, settings: CheckSettings) -> dict[str, Any]:
+    """Each check screened, and its full rules on the whole snapshot: (rows, counts) each."""
+
+    def rows(frame: Any) -> list[tuple[Any, ...]]:
+        return sorted(tuple(row) for row in frame.collect())
+
+    def counts(frame: Any) -> dict[str, int]:
+        return {row[0]: row[1] for row in frame.collect()}
+
+    screened_ends = session_consistency(snapshot, settings)
+    orphans, outcomes = judge_ends(snapshot, settings)
+    screened_consumed = session_ownership(snapshot, settings)
+    owned, consumed = judge_consumed(snapshot)
+    return {
+        "consistency": (
+            (rows(screened_ends.frame), counts(screened_ends.extras["summary"])),
+            (rows(orphans), {k: v for k, v in outcomes.items() if v}),
+        ),
+        "ownership": (
+            (rows(screened_consumed.frame), counts(screened_consumed.extras["summary"])),
+            (rows(owned), {k: v for k, v in consumed.items() if v}),
+        ),
+        "audit": (
+            rows(exactly_once_audit(snapshot, settings).frame),
+            rows(audit_records(snapshot, settings).frame),
+        ),
+    }
+
+
+def assert_screening_is_exact(spark: Any, data: NetworkData, names: tuple[str, ...]) -> int:
+    """The screened checks equal the full rules; returns the candidate conversations."""
+    require_jdbc()
+    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
+    sources = [parse_node_argument(s) for s in data.sources(names)]
+    with load_nodes(spark, sources) as snapshot:
+        both = judged_both_ways(snapshot, settings)
+        for check, (screened, full) in both.items():
+            assert screened == full, check
+        found = screen(snapshot, settings)
+        restricted = candidate_snapshot(snapshot, settings)
+        assert restricted.parent is snapshot and restricted.whole is snapshot
+        assert found.conversations > found.candidate_count
+        return found.candidate_count
+
+
+@pytest.mark.spark
+def test_the_screening_of_the_clean_network_is_exact(spark: Any, clean: NetworkData) -> None:
+    """Most conversations are healthy; the refused and the in-flight ones are candidates."""
+    assert assert_screening_is_exact(spark, clean, NAMES) >= 1
+
+
+@pytest.mark.spark
+def test_the_screening_of_the_corrupted_network_is_exact(
+    spark: Any, broken: tuple[NetworkData, Injected]
+) -> None:
+    data, injected = broken
+    assert assert_screening_is_exact(spark, data, injected.nodes) >= 4
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "inject",
+    [
+        inject_unowned_responder_end,
+        inject_unowned_initiator_end,
+        inject_misdirected_responder_end,
+        inject_misdirected_initiator_end,
+    ],
+)
+def test_the_screening_is_exact_for_each_ownership_injection(
+    spark: Any, clean: NetworkData, tmp_path: Any, inject: Any
+) -> None:
+    data = clean.copy_to(tmp_path)
+    inject(sqlite_execute(data))
+    assert_screening_is_exact(spark, data, NAMES)
