@@ -63,7 +63,6 @@ def _narrow(frame: DataFrame, rows: int) -> DataFrame:
 
 
 def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from persistence.analytics.snapshot import Snapshot
@@ -76,10 +75,9 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
     )
 
     def kept(frame: DataFrame) -> DataFrame:
-        # cached on first use; the candidates were checkpointed, so these plans stay short
-        cached = frame.persist(StorageLevel.MEMORY_AND_DISK)
-        snapshot.on_close(cached.unpersist)
-        return cached
+        # checkpointed, not only cached: the rules build long plans on these frames, and
+        # every plan would print a cached frame's whole plan each time it names the frame
+        return frame.localCheckpoint(eager=True)
 
     def of_candidates(frame: DataFrame, session: Column) -> DataFrame:
         key = conversation_column(frame, session)
