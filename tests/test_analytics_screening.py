@@ -35,6 +35,8 @@ from persistence.analytics.exactly_once import audit_records, exactly_once_audit
 from persistence.analytics.ownership import judge_consumed, session_ownership
 from persistence.analytics.screening import _gapless, screen
 from persistence.analytics.session_flows import (
+    CONVERSATION,
+    INITIATOR_KEY,
     ODD,
     OWN,
     python_record_odd,
@@ -162,7 +164,6 @@ def test_the_exports_session_keys_are_sparks(spark: Any, clean: NetworkData) -> 
         rows, "node string, session string, counterparty string, flow string"
     )
     keys = session_keys(
-        frame,
         F.col("node"),
         F.col("session"),
         F.col("counterparty"),
@@ -170,16 +171,19 @@ def test_the_exports_session_keys_are_sparks(spark: Any, clean: NetworkData) -> 
         flow_id=F.col("flow"),
     )
     computed = frame.select(*[column.alias(name) for name, column in keys.items()]).collect()
-    compared = 0
+    uncertain = 0
     for row, (node, session, counterparty, waiter) in zip(computed, rows, strict=True):
         stored = python_session_keys(node, session, counterparty, waiter or "")
-        if stored is None:  # left to Spark (a line break, a null counterparty)
-            continue
+        assert stored is not None
         if waiter is None:
             stored[OWN] = row[OWN]
+        if stored[INITIATOR_KEY] is None:  # not sure to match Spark: odd, left to the rules
+            assert stored[ODD] and stored[CONVERSATION] == row[CONVERSATION], session
+            uncertain += 1
+            continue
         assert row.asDict() == stored, (node, session, counterparty)
-        compared += 1
-    assert compared == len(rows) - 5  # two line breaks on each node, a null counterparty
+    assert uncertain == 5  # two line breaks on each node, a null counterparty
+    assert python_session_keys(None, "F.s0", BOB) is None  # a node the export cannot name
     owned = {(r[0], r[1], r[3]): row[OWN] for r, row in zip(rows, computed, strict=True)}
     assert owned[(BOB, "G.s3.r", responder)] and not owned[(BOB, "G.s3.r", flow)]
     odd = {r[1]: row[ODD] for r, row in zip(rows, computed, strict=True) if r[0] == ALICE}
@@ -204,7 +208,6 @@ def test_a_records_oddity_is_its_id_and_sequence_number(spark: Any) -> None:
     ]
     frame = spark.createDataFrame(cases, "message_id string, session string, sequence bigint")
     keys = session_keys(
-        frame,
         F.lit(ALICE),
         F.col("session"),
         F.lit(BOB),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from persistence.analytics.checking import CheckSettings, as_of_ms
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import (
+    conversation_key,
     counterpart_flow,
     initiator_session,
     is_responder,
@@ -32,7 +33,7 @@ from persistence.analytics.session_columns import (
     responder_flow_id,
     session_flow,
 )
-from persistence.analytics.session_flows import conversation_column
+from persistence.analytics.session_flows import CONVERSATION, by_node
 from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
@@ -79,25 +80,28 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         # every plan would print a cached frame's whole plan each time it names the frame
         return frame.localCheckpoint(eager=True)
 
-    def of_candidates(frame: DataFrame, session: Column) -> DataFrame:
-        key = conversation_column(frame, session)
+    def of_candidates(frame: DataFrame, key: Column) -> DataFrame:
         return frame.join(wanted, key == F.col("c_key"), "left_semi")
 
-    ids = kept(of_candidates(snapshot.message_ids, F.col("session_id")))
+    def records(part: DataFrame, stored: bool) -> DataFrame:
+        key = F.col(CONVERSATION) if stored else conversation_key(F.col("session_id"))
+        return of_candidates(part, key).select(*snapshot.message_ids.columns)
+
+    def waiting(part: DataFrame, stored: bool) -> DataFrame:
+        exploded = part.where(F.col("suspended_on") == RECEIVE).select(
+            "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
+        )
+        key = F.col(f"w.{CONVERSATION}") if stored else conversation_key(F.col("w.session"))
+        return of_candidates(exploded, key)
+
+    ids = kept(by_node(snapshot, snapshot.message_ids, records))
     outbox_session = message_session(F.col("message_id"))
     outbox = kept(
-        of_candidates(snapshot.outbox.where(outbox_session != ""), outbox_session).unionByName(
-            snapshot.outbox.where(outbox_session == "")
-        )
-    )
-    waited = kept(
         of_candidates(
-            snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
-                "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
-            ),
-            F.col("w.session"),
-        )
+            snapshot.outbox.where(outbox_session != ""), conversation_key(outbox_session)
+        ).unionByName(snapshot.outbox.where(outbox_session == ""))
     )
+    waited = kept(by_node(snapshot, snapshot.checkpoints, waiting))
     flows = kept(_flows_looked_up(ids, outbox, waited).distinct())
     few = _narrow(flows, flows.count())
 

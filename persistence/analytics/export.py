@@ -50,8 +50,8 @@ from sqlalchemy import Connection, text
 from persistence.analytics.opening import check_identifier, open_postgresql, qualified_table
 from persistence.analytics.session_flows import (
     FLOW_KEY,
-    ODD,
     RECORD_KEYS,
+    SESSION_KEY_TYPES,
     arrow_flow_keys,
     arrow_record_keys,
 )
@@ -157,7 +157,10 @@ def _schema(frame: str) -> pyarrow.Schema:
     if frame in FLOW_FRAMES:
         fields.append((FLOW_KEY, pa.int64()))
     if frame == "message_ids":
-        fields += [(name, pa.bool_() if name == ODD else pa.int64()) for name in RECORD_KEYS]
+        fields += [
+            (name, pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64())
+            for name in RECORD_KEYS
+        ]
     return pa.schema(fields)
 
 
@@ -553,6 +556,8 @@ def load_export(
             snapshot=f"exported: {export['snapshot']}",
             taken_at_ms=export["taken_at_ms"],
             rows={frame: table["rows"] for frame, table in export["tables"].items()},
+            # the keys hold the node's name: stored only when it was given (NAME=URL)
+            keys_stored=source.named and entry.get("format") == FORMAT,
         )
     frames = union_frames(parts)  # Parquet: read again by each check, only what it needs
     if not all(source.named for source in sources):

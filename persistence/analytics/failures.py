@@ -31,8 +31,20 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
+def _text(error: BaseException) -> str:
+    """``str(error)``; a PySpark error whose own ``__str__`` fails gives its message, else ""."""
+    try:
+        return str(error)
+    except Exception:
+        getter = getattr(error, "getMessage", None)
+        try:
+            return str(getter()) if callable(getter) else ""
+        except Exception:
+            return ""
+
+
 def _meaningful_line(error: BaseException) -> str:
-    lines = [line.strip().removeprefix(": ").strip() for line in str(error).splitlines()]
+    lines = [line.strip().removeprefix(": ").strip() for line in _text(error).splitlines()]
     lines = [line for line in lines if line]
     for line in lines:
         if not line.startswith(_PY4J_PREAMBLE):

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
 from persistence.analytics.screening import screen
-from persistence.analytics.session_flows import flow_key_column
+from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
     from persistence.analytics.snapshot import Snapshot
 
@@ -66,12 +66,12 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    def bucket(frame: DataFrame) -> Column:
-        return flow_key_column(frame).bitwiseAND(BUCKETS - 1)
+    key = F.col(FLOW_KEY)
+    bucket = key.bitwiseAND(BUCKETS - 1)
 
     def prints(frame: DataFrame, prefix: str) -> DataFrame:
-        key = flow_key_column(frame)
-        return frame.groupBy("node", bucket(frame).alias("bucket")).agg(
+        keyed = flow_keys(snapshot, frame, "node")
+        return keyed.groupBy("node", bucket.alias("bucket")).agg(
             F.count("*").alias(f"{prefix}_rows"),
             F.sum(F.shiftright(key, 32)).alias(f"{prefix}_high"),
             F.sum(key.bitwiseAND(0xFFFFFFFF)).alias(f"{prefix}_low"),
@@ -93,11 +93,12 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
         return several
 
     def in_buckets(frame: DataFrame) -> DataFrame:
-        return frame.join(
+        keyed = flow_keys(snapshot, frame, "node")
+        return keyed.join(
             F.broadcast(differ),
-            (frame.node == differ.d_node) & (bucket(frame) == differ.d_bucket),
+            (keyed.node == differ.d_node) & (bucket == differ.d_bucket),
             "left_semi",
-        ).select(flow_key_column(frame).alias("flow_key"))
+        ).select(FLOW_KEY)
 
     suspects = in_buckets(snapshot.checkpoints).unionByName(in_buckets(snapshot.blobs))
     return keep(snapshot, suspects.unionByName(several).distinct())
@@ -138,7 +139,8 @@ def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     def of(frame: DataFrame) -> DataFrame:
         if wanted is None:
             return frame
-        return frame.join(wanted, flow_key_column(frame) == F.col("o_key"), "left_semi")
+        keyed = flow_keys(snapshot, frame, *[c for c in frame.columns if c != FLOW_KEY])
+        return keyed.join(wanted, F.col(FLOW_KEY) == F.col("o_key"), "left_semi")
 
     union = (
         part(of(snapshot.checkpoints), "live", 0, "flow_class", "updated_at")

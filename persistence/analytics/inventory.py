@@ -28,7 +28,7 @@ from persistence.analytics.checking import (
     keep,
 )
 from persistence.analytics.screening import screen
-from persistence.analytics.session_flows import flow_key_column
+from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 
 if TYPE_CHECKING:
     from persistence.analytics.snapshot import Snapshot
@@ -83,11 +83,12 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
     checkpoints, exceptions = snapshot.checkpoints, snapshot.exceptions
     if found.overlap_count:
-        checkpoints = checkpoints.join(
-            finished, flow_key_column(checkpoints) == F.col("o_key"), "left_anti"
+        key = F.col(FLOW_KEY) == F.col("o_key")
+        checkpoints = flow_keys(snapshot, checkpoints, "node", "flow_class", "status").join(
+            finished, key, "left_anti"
         )
-        exceptions = exceptions.join(
-            completed, flow_key_column(exceptions) == F.col("o_key"), "left_anti"
+        exceptions = flow_keys(snapshot, exceptions, "node", "flow_class").join(
+            completed, key, "left_anti"
         )
     live = checkpoints.select("node", "flow_class", "status")
     done = snapshot.results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from persistence.analytics.checking import CheckSettings, as_of_ms
-from persistence.analytics.session_columns import is_responder, message_session
+from persistence.analytics.session_columns import message_session
 from persistence.analytics.session_flows import (
     CONVERSATION,
     INITIATOR_KEY,
@@ -57,11 +57,15 @@ from persistence.analytics.session_flows import (
     MAX_SEQUENCE,
     ODD,
     OWN,
+    RESPONDER,
     RESPONDER_KEY,
     RESPONDER_NODE,
-    flow_key_column,
+    SESSION_KEYS,
+    by_node,
+    flow_keys,
     node_hashes,
     session_keys,
+    stored_keys,
 )
 from persistence.analytics.waiting import RECEIVE, WAITS
 
@@ -147,67 +151,62 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
     """One row per wait, consumed message and outbox message, with its keys.
 
     Columns: the session keys (:data:`~persistence.analytics.session_flows.SESSION_KEYS`,
-    stored by the export or computed), ``responder`` (the row is of the responder's end),
-    ``kind``, ``own`` (a wait of the end's own flow) and ``sequence``.
+    read where the export stored them, else computed), :data:`OWN` (a wait of the end's own
+    flow), ``kind`` and ``sequence``.
     """
     from pyspark.sql import functions as F
 
     named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
-    exploded = snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
-        "node", "flow_id", F.explode(WAITS).alias("w")
-    )
-    fields = exploded.schema["w"].dataType.fieldNames()  # type: ignore[attr-defined]
-    waits = exploded.select(
-        "node", "flow_id", *[F.col(f"w.{field}").alias(field) for field in fields]
-    )
-    ids = snapshot.message_ids
-    outbox = snapshot.outbox.withColumn("session", message_session(F.col("message_id")))
-    outbox = outbox.where(F.col("session") != "")
+    node = F.col("node")
 
-    def rows(
-        frame: DataFrame, session: str, counterparty: str, kind: int, **extra: Column
-    ) -> DataFrame:
-        keys = session_keys(
-            frame,
-            F.col("node"),
-            F.col(session),
-            F.col(counterparty),
-            named=named,
-            flow_id=extra.pop("flow_id", None),
-            record=extra.pop("record", None),  # type: ignore[arg-type]
-        )
-        odd = keys.pop(ODD) | extra.pop("old", F.lit(False))
+    def shaped(frame: DataFrame, keys: dict[str, Column], kind: int, sequence: Column) -> DataFrame:
         own = keys.pop(OWN, F.lit(False))
         return frame.select(
             *[column.alias(name) for name, column in keys.items()],
-            odd.alias(ODD),
             own.alias(OWN),
-            F.coalesce(is_responder(F.col(session)), F.lit(False)).alias("responder"),
             F.lit(kind).alias("kind"),
-            extra.pop("sequence", F.lit(None).cast("bigint")).alias("sequence"),
+            sequence.alias("sequence"),
         )
 
+    def waits(part: DataFrame, stored: bool) -> DataFrame:
+        exploded = part.where(F.col("suspended_on") == RECEIVE).select(
+            "node", "flow_id", F.explode(WAITS).alias("w")
+        )
+        keys = (
+            stored_keys([*SESSION_KEYS, OWN], "w.")
+            if stored
+            else session_keys(
+                node,
+                F.col("w.session"),
+                F.col("w.counterparty"),
+                named=named,
+                flow_id=F.col("flow_id"),
+            )
+        )
+        return shaped(exploded, keys, WAIT, F.lit(None).cast("bigint"))
+
+    def records(part: DataFrame, stored: bool) -> DataFrame:
+        keys = (
+            stored_keys(SESSION_KEYS)
+            if stored
+            else session_keys(
+                node,
+                F.col("session_id"),
+                F.col("sender"),
+                named=named,
+                record=(F.col("message_id"), F.col("sequence")),
+            )
+        )
+        return shaped(part, keys, RECORD, F.col("sequence"))
+
+    session = message_session(F.col("message_id"))
+    outbox = snapshot.outbox.where(session != "")
+    keys = session_keys(node, session, F.col("target"), named=named)
+    keys[ODD] = keys[ODD] | F.coalesce(F.col("created_at") <= old_before, F.lit(True))
     return (
-        rows(waits, "session", "counterparty", WAIT, flow_id=F.col("flow_id"))
-        .unionByName(
-            rows(
-                ids,
-                "session_id",
-                "sender",
-                RECORD,
-                record=(F.col("message_id"), F.col("sequence")),  # type: ignore[arg-type]
-                sequence=F.col("sequence"),
-            )
-        )
-        .unionByName(
-            rows(
-                outbox,
-                "session",
-                "target",
-                OUTBOX,
-                old=F.coalesce(F.col("created_at") <= old_before, F.lit(True)),
-            )
-        )
+        by_node(snapshot, snapshot.checkpoints, waits)
+        .unionByName(by_node(snapshot, snapshot.message_ids, records))
+        .unionByName(shaped(outbox, keys, OUTBOX, F.lit(None).cast("bigint")))
     )
 
 
@@ -216,7 +215,7 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     rows = _evidence(snapshot, old_before)
-    responder = F.col("responder")
+    responder = F.col(RESPONDER)
     record = F.col("kind") == RECORD
     waiting = (F.col("kind") == WAIT) & F.col(OWN)
     analyzed = node_hashes(snapshot.node_names)
@@ -312,7 +311,7 @@ def _flow_index(snapshot: Snapshot, judged: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     def known(frame: DataFrame, flag: int) -> DataFrame:
-        return frame.select(flow_key_column(frame).alias("flow_key"), F.lit(flag).alias("f"))
+        return flow_keys(snapshot, frame, F.lit(flag).alias("f"))
 
     healthy = judged.where(~F.col("unusual"))
     wanted = (

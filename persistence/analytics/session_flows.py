@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from persistence.analytics.session_columns import SESSION_FLOW_PATTERN
@@ -57,8 +57,12 @@ if TYPE_CHECKING:
     import pyarrow
     from pyspark.sql import Column, DataFrame
 
+    from persistence.analytics.snapshot import Snapshot
+
 CONVERSATION = "conversation"
 """``xxhash64`` of the session's initiator id (both ends share it)."""
+RESPONDER = "responder"
+"""The row is of the responder's end (its session id ends in ``.r``)."""
 INITIATOR_NODE = "initiator_node"
 """``xxhash64`` of the initiator's node name."""
 RESPONDER_NODE = "responder_node"
@@ -73,10 +77,19 @@ OWN = "own"
 """A wait's flow is the end's own flow (the initiating flow, or the responder)."""
 FLOW_KEY = "flow_key"
 """``xxhash64(node, flow_id)`` of a flow row."""
-SESSION_KEYS = (CONVERSATION, INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY, ODD)
+SESSION_KEYS = (
+    CONVERSATION,
+    RESPONDER,
+    INITIATOR_NODE,
+    RESPONDER_NODE,
+    INITIATOR_KEY,
+    RESPONDER_KEY,
+    ODD,
+)
 """The keys of every session row (a wait has :data:`OWN` too)."""
 SESSION_KEY_TYPES = {
     CONVERSATION: "bigint",
+    RESPONDER: "boolean",
     INITIATOR_NODE: "bigint",
     RESPONDER_NODE: "bigint",
     INITIATOR_KEY: "bigint",
@@ -148,30 +161,38 @@ def python_session_keys(
     counterparty: str | None,
     flow_id: str | None = None,
 ) -> dict[str, Any] | None:
-    """The keys of one session row of ``node`` (None: left to Spark).
+    """The keys of one session row of ``node``: every key, or None when ``node`` is None.
 
-    ``node`` is the node's name, or None when the export does not know it (then only Spark
-    can compute them). ``flow_id``: the waiting flow of a wait (gives :data:`OWN`).
+    ``node`` is the node's name, or None when the export does not know it (then Spark
+    computes the keys). ``flow_id``: the waiting flow of a wait (gives :data:`OWN`). Where
+    Python cannot be sure to give what Spark would (a null session or counterparty, a line
+    break in the session), the flow keys are null and the row :data:`ODD`: the screening
+    leaves its conversation to the rules, which read the ids themselves.
     """
-    if node is None or session is None or counterparty is None:
+    if node is None:
         return None
-    first = python_session_flow(session)
-    if first is None:
-        return None
-    responder = session.endswith(RESPONDER_SUFFIX)
-    base = _base(session)
+    responder = session is not None and session.endswith(RESPONDER_SUFFIX)
+    base = None if session is None else _base(session)
     initiator, other = (counterparty, node) if responder else (node, counterparty)
-    second = _responder_flow(initiator, base)
     keys: dict[str, Any] = {
         CONVERSATION: spark_xxhash64(base),
+        RESPONDER: responder,
         INITIATOR_NODE: spark_xxhash64(initiator),
         RESPONDER_NODE: spark_xxhash64(other),
-        INITIATOR_KEY: spark_xxhash64(initiator, first),
-        RESPONDER_KEY: spark_xxhash64(other, second),
-        ODD: first == "" or (not responder and _foreign_tag(session, identity_tag(node))),
+        INITIATOR_KEY: None,
+        RESPONDER_KEY: None,
+        ODD: True,
     }
+    first = None if session is None else python_session_flow(session)
+    if first is not None and base is not None and initiator is not None and other is not None:
+        second = _responder_flow(initiator, base)
+        keys[INITIATOR_KEY] = spark_xxhash64(initiator, first)
+        keys[RESPONDER_KEY] = spark_xxhash64(other, second)
+        keys[ODD] = first == "" or (not responder and _foreign_tag(base, identity_tag(node)))
+        if flow_id is not None:
+            keys[OWN] = flow_id == (second if responder else first)
     if flow_id is not None:
-        keys[OWN] = flow_id == (second if responder else first)
+        keys.setdefault(OWN, False)
     return keys
 
 
@@ -183,7 +204,7 @@ def python_record_odd(message_id: str | None, session: str, sequence: int | None
     return message_id != f"{MESSAGE_ID_PREFIX}{peer}-{sequence}"
 
 
-RECORD_KEYS = (CONVERSATION, INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY, ODD)
+RECORD_KEYS = SESSION_KEYS
 """The keys the export stores beside each ``node_message_ids`` row, in this order."""
 
 
@@ -202,15 +223,15 @@ def arrow_record_keys(
         message_ids, senders, sessions, sequences, strict=True
     ):
         keys = python_session_keys(node, session, sender)
-        if keys is None or session is None:
+        if keys is None:
             for column in columns:
                 column.append(None)
             continue
-        keys[ODD] = keys[ODD] or python_record_odd(message_id, session, sequence)
+        keys[ODD] = keys[ODD] or session is None or python_record_odd(message_id, session, sequence)
         for column, name in zip(columns, RECORD_KEYS, strict=True):
             column.append(keys[name])
     return [
-        pa.array(values, pa.bool_() if name == ODD else pa.int64())
+        pa.array(values, pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64())
         for name, values in zip(RECORD_KEYS, columns, strict=True)
     ]
 
@@ -229,16 +250,7 @@ def arrow_flow_keys(node: str | None, flow_ids: Sequence[str | None]) -> pyarrow
 # --- Spark, where no stored value is --------------------------------------------------------
 
 
-def _stored_or(frame: DataFrame, name: str, computed: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    if name in frame.columns:
-        return F.coalesce(F.col(name), computed)
-    return computed
-
-
 def session_keys(
-    frame: DataFrame,
     node: Column,
     session: Column,
     counterparty: Column,
@@ -247,7 +259,7 @@ def session_keys(
     flow_id: Column | None = None,
     record: tuple[Column, Column] | None = None,
 ) -> dict[str, Column]:
-    """The keys of ``frame``'s session rows: its stored columns, else computed by Spark.
+    """The keys of session rows as Spark computes them (where none are stored).
 
     ``named``: the nodes whose names were given (the tag rule applies to them);
     ``flow_id``: the waiting flow (for :data:`OWN`); ``record``: a consumed message's
@@ -295,31 +307,56 @@ def session_keys(
         regular = (message_id == expected) & (sequence >= 0) & (sequence < MAX_SEQUENCE)
         odd = odd | ~F.coalesce(regular, F.lit(False))
     keys = {
-        CONVERSATION: _stored_or(frame, CONVERSATION, F.xxhash64(base)),
-        INITIATOR_NODE: _stored_or(frame, INITIATOR_NODE, F.xxhash64(initiator)),
-        RESPONDER_NODE: _stored_or(frame, RESPONDER_NODE, F.xxhash64(other)),
-        INITIATOR_KEY: _stored_or(frame, INITIATOR_KEY, F.xxhash64(initiator, first)),
-        RESPONDER_KEY: _stored_or(frame, RESPONDER_KEY, F.xxhash64(other, second)),
-        ODD: _stored_or(frame, ODD, F.coalesce(odd, F.lit(True))),
+        CONVERSATION: F.xxhash64(base),
+        RESPONDER: responder,
+        INITIATOR_NODE: F.xxhash64(initiator),
+        RESPONDER_NODE: F.xxhash64(other),
+        INITIATOR_KEY: F.xxhash64(initiator, first),
+        RESPONDER_KEY: F.xxhash64(other, second),
+        ODD: F.coalesce(odd, F.lit(True)),
     }
     if flow_id is not None:
         mine = F.when(responder, second).otherwise(first)
-        keys[OWN] = _stored_or(frame, OWN, F.coalesce(flow_id == mine, F.lit(False)))
+        keys[OWN] = F.coalesce(flow_id == mine, F.lit(False))
     return keys
 
 
-def conversation_column(frame: DataFrame, session: Column) -> Column:
-    """:data:`CONVERSATION` of ``frame``'s rows of ``session``: stored, else from Spark."""
-    from persistence.analytics.session_columns import conversation_key
-
-    return _stored_or(frame, CONVERSATION, conversation_key(session))
-
-
-def flow_key_column(frame: DataFrame) -> Column:
-    """:data:`FLOW_KEY` of ``frame``'s flow rows: stored, else ``xxhash64(node, flow_id)``."""
+def stored_keys(names: Sequence[str], prefix: str = "") -> dict[str, Column]:
+    """The stored keys ``names`` (columns, or fields under ``prefix``: ``"w."``)."""
     from pyspark.sql import functions as F
 
-    return _stored_or(frame, FLOW_KEY, F.xxhash64("node", "flow_id"))
+    return {name: F.col(prefix + name) for name in names}
+
+
+def by_node(
+    snapshot: Snapshot, frame: DataFrame, build: Callable[[DataFrame, bool], DataFrame]
+) -> DataFrame:
+    """``build`` over each node's rows of ``frame``, with whether its keys are stored.
+
+    Each node's rows are a branch of ``frame``'s union, so the filter on its (constant)
+    name costs nothing and each branch reads only its own columns: the stored keys where the
+    export wrote them, the ids where Spark must compute the keys.
+    """
+    from pyspark.sql import functions as F
+
+    parts = [
+        build(frame.where(F.col("node") == load.name), load.keys_stored) for load in snapshot.nodes
+    ]
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part)
+    return union
+
+
+def flow_keys(snapshot: Snapshot, frame: DataFrame, *columns: str | Column) -> DataFrame:
+    """``frame``'s flow rows as (:data:`FLOW_KEY`, ``columns``): stored or computed per node."""
+    from pyspark.sql import functions as F
+
+    def keyed(part: DataFrame, stored: bool) -> DataFrame:
+        key = F.col(FLOW_KEY) if stored else F.xxhash64("node", "flow_id")
+        return part.select(key.alias(FLOW_KEY), *columns)
+
+    return by_node(snapshot, frame, keyed)
 
 
 def node_hashes(names: list[str]) -> list[int]:
