@@ -33,7 +33,7 @@ from persistence.analytics.session_columns import (
     responder_flow_id,
     session_flow,
 )
-from persistence.analytics.session_flows import CONVERSATION, by_node
+from persistence.analytics.session_flows import CONVERSATION, FLOW_KEY, by_node, flow_keys
 from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
@@ -102,12 +102,18 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         ).unionByName(snapshot.outbox.where(outbox_session == ""))
     )
     waited = kept(by_node(snapshot, snapshot.checkpoints, waiting))
-    flows = kept(_flows_looked_up(ids, outbox, waited).distinct())
+    flows = kept(
+        _flows_looked_up(ids, outbox, waited)
+        .select(F.xxhash64("k_node", "k_flow").alias("k_key"))
+        .distinct()
+    )
     few = _narrow(flows, flows.count())
 
     def of_flows(frame: DataFrame) -> DataFrame:
-        return frame.join(
-            few, (frame.node == few.k_node) & (frame.flow_id == few.k_flow), "left_semi"
+        # by the flow key (stored by the export: no id read), then the frame's own columns
+        keyed = flow_keys(snapshot, frame, *[name for name in frame.columns if name != FLOW_KEY])
+        return keyed.join(few, F.col(FLOW_KEY) == F.col("k_key"), "left_semi").select(
+            *frame.columns
         )
 
     cut = waited.groupBy(F.col("node").alias("c_node"), F.col("flow_id").alias("c_flow")).agg(

@@ -31,6 +31,8 @@ from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 
 if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
     from persistence.analytics.snapshot import Snapshot
 
 NICE_BUCKETS_MS = (
@@ -176,69 +178,65 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
     """Checkpoint size and journal length by flow class (the cost of a replay).
 
     The frame has, per flow class, the number of live checkpoints and the mean, median,
-    90th and 99th percentile (approximate) and maximum of ``checkpoint_bytes`` and
-    ``journal_length``, largest total first. ``extras["offenders"]`` holds the ``top``
-    largest checkpoints and the ``top`` longest journals; ``extras["size_histogram"]`` the
-    checkpoints per power-of-two size bucket. Always ``info``.
+    90th and 99th percentile and maximum of ``checkpoint_bytes`` and ``journal_length``,
+    largest total first. ``extras["offenders"]`` holds the ``top`` largest checkpoints and
+    the ``top`` longest journals; ``extras["size_histogram"]`` the checkpoints per
+    power-of-two size bucket. Always ``info``.
+
+    The percentiles are exact (the least value with at least that share of the class's
+    values at or below it), from one frequency table of each measure per class: a grouping
+    with few groups (sizes and lengths repeat), so no sort and no sketch of every row.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
     cp = snapshot.checkpoints
-    quantiles = F.lit([0.5, 0.9, 0.99])
-    stats = cp.groupBy("flow_class").agg(
-        F.count("*").alias("flows"),
-        F.sum("checkpoint_bytes").alias("total_bytes"),
-        F.round(F.avg("checkpoint_bytes"), 1).alias("mean_bytes"),
-        F.percentile_approx("checkpoint_bytes", quantiles).alias("bytes_q"),
-        F.max("checkpoint_bytes").alias("max_bytes"),
-        F.round(F.avg("journal_length"), 1).alias("mean_journal"),
-        F.percentile_approx("journal_length", quantiles).alias("journal_q"),
-        F.max("journal_length").alias("max_journal"),
+    sizes = keep(snapshot, _frequencies(cp, "checkpoint_bytes"))
+    journals = keep(snapshot, _frequencies(cp, "journal_length"))
+    frame = (
+        _measure_summary(sizes, "bytes")
+        .join(_measure_summary(journals, "journal").drop("flows"), "flow_class", "full_outer")
+        .select(
+            "flow_class",
+            "flows",
+            F.col("total_bytes"),
+            "mean_bytes",
+            "p50_bytes",
+            "p90_bytes",
+            "p99_bytes",
+            "max_bytes",
+            "mean_journal",
+            "p50_journal",
+            "p90_journal",
+            "p99_journal",
+            "max_journal",
+        )
+        .orderBy(F.desc("total_bytes"), "flow_class")
     )
-    frame = stats.select(
-        "flow_class",
-        "flows",
-        "total_bytes",
-        "mean_bytes",
-        F.col("bytes_q")[0].alias("p50_bytes"),
-        F.col("bytes_q")[1].alias("p90_bytes"),
-        F.col("bytes_q")[2].alias("p99_bytes"),
-        "max_bytes",
-        "mean_journal",
-        F.col("journal_q")[0].alias("p50_journal"),
-        F.col("journal_q")[1].alias("p90_journal"),
-        F.col("journal_q")[2].alias("p99_journal"),
-        "max_journal",
-    ).orderBy(F.desc("total_bytes"), "flow_class")
     frame = keep(snapshot, frame)
     columns = ["node", "flow_id", "flow_class", "status", "checkpoint_bytes", "journal_length"]
-    by_size = Window.orderBy(F.desc("checkpoint_bytes"), "node", "flow_id")
-    by_journal = Window.orderBy(F.desc("journal_length"), "node", "flow_id")
-    biggest = cp.orderBy(F.desc("checkpoint_bytes"), "node", "flow_id").limit(settings.top)
-    longest = cp.orderBy(F.desc("journal_length"), "node", "flow_id").limit(settings.top)
-    offenders = biggest.select(
-        F.lit("checkpoint_bytes").alias("ranked_by"),
-        F.row_number().over(by_size).alias("rank"),
-        *columns,
-    ).unionByName(
-        longest.select(
-            F.lit("journal_length").alias("ranked_by"),
-            F.row_number().over(by_journal).alias("rank"),
-            *columns,
+    ranked = []
+    for measure, table in (("checkpoint_bytes", sizes), ("journal_length", journals)):
+        # the rows at or above the least of the top values (a filtered scan), then ranked
+        least = table.where(F.col("v").isNotNull()).orderBy(F.desc("v")).limit(settings.top)
+        floor = least.agg(F.min("v")).first()
+        bound = floor[0] if floor is not None and floor[0] is not None else None
+        candidates = cp if bound is None else cp.where(F.col(measure) >= bound)
+        order: list[Column | str] = [F.desc(measure), "node", "flow_id"]
+        best = candidates.orderBy(*order).limit(settings.top)
+        ranked.append(
+            best.select(
+                F.lit(measure).alias("ranked_by"),
+                F.row_number().over(Window.orderBy(*order)).alias("rank"),
+                *columns,
+            )
         )
-    )
-    offenders = keep(snapshot, offenders.orderBy("ranked_by", "rank"))
-    exponent = (
-        F.when(F.col("checkpoint_bytes") > 0, F.floor(F.log2("checkpoint_bytes")))
-        .otherwise(0)
-        .cast("int")
-    )
+    offenders = keep(snapshot, ranked[0].unionByName(ranked[1]).orderBy("ranked_by", "rank"))
+    exponent = F.when(F.col("v") > 0, F.floor(F.log2("v"))).otherwise(0).cast("int")
     histogram = (
-        cp.select(exponent.alias("exponent"))
-        .groupBy("exponent")
-        .agg(F.count("*").alias("flows"))
+        sizes.groupBy(exponent.alias("exponent"))
+        .agg(F.sum("n").alias("flows"))
         .select(
             F.pow(F.lit(2), "exponent").cast("bigint").alias("from_bytes"),
             F.pow(F.lit(2), F.col("exponent") + 1).cast("bigint").alias("to_bytes"),
@@ -247,21 +245,70 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         .orderBy("from_bytes")
     )
     histogram = keep(snapshot, histogram)
-    total = cp.agg(
-        F.count("*").alias("n"),
-        F.sum("checkpoint_bytes").alias("b"),
-        F.max("checkpoint_bytes").alias("m"),
+    total = frame.agg(
+        F.sum("flows").alias("n"), F.sum("total_bytes").alias("b"), F.max("max_bytes").alias("m")
     ).first()
-    n = int(total["n"]) if total is not None else 0
+    n = int(total["n"]) if total is not None and total["n"] is not None else 0
     summary = f"{n} live checkpoints"
     if n and total is not None:
-        summary += f", {int(total['b'])} bytes in all, the largest {int(total['m'])} bytes"
+        summary += f", {int(total['b'] or 0)} bytes in all, the largest {int(total['m'])} bytes"
     return CheckResult(
         "checkpoint_costs",
         "Checkpoint size and journal length (replay cost)",
         frame,
         Verdict(INFO, summary),
         extras={"offenders": offenders, "size_histogram": histogram},
+    )
+
+
+PERCENTILES = (50, 90, 99)
+"""The percentiles of each measure checkpoint costs reports."""
+
+
+def _frequencies(checkpoints: DataFrame, measure: str) -> DataFrame:
+    """(``flow_class``, ``v``, ``n``): how many checkpoints of a class have each value."""
+    from pyspark.sql import functions as F
+
+    return checkpoints.groupBy("flow_class", F.col(measure).alias("v")).agg(F.count("*").alias("n"))
+
+
+def _measure_summary(frequencies: DataFrame, suffix: str) -> DataFrame:
+    """Per class: flows, total, mean, the :data:`PERCENTILES` and maximum of a measure.
+
+    The ``p``-th percentile is the least value whose cumulative count reaches ``p`` percent
+    of the class's (non-null) values; nulls count as flows, in nothing else.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    known = F.col("v").isNotNull()
+    up_to = (
+        Window.partitionBy("flow_class")
+        .orderBy("v")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    whole = Window.partitionBy("flow_class")
+    counted = frequencies.select(
+        "flow_class",
+        "v",
+        "n",
+        F.sum(F.when(known, F.col("n"))).over(up_to).alias("below"),
+        F.sum(F.when(known, F.col("n"))).over(whole).alias("values"),
+    )
+    reached = [
+        F.min(F.when(known & (F.col("below") * 100 >= F.col("values") * p), F.col("v"))).alias(
+            f"p{p}_{suffix}"
+        )
+        for p in PERCENTILES
+    ]
+    return counted.groupBy("flow_class").agg(
+        F.sum("n").alias("flows"),
+        F.sum(F.col("v") * F.col("n")).alias(f"total_{suffix}"),
+        F.round(F.sum(F.col("v") * F.col("n")) / F.sum(F.when(known, F.col("n"))), 1).alias(
+            f"mean_{suffix}"
+        ),
+        *reached,
+        F.max("v").alias(f"max_{suffix}"),
     )
 
 
