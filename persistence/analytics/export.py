@@ -516,6 +516,7 @@ def load_export(
     """
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     from persistence.analytics.loading import union_frames
     from persistence.analytics.naming import apply_names, infer_node_names
@@ -531,14 +532,17 @@ def load_export(
         export = entry["export"]
         for frame, (_, _, columns) in TABLES.items():
             path = (folder / entry["folder"] / f"{frame}.parquet").resolve()
-            # the file holds what the manifest says it does (its footer, not a Spark job)
-            found, written = pq.read_metadata(path).num_rows, export["tables"][frame]["rows"]
+            # the file holds what the manifest says it does (its footer, not a Spark job), and
+            # its schema goes to Spark with it (no footer read again to infer it)
+            footer = pq.read_metadata(path)
+            found, written = footer.num_rows, export["tables"][frame]["rows"]
             if found != written:
                 raise AnalyticsLoadError(
                     f"{source.name}: {path} holds {found} rows of {TABLES[frame][0]} but the "
                     f"export wrote {written}: the export changed while it was read"
                 )
-            data = spark.read.parquet(str(path))
+            schema = from_arrow_schema(footer.schema.to_arrow_schema())
+            data = spark.read.schema(schema).parquet(str(path))
             names = [name for name, _ in columns]
             # what the export derived and stored beside each row (waiting.py, session_flows.py)
             stored = (WAITS, UNTIL, FLOW_KEY, *RECORD_KEYS)
