@@ -329,3 +329,56 @@ def test_the_screening_is_exact_for_each_ownership_injection(
     data = clean.copy_to(tmp_path)
     inject(sqlite_execute(data))
     assert_screening_is_exact(spark, data, NAMES)
+
+
+# --- the export's bucketed layout -------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_the_layouts_buckets_are_sparks_hash_partitions(spark: Any) -> None:
+    """``pmod(murmur3(key), BUCKETS)`` in NumPy is what Spark's hash partitioning gives."""
+    import random
+
+    import numpy as np
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.layout import BUCKETS, buckets
+
+    rng = random.Random(5)
+    keys = [rng.randrange(-(1 << 63), 1 << 63) for _ in range(3000)]
+    keys += [0, 1, -1, (1 << 63) - 1, -(1 << 63), spark_xxhash64("F.s0")]
+    frame = spark.createDataFrame([(k,) for k in keys], "k bigint")
+    spark_buckets = [row[0] for row in frame.select(F.pmod(F.hash("k"), F.lit(BUCKETS))).collect()]
+    assert buckets(np.array(keys, dtype=np.int64)).tolist() == spark_buckets
+
+
+@pytest.mark.spark
+def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
+    spark: Any, broken: tuple[NetworkData, Injected], tmp_path: Any
+) -> None:
+    """Screened from the export's bucketed datasets: the same findings as from the databases,
+    and Spark groups the conversations without moving a row (no exchange below the grouping)."""
+    from persistence.analytics import analyze
+    from persistence.analytics.export import export_nodes, load_export
+    from persistence.analytics.screening import _conversations
+
+    require_jdbc()
+    data, injected = broken
+    arguments = data.sources(injected.nodes)
+    sources = [parse_node_argument(s) for s in arguments]
+    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
+    export_nodes(sources, arguments, tmp_path / "export")
+    direct = analyze(sources, settings, spark=spark)
+    exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
+    for mine, theirs in zip(exported.checks, direct.checks, strict=True):
+        assert (mine.name, mine.status, mine.summary) == (
+            theirs.name,
+            theirs.status,
+            theirs.summary,
+        )
+        assert mine.table.rows == theirs.table.rows, mine.name
+    with load_export(spark, tmp_path / "export", sources) as snapshot:
+        assert set(snapshot.layouts) == {"evidence", "flows"}
+        plan = _conversations(snapshot, data.now_ms)._jdf.queryExecution().executedPlan().toString()
+        assert "Exchange" not in plan, plan
+        assert "Bucketed: true" in plan, plan

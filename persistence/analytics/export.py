@@ -37,9 +37,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -430,6 +431,21 @@ def _replace_table(
     return TableExport(len(data), len(data), 0, 0)
 
 
+def _refresh_layout(node_folder: Path, source: NodeSource) -> dict[str, Any] | None:
+    """Rebuild the node's bucketed datasets (:mod:`persistence.analytics.layout`).
+
+    Only for a node named on the command line (its keys hold its name); otherwise any
+    earlier layout is removed, and None returned.
+    """
+    from persistence.analytics.layout import EVIDENCE, FLOWS, write_layout
+
+    if source.named:
+        return write_layout(node_folder, source.name)
+    for name in (EVIDENCE, FLOWS):
+        shutil.rmtree(node_folder / name, ignore_errors=True)
+    return None
+
+
 def _group(sources: Sequence[NodeSource]) -> list[list[NodeSource]]:
     groups: dict[str, list[NodeSource]] = {}
     for index, source in enumerate(sources):
@@ -483,6 +499,7 @@ def export_nodes(
                         node_folder / f"{frame}.parquet",
                         entry["watermarks"].get(frame) if not full else None,
                     )
+                layout = _refresh_layout(node_folder, source)
                 export = NodeExport(
                     name=source.name,
                     argument=given[source.name],
@@ -498,6 +515,7 @@ def export_nodes(
                     "format": FORMAT,
                     "watermarks": marks,
                     "export": attrs.asdict(export),
+                    "layout": layout,
                 }
                 temporary = manifest_path.with_suffix(f".{os.getpid()}.tmp")
                 temporary.write_text(json.dumps(manifest, indent=2))
@@ -567,4 +585,49 @@ def load_export(
     if not all(source.named for source in sources):
         frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
     nodes = [loads[source.name] for source in sources]
-    return Snapshot(spark=spark, nodes=nodes, frames=frames)
+    layouts, tables = _layouts(spark, folder, manifest, sources)
+    snapshot = Snapshot(spark=spark, nodes=nodes, frames=frames, layouts=layouts)
+    for table in tables:
+        snapshot.on_close(_dropper(spark, table))
+    return snapshot
+
+
+def _dropper(spark: SparkSession, table: str) -> Callable[[], object]:
+    """What drops ``table`` from the session's catalog (its files stay: the export's)."""
+
+    def drop() -> object:
+        return spark.sql(f"DROP TABLE IF EXISTS {table}")
+
+    return drop
+
+
+def _layouts(
+    spark: SparkSession, folder: Path, manifest: dict[str, Any], sources: Sequence[NodeSource]
+) -> tuple[dict[str, DataFrame], list[str]]:
+    """The bucketed datasets of every node, when each has them in this layout (else none)."""
+    from persistence.analytics.layout import (
+        BUCKETS,
+        EVIDENCE,
+        EVIDENCE_SCHEMA,
+        FLOWS,
+        FLOWS_SCHEMA,
+        LAYOUT,
+        register,
+    )
+
+    entries = [manifest["nodes"][source.name] for source in sources]
+    if not all(
+        source.named
+        and entry.get("format") == FORMAT
+        and (entry.get("layout") or {}).get("version") == LAYOUT
+        and (entry.get("layout") or {}).get("buckets") == BUCKETS
+        for source, entry in zip(sources, entries, strict=True)
+    ):
+        return {}, []
+    layouts: dict[str, DataFrame] = {}
+    made: list[str] = []
+    for name, columns in ((EVIDENCE, EVIDENCE_SCHEMA), (FLOWS, FLOWS_SCHEMA)):
+        folders = [folder / entry["folder"] / name for entry in entries]
+        layouts[name], tables = register(spark, folders, name, columns)
+        made += tables
+    return layouts, made

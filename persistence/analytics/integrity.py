@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
+from persistence.analytics.layout import BLOB, FAILED, FINISHED, FLOWS, LIVE
 from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 
@@ -62,10 +63,20 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
 
     Every flow of a bucket whose checkpoint rows and blobs differ, and every flow the node
     has in more than one of its checkpoints, results and exceptions (the screening's
-    overlaps, :mod:`persistence.analytics.screening`).
+    overlaps, :mod:`persistence.analytics.screening`). From the export's flows
+    (:mod:`persistence.analytics.layout`), where each flow is a row with its tables: exactly
+    the flows with a row and no blob or the reverse, and those in more than one table.
     """
     from pyspark.sql import functions as F
 
+    if FLOWS in snapshot.layouts:  # the export's: each flow once, with its tables
+        tables = F.col("tables")
+        live, blob = tables.bitwiseAND(LIVE) != 0, tables.bitwiseAND(BLOB) != 0
+        outcomes = sum(
+            (tables.bitwiseAND(flag) != 0).cast("int") for flag in (LIVE, FINISHED, FAILED)
+        )
+        flows = snapshot.layouts[FLOWS]
+        return keep(snapshot, flows.where((live != blob) | (outcomes > 1)).select(FLOW_KEY))
     key = F.col(FLOW_KEY)
     bucket = key.bitwiseAND(BUCKETS - 1)
 

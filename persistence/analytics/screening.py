@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from persistence.analytics.checking import CheckSettings, as_of_ms
+from persistence.analytics.layout import EVIDENCE, FLOWS, OUTBOX, RECORD, WAIT
 from persistence.analytics.session_columns import message_session
 from persistence.analytics.session_flows import (
     CONVERSATION,
@@ -74,8 +75,6 @@ if TYPE_CHECKING:
 
     from persistence.analytics.snapshot import Snapshot
 
-WAIT, RECORD, OUTBOX = 0, 1, 2
-"""The kinds of evidence row: a flow waiting on the end, a consumed message, an outbox row."""
 
 INITIATOR_END = 1 << 0
 """A row of the initiator's end (session ``S``)."""
@@ -156,6 +155,23 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
+    if EVIDENCE in snapshot.layouts:  # the export's, bucketed by conversation
+        layout = snapshot.layouts[EVIDENCE]
+        old = (F.col("kind") == OUTBOX) & F.coalesce(F.col("created_at") <= old_before, F.lit(True))
+        return layout.select(
+            # named anew: Spark then sees the union keep its bucketing through the projection
+            # (a bare column here made it plan a shuffle by conversation after all)
+            F.col(CONVERSATION).alias(CONVERSATION),
+            RESPONDER,
+            INITIATOR_NODE,
+            RESPONDER_NODE,
+            INITIATOR_KEY,
+            RESPONDER_KEY,
+            (F.col(ODD) | old).alias(ODD),
+            OWN,
+            "kind",
+            "sequence",
+        )
     named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
     node = F.col("node")
 
@@ -307,14 +323,35 @@ def _judged(conversations: DataFrame) -> DataFrame:
 
 
 def _flow_index(snapshot: Snapshot, judged: DataFrame) -> DataFrame:
-    """Every flow key the nodes know or a healthy conversation needs, with its flags."""
+    """The needed flow keys no table holds (``missing``), and the overlaps, with their flags.
+
+    Needed: by a healthy conversation; an overlap: a flow in more than one of a node's
+    checkpoints, results and exceptions.
+    """
     from pyspark.sql import functions as F
+
+    if FLOWS in snapshot.layouts:
+        return _flow_index_of_layout(snapshot.layouts[FLOWS], judged)
 
     def known(frame: DataFrame, flag: int) -> DataFrame:
         return flow_keys(snapshot, frame, F.lit(flag).alias("f"))
 
+    union = (
+        known(snapshot.checkpoints, LIVE)
+        .unionByName(known(snapshot.results, FINISHED))
+        .unionByName(known(snapshot.exceptions, FAILED))
+        .unionByName(_wanted(judged))
+    )
+    flags = union.groupBy("flow_key").agg(F.bit_or("f").alias("flags"))
+    return _flagged(flags)
+
+
+def _wanted(judged: DataFrame) -> DataFrame:
+    """The flow keys the healthy conversations need looked up (``flow_key``, ``f``)."""
+    from pyspark.sql import functions as F
+
     healthy = judged.where(~F.col("unusual"))
-    wanted = (
+    return (
         healthy.where("lookup_initiator")
         .select(F.col("initiator_key").alias("flow_key"), F.lit(NEEDED).alias("f"))
         .unionByName(
@@ -323,13 +360,31 @@ def _flow_index(snapshot: Snapshot, judged: DataFrame) -> DataFrame:
             )
         )
     )
-    union = (
-        known(snapshot.checkpoints, LIVE)
-        .unionByName(known(snapshot.results, FINISHED))
-        .unionByName(known(snapshot.exceptions, FAILED))
-        .unionByName(wanted)
+
+
+def _flow_index_of_layout(flows: DataFrame, judged: DataFrame) -> DataFrame:
+    """:func:`_flow_index` from the export's flows, bucketed by key.
+
+    Each flow is one row with its tables already, so the overlaps are a filter, and the
+    needed keys no flow holds an anti-join in which only the needed keys move.
+    """
+    from pyspark.sql import functions as F
+
+    flags = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
+    known = flows.select("flow_key", flags.alias("flags"))
+    missing = (
+        _wanted(judged)
+        .join(flows, "flow_key", "left_anti")
+        .select("flow_key", F.lit(NEEDED).alias("flags"))
+        .distinct()
     )
-    flags = union.groupBy("flow_key").agg(F.bit_or("f").alias("flags"))
+    return _flagged(known.unionByName(missing))
+
+
+def _flagged(flags: DataFrame) -> DataFrame:
+    """(``flow_key``, ``flags``) as the index's rows: missing keys and overlaps only."""
+    from pyspark.sql import functions as F
+
     tables = (
         F.col("flags").bitwiseAND(LIVE).cast("boolean").cast("int")
         + F.col("flags").bitwiseAND(FINISHED).cast("boolean").cast("int")

@@ -55,6 +55,11 @@ def spark_problem() -> str | None:
     return java_problem()
 
 
+def _warehouse() -> Path:
+    """Where Spark's catalog would keep managed tables (none are made): a temporary folder."""
+    return Path(tempfile.gettempdir()) / "fiberflow-analytics" / "spark-warehouse"
+
+
 def _log_config() -> Path:
     directory = Path(tempfile.gettempdir()) / "fiberflow-analytics"
     directory.mkdir(parents=True, exist_ok=True)
@@ -95,6 +100,9 @@ def spark_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        # the catalog's tables are the export's bucketed datasets, external: nothing is
+        # written here, but Spark makes the folder (not in the current directory, then)
+        .config("spark.sql.warehouse.dir", str(_warehouse()))
         .config("spark.driver.extraJavaOptions", log_option)
         .config("spark.executor.extraJavaOptions", log_option)
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])

@@ -139,6 +139,9 @@ class Snapshot:
     checkpoint_keys: dict[str, bytes] = attrs.field(factory=dict, repr=False)
     """Node name to its checkpoint MAC key (``--key-file``): the nodes whose checkpoint
     blobs are decoded and checked (:mod:`persistence.analytics.blobs`)."""
+    layouts: dict[str, DataFrame] = attrs.field(factory=dict)
+    """The export's bucketed datasets of every node (``evidence``, ``flows``:
+    :mod:`persistence.analytics.layout`), when each analyzed node has them; else empty."""
     _shared: dict[str, DataFrame] = attrs.field(factory=dict, alias="shared")
     _values: dict[Any, Any] = attrs.field(factory=dict, alias="values")
     parent: Snapshot | None = None

@@ -1,0 +1,320 @@
+"""The export's analysis layout: each node's session rows and flows, bucketed by their keys.
+
+The conversation screening (:mod:`persistence.analytics.screening`) groups every row that
+shows a session end by its conversation, and every flow by its key. Grouping tens of millions
+of rows in Spark means moving each of them through a shuffle and a hash table (most of the
+screening's time). So the Parquet export also writes, per node, two derived datasets in the
+layout Spark's bucketed tables use:
+
+* :data:`EVIDENCE`: one row per session a flow waits on, per consumed message and per outbox
+  message, with its keys (:mod:`persistence.analytics.session_flows`) and what the screening
+  reads of it (:data:`EVIDENCE_SCHEMA`), in :data:`BUCKETS` files by its conversation;
+* :data:`FLOWS`: one row per flow the node knows, its key and which of its tables hold it
+  (:data:`LIVE`, :data:`FINISHED`, :data:`FAILED`, :data:`BLOB`), in :data:`BUCKETS` files
+  by the flow key.
+
+A row's bucket is what Spark would give it, ``pmod(murmur3(key), BUCKETS)`` (its
+``HashPartitioning``; :func:`buckets` computes it with NumPy, and a test holds it to Spark's
+``hash``), and each bucket's file is named ``..._<bucket>.parquet`` as Spark's bucketed
+writer names it. :func:`register` declares each node's datasets to Spark as external tables
+``CLUSTERED BY`` their key ``INTO BUCKETS BUCKETS``: every node's rows of a conversation are
+then in the same bucket number, so Spark groups the union of the nodes' tables by
+conversation (or by flow key) with no shuffle at all, and joins a frame of flow keys with the
+flows by shuffling only that frame.
+
+Both are rebuilt from the node's exported tables after every refresh (Arrow and NumPy, no
+Python per row but for the outbox), only for a node named on the command line: the keys hold
+its name. The keys themselves are those the export already stores; a node without the
+layout is screened from its tables, by Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from persistence.analytics.session_flows import (
+    CONVERSATION,
+    INITIATOR_KEY,
+    INITIATOR_NODE,
+    ODD,
+    OWN,
+    RECORD_KEYS,
+    RESPONDER,
+    RESPONDER_KEY,
+    RESPONDER_NODE,
+    python_session_keys,
+    spark_xxhash64,
+)
+from statemachine.session_ids import MESSAGE_ID_PREFIX
+
+if TYPE_CHECKING:
+    import numpy
+    import pyarrow
+    from pyspark.sql import DataFrame, SparkSession
+
+BUCKETS = 16
+"""Buckets of each dataset (the tasks that group it: a few per core of a small cluster)."""
+LAYOUT = 1
+"""The layout's version, in the manifest: another one is not read (the tables are)."""
+EVIDENCE = "evidence"
+"""The dataset of session rows, bucketed by :data:`CONVERSATION`."""
+FLOWS = "flows"
+"""The dataset of flows, bucketed by ``flow_key``."""
+WAIT, RECORD, OUTBOX = 0, 1, 2
+"""The kinds of evidence row: a session waited on, a consumed message, an outbox message."""
+LIVE, FINISHED, FAILED, BLOB = 1, 2, 4, 16
+"""Flags of a flow: a checkpoint row, a result, an error, a checkpoint blob."""
+EVIDENCE_SCHEMA = (
+    (CONVERSATION, "bigint"),
+    (RESPONDER, "boolean"),
+    ("kind", "int"),
+    (ODD, "boolean"),
+    (OWN, "boolean"),
+    (INITIATOR_NODE, "bigint"),
+    (RESPONDER_NODE, "bigint"),
+    (INITIATOR_KEY, "bigint"),
+    (RESPONDER_KEY, "bigint"),
+    ("sequence", "bigint"),
+    ("created_at", "bigint"),
+)
+"""The evidence columns and their Spark types (``created_at``: an outbox message's)."""
+FLOWS_SCHEMA = (("flow_key", "bigint"), ("tables", "int"))
+"""The flows columns and their Spark types (``tables``: the flags)."""
+
+# Java's ``.`` and ``$`` (no MULTILINE): any character but a line terminator; the end, or
+# before a final line terminator. So Python reads an outbox id exactly as Spark's
+# ``message_session`` (``^N-(.+)-([0-9]+)$``, group 1) does.
+_JAVA_ANY = "[^\n\r\u0085\u2028\u2029]"
+_JAVA_END = "(?=(?:\r\n|[\n\r\u0085\u2028\u2029])?\\Z)"
+_MESSAGE_SESSION = re.compile(f"^{re.escape(MESSAGE_ID_PREFIX)}({_JAVA_ANY}+)-([0-9]+){_JAVA_END}")
+
+
+# --- writing (the export) ---------------------------------------------------------------------
+
+
+def buckets(keys: numpy.ndarray, count: int = BUCKETS) -> numpy.ndarray:
+    """Spark's bucket of each 64-bit key: ``pmod(murmur3_x86_32(key, seed 42), count)``."""
+    import numpy as np
+
+    values = keys.astype(np.int64).view(np.uint64)
+    low = (values & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    high = (values >> np.uint64(32)).astype(np.uint32)
+
+    def rotate(x: numpy.ndarray, by: int) -> numpy.ndarray:
+        return (x << np.uint32(by)) | (x >> np.uint32(32 - by))
+
+    def mix_key(k: numpy.ndarray) -> numpy.ndarray:
+        return rotate(k * np.uint32(0xCC9E2D51), 15) * np.uint32(0x1B873593)
+
+    def mix_hash(h: numpy.ndarray, k: numpy.ndarray) -> numpy.ndarray:
+        return rotate(h ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+
+    with np.errstate(over="ignore"):
+        h = np.full(values.shape, 42, dtype=np.uint32)
+        h = mix_hash(mix_hash(h, mix_key(low)), mix_key(high)) ^ np.uint32(8)
+        h = (h ^ (h >> np.uint32(16))) * np.uint32(0x85EBCA6B)
+        h = (h ^ (h >> np.uint32(13))) * np.uint32(0xC2B2AE35)
+        h = h ^ (h >> np.uint32(16))
+    return np.mod(h.view(np.int32).astype(np.int64), count).astype(np.int32)
+
+
+def _arrow_schema(columns: tuple[tuple[str, str], ...]) -> pyarrow.Schema:
+    import pyarrow as pa
+
+    kinds = {"bigint": pa.int64(), "boolean": pa.bool_(), "int": pa.int32()}
+    return pa.schema([(name, kinds[kind]) for name, kind in columns])
+
+
+def _waits(checkpoints: pyarrow.Table) -> pyarrow.Table:
+    """One row per session a checkpoint waits on (its stored keys), as evidence."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    receiving = checkpoints.filter(pc.equal(checkpoints["suspended_on"], "Receive"))
+    items = pc.list_flatten(receiving["waits"])
+    size = len(items)
+
+    def field(name: str, default: Any, kind: pyarrow.DataType) -> pyarrow.Array:
+        values = pc.struct_field(items, name) if size else pa.array([], kind)
+        # an element that was not an object has no keys: Spark gives it these
+        return pc.fill_null(values, default) if default is not None else values
+
+    null_session = spark_xxhash64(None)
+    return pa.table(
+        {
+            CONVERSATION: field(CONVERSATION, null_session, pa.int64()),
+            RESPONDER: field(RESPONDER, False, pa.bool_()),
+            "kind": pa.array([WAIT] * size, pa.int32()),
+            ODD: field(ODD, True, pa.bool_()),
+            OWN: field(OWN, False, pa.bool_()),
+            INITIATOR_NODE: field(INITIATOR_NODE, None, pa.int64()),
+            RESPONDER_NODE: field(RESPONDER_NODE, None, pa.int64()),
+            INITIATOR_KEY: field(INITIATOR_KEY, None, pa.int64()),
+            RESPONDER_KEY: field(RESPONDER_KEY, None, pa.int64()),
+            "sequence": pa.nulls(size, pa.int64()),
+            "created_at": pa.nulls(size, pa.int64()),
+        },
+        schema=_arrow_schema(EVIDENCE_SCHEMA),
+    )
+
+
+def _records(message_ids: pyarrow.Table) -> pyarrow.Table:
+    """Each consumed message (its stored keys), as evidence."""
+    import pyarrow as pa
+
+    size = len(message_ids)
+    columns = {name: message_ids[name] for name in RECORD_KEYS}
+    return pa.table(
+        {
+            **{name: columns[name] for name in (CONVERSATION, RESPONDER)},
+            "kind": pa.array([RECORD] * size, pa.int32()),
+            ODD: columns[ODD],
+            OWN: pa.array([False] * size, pa.bool_()),
+            **{
+                name: columns[name]
+                for name in (INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY)
+            },
+            "sequence": message_ids["sequence"],
+            "created_at": pa.nulls(size, pa.int64()),
+        },
+        schema=_arrow_schema(EVIDENCE_SCHEMA),
+    )
+
+
+def outbox_session(message_id: str | None) -> str:
+    """The sender's session of an outbox message id, as Spark reads it ("" when none)."""
+    if message_id is None:
+        return ""
+    match = _MESSAGE_SESSION.match(message_id)
+    return match.group(1) if match else ""
+
+
+def _outbox(outbox: pyarrow.Table, node: str) -> pyarrow.Table:
+    """Each outbox message of a session (the keys computed here: the outbox is small)."""
+    import pyarrow as pa
+
+    rows: dict[str, list[Any]] = {name: [] for name, _ in EVIDENCE_SCHEMA}
+    for message_id, target, created_at in zip(
+        outbox["message_id"].to_pylist(),
+        outbox["target"].to_pylist(),
+        outbox["created_at"].to_pylist(),
+        strict=True,
+    ):
+        session = outbox_session(message_id)
+        if session == "":
+            continue
+        keys = python_session_keys(node, session, target)
+        assert keys is not None
+        values = {**keys, "kind": OUTBOX, OWN: False, "sequence": None, "created_at": created_at}
+        for name, _ in EVIDENCE_SCHEMA:
+            rows[name].append(values[name])
+    return pa.table(rows, schema=_arrow_schema(EVIDENCE_SCHEMA))
+
+
+def _flows(tables: dict[str, pyarrow.Table]) -> pyarrow.Table:
+    """One row per flow key of the node, with the flags of the tables that hold it."""
+    import pyarrow as pa
+
+    flags = {"checkpoints": LIVE, "results": FINISHED, "exceptions": FAILED, "blobs": BLOB}
+    parts = [
+        pa.table(
+            {
+                "flow_key": tables[name]["flow_key"],
+                "tables": pa.array([flag] * len(tables[name]), pa.int32()),
+            }
+        )
+        for name, flag in flags.items()
+    ]
+    each = pa.concat_tables(parts).group_by(["flow_key", "tables"]).aggregate([])
+    summed = each.group_by("flow_key").aggregate([("tables", "sum")])
+    return pa.table(
+        {"flow_key": summed["flow_key"], "tables": summed["tables_sum"].cast(pa.int32())},
+        schema=_arrow_schema(FLOWS_SCHEMA),
+    )
+
+
+def _write_bucketed(data: pyarrow.Table, key: str, target: Path, prefix: str) -> None:
+    """``data`` as :data:`BUCKETS` files by ``key``, each sorted by it; replaces ``target``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    keys = pc.fill_null(data[key], spark_xxhash64(None)).to_numpy(zero_copy_only=False)
+    numbers = buckets(keys) if len(keys) else np.zeros(0, np.int32)
+    data = data.append_column("_bucket", pa.array(numbers, pa.int32()))
+    data = data.sort_by([("_bucket", "ascending"), (key, "ascending")])
+    ordered = data["_bucket"].to_numpy()
+    data = data.drop_columns(["_bucket"])
+    staging = target.with_name(f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir(parents=True)
+    edges = np.searchsorted(ordered, np.arange(BUCKETS + 1))
+    for bucket in range(BUCKETS):
+        part = data.slice(int(edges[bucket]), int(edges[bucket + 1] - edges[bucket]))
+        pq.write_table(part, staging / f"{prefix}_{bucket:05d}.parquet")
+    old = target.with_name(f"{target.name}.{os.getpid()}.old")
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_layout(node_folder: Path, node: str) -> dict[str, Any]:
+    """Rebuild the node's :data:`EVIDENCE` and :data:`FLOWS` from its exported tables.
+
+    Returns what the manifest keeps of it (version, buckets, rows).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def read(frame: str, columns: list[str]) -> pyarrow.Table:
+        return pq.read_table(node_folder / f"{frame}.parquet", columns=columns)
+
+    evidence = pa.concat_tables(
+        [
+            _waits(read("checkpoints", ["suspended_on", "waits"])),
+            _records(read("message_ids", [*RECORD_KEYS, "sequence"])),
+            _outbox(read("outbox", ["message_id", "target", "created_at"]), node),
+        ]
+    )
+    flow_tables = ("checkpoints", "results", "exceptions", "blobs")
+    flows = _flows({frame: read(frame, ["flow_key"]) for frame in flow_tables})
+    prefix = node_folder.name
+    _write_bucketed(evidence, CONVERSATION, node_folder / EVIDENCE, prefix)
+    _write_bucketed(flows, "flow_key", node_folder / FLOWS, prefix)
+    return {"version": LAYOUT, "buckets": BUCKETS, EVIDENCE: len(evidence), FLOWS: len(flows)}
+
+
+# --- reading (the analysis) -------------------------------------------------------------------
+
+
+def register(
+    spark: SparkSession, folders: list[Path], name: str, columns: tuple[tuple[str, str], ...]
+) -> tuple[DataFrame, list[str]]:
+    """The union of the nodes' ``name`` datasets as bucketed tables, and the tables made.
+
+    Each folder becomes an external table of the session's catalog (dropped by the caller
+    when the analysis ends); the union keeps their bucketing
+    (``spark.sql.unionOutputPartitioning``).
+    """
+    key = columns[0][0]
+    schema = ", ".join(f"`{column}` {kind.upper()}" for column, kind in columns)
+    made: list[str] = []
+    union = None
+    for folder in folders:
+        table = f"fiberflow_{name}_{uuid.uuid4().hex[:12]}"
+        location = str(folder.resolve()).replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(
+            f"CREATE TABLE {table} ({schema}) USING parquet "
+            f"CLUSTERED BY (`{key}`) INTO {BUCKETS} BUCKETS LOCATION '{location}'"
+        )
+        made.append(table)
+        frame = spark.table(table)
+        union = frame if union is None else union.unionByName(frame)
+    assert union is not None
+    return union, made
