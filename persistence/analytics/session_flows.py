@@ -39,16 +39,17 @@ command line (``NAME=URL``); a node named from the other nodes' tables gets them
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from persistence.analytics.session_columns import SESSION_FLOW_PATTERN
 from statemachine.session_ids import (
     MESSAGE_ID_PREFIX,
     RESPONDER_NAMESPACE,
     RESPONDER_SUFFIX,
+    SESSION_SEPARATOR,
     TAG_LENGTH,
     identity_tag,
 )
@@ -101,17 +102,24 @@ SESSION_KEY_TYPES = {
 MAX_SEQUENCE = (1 << 63) - 1
 """The largest sequence number (the screening adds one to it: ``odd`` beyond)."""
 
-_SESSION_FLOW = re.compile(SESSION_FLOW_PATTERN)
 _JAVA_LINE_BREAKS = re.compile("[\n\r\u0085\u2028\u2029]")
+_HEX = frozenset("0123456789abcdef")
 
 
 # --- Python, for the export ------------------------------------------------------------------
 
 
+@functools.cache
+def _xxh64() -> Callable[[bytes, int], int]:
+    """The ``xxhash`` package's XXH64 (imported on first use: the ``spark`` extra's)."""
+    from xxhash import xxh64_intdigest
+
+    return xxh64_intdigest
+
+
 def spark_xxhash64(*values: str | int | None) -> int:
     """Spark's ``xxhash64`` of strings (UTF-8) and 64-bit integers, nulls skipped (signed)."""
-    import xxhash
-
+    xxh64_intdigest = _xxh64()
     seed = 42
     for value in values:
         if value is None:
@@ -121,8 +129,35 @@ def spark_xxhash64(*values: str | int | None) -> int:
             if isinstance(value, str)
             else (value & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
         )
-        seed = xxhash.xxh64_intdigest(data, seed=seed)
-    return seed - (1 << 64) if seed >= 1 << 63 else seed
+        seed = xxh64_intdigest(data, seed)
+    return _signed(seed)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_hash(name: str | None) -> int:
+    """``xxhash64(name)`` unsigned (the seed of the next column's hash): names repeat."""
+    return 42 if name is None else _xxh64()(name.encode(), 42)
+
+
+def _then(seed: int, value: str) -> int:
+    """Spark's ``xxhash64(x, value)`` given ``xxhash64(x)`` unsigned (``seed``), signed."""
+    hashed = _xxh64()(value.encode(), seed)
+    return hashed - (1 << 64) if hashed >= 1 << 63 else hashed
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_tag(name: str) -> str:
+    return identity_tag(name) + "-"
+
+
+@functools.lru_cache(maxsize=4096)
+def _responder_prefix(initiator: str) -> bytes:
+    """The bytes hashed before the session: the namespace and ``"<initiator>|"``."""
+    return RESPONDER_NAMESPACE.bytes + f"{initiator}|".encode()
 
 
 def _base(session: str) -> str:
@@ -130,28 +165,37 @@ def _base(session: str) -> str:
 
 
 def python_session_flow(session: str) -> str | None:
-    """Spark's ``session_flow`` in Python (None where Java's regex could differ: line breaks)."""
+    """Spark's ``session_flow`` in Python (None where Java's regex could differ: line breaks).
+
+    :data:`SESSION_FLOW_PATTERN` by string operations: the flow is what comes before the
+    last ``.s`` (only the last can be followed by digits to the end), less a leading tag of
+    16 lowercase hex digits and a dash when something is left after it.
+    """
     if _JAVA_LINE_BREAKS.search(session):
         return None
-    match = _SESSION_FLOW.match(_base(session))
-    return match.group(1) if match else ""
+    head, separator, number = _base(session).rpartition(SESSION_SEPARATOR)
+    if not (separator and head and number.isascii() and number.isdigit()):
+        return ""
+    tag, rest = head[:TAG_LENGTH], head[TAG_LENGTH + 1 :]
+    if rest and head[TAG_LENGTH] == "-" and _HEX.issuperset(tag):
+        return rest
+    return head
 
 
 def _responder_flow(initiator: str, base: str) -> str:
     """``statemachine.session_ids.responder_flow_id`` (UUID5, hex), without the UUID object."""
-    name = f"{initiator}|{base}".encode()
-    digest = bytearray(hashlib.sha1(RESPONDER_NAMESPACE.bytes + name).digest())
+    digest = bytearray(hashlib.sha1(_responder_prefix(initiator) + base.encode()).digest())
     digest[6] = (digest[6] & 0x0F) | 0x50
     digest[8] = (digest[8] & 0x3F) | 0x80
     return digest[:16].hex()
 
 
-def _foreign_tag(session: str, own_tag: str) -> bool:
-    """An initiator session id carrying a tag (any 16 characters and a dash) not ``own_tag``."""
+def _foreign_tag(session: str, node: str) -> bool:
+    """An initiator session id carrying a tag (any 16 characters and a dash) not ``node``'s."""
     return (
         len(session) > TAG_LENGTH
         and session[TAG_LENGTH] == "-"
-        and not session.startswith(own_tag + "-")
+        and not session.startswith(_own_tag(node))
     )
 
 
@@ -171,29 +215,45 @@ def python_session_keys(
     """
     if node is None:
         return None
+    values = _session_key_values(node, session, counterparty, flow_id)
+    keys = dict(zip(SESSION_KEYS, values[:-1], strict=True))
+    if flow_id is not None:
+        keys[OWN] = values[-1]
+    return keys
+
+
+def _session_key_values(
+    node: str, session: str | None, counterparty: str | None, flow_id: str | None
+) -> tuple[Any, ...]:
+    """:func:`python_session_keys` as a tuple: the :data:`SESSION_KEYS`, then :data:`OWN`."""
     responder = session is not None and session.endswith(RESPONDER_SUFFIX)
     base = None if session is None else _base(session)
     initiator, other = (counterparty, node) if responder else (node, counterparty)
-    keys: dict[str, Any] = {
-        CONVERSATION: spark_xxhash64(base),
-        RESPONDER: responder,
-        INITIATOR_NODE: spark_xxhash64(initiator),
-        RESPONDER_NODE: spark_xxhash64(other),
-        INITIATOR_KEY: None,
-        RESPONDER_KEY: None,
-        ODD: True,
-    }
+    initiator_seed, other_seed = _name_hash(initiator), _name_hash(other)
+    conversation = 42 if base is None else _then(42, base)
     first = None if session is None else python_session_flow(session)
-    if first is not None and base is not None and initiator is not None and other is not None:
-        second = _responder_flow(initiator, base)
-        keys[INITIATOR_KEY] = spark_xxhash64(initiator, first)
-        keys[RESPONDER_KEY] = spark_xxhash64(other, second)
-        keys[ODD] = first == "" or (not responder and _foreign_tag(base, identity_tag(node)))
-        if flow_id is not None:
-            keys[OWN] = flow_id == (second if responder else first)
-    if flow_id is not None:
-        keys.setdefault(OWN, False)
-    return keys
+    if first is None or base is None or initiator is None or other is None:
+        return (
+            conversation,
+            responder,
+            _signed(initiator_seed),
+            _signed(other_seed),
+            None,
+            None,
+            True,
+            False,
+        )
+    second = _responder_flow(initiator, base)
+    return (
+        conversation,
+        responder,
+        _signed(initiator_seed),
+        _signed(other_seed),
+        _then(initiator_seed, first),
+        _then(other_seed, second),
+        first == "" or (not responder and _foreign_tag(base, node)),
+        flow_id == (second if responder else first),
+    )
 
 
 def python_record_odd(message_id: str | None, session: str, sequence: int | None) -> bool:
@@ -218,18 +278,24 @@ def arrow_record_keys(
     """The :data:`RECORD_KEYS` arrays of ``node_message_ids`` rows (nulls: left to Spark)."""
     import pyarrow as pa
 
-    columns: list[list[Any]] = [[] for _ in RECORD_KEYS]
+    if node is None:
+        return [
+            pa.nulls(
+                len(message_ids), pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64()
+            )
+            for name in RECORD_KEYS
+        ]
+    odd = RECORD_KEYS.index(ODD)
+    rows = []
     for message_id, sender, session, sequence in zip(
         message_ids, senders, sessions, sequences, strict=True
     ):
-        keys = python_session_keys(node, session, sender)
-        if keys is None:
-            for column in columns:
-                column.append(None)
-            continue
-        keys[ODD] = keys[ODD] or session is None or python_record_odd(message_id, session, sequence)
-        for column, name in zip(columns, RECORD_KEYS, strict=True):
-            column.append(keys[name])
+        values = list(_session_key_values(node, session, sender, None)[: len(RECORD_KEYS)])
+        values[odd] = (
+            values[odd] or session is None or python_record_odd(message_id, session, sequence)
+        )
+        rows.append(values)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in RECORD_KEYS]
     return [
         pa.array(values, pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64())
         for name, values in zip(RECORD_KEYS, columns, strict=True)
