@@ -372,11 +372,12 @@ def _flow_index_of_layout(flows: DataFrame, judged: DataFrame) -> DataFrame:
 
     flags = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
     known = flows.select("flow_key", flags.alias("flags"))
-    missing = (
-        _wanted(judged)
-        .join(flows, "flow_key", "left_anti")
-        .select("flow_key", F.lit(NEEDED).alias("flags"))
-        .distinct()
+    # the key named anew: Spark then keeps the union's bucketing and moves only the wanted keys
+    keys = flows.select(F.col("flow_key").alias("flow_key"))
+    # each needed key once (so the flows are joined once, not once per side of the union)
+    wanted = _wanted(judged).select("flow_key").distinct()
+    missing = wanted.join(keys, "flow_key", "left_anti").select(
+        "flow_key", F.lit(NEEDED).alias("flags")
     )
     return _flagged(known.unionByName(missing))
 
