@@ -318,8 +318,9 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
     The frame groups them by node, flow class and error: ``HOSPITALIZED`` flows (kept by
     the hospital, with the reason in ``error_message``) and failed flows (by ``error_kind``
     and ``exception_class``), with how many, the latest time and one message.
-    ``extras["hospitalized"]`` lists the hospitalized flows one by one. ``warn`` when a flow
-    is in the hospital (an operator must retry or kill it), else ``info``.
+    ``extras["hospitalized"]`` lists the first ``report_rows`` hospitalized flows by node
+    and flow id (their count is exact). ``warn`` when a flow is in the hospital (an
+    operator must retry or kill it), else ``info``.
     """
     from pyspark.sql import functions as F
 
