@@ -41,6 +41,15 @@ if TYPE_CHECKING:
 
     from persistence.analytics.snapshot import Snapshot
 
+CHECKPOINT_COLUMNS_LEFT = (
+    "waiting_for",
+    "progress_step",
+    "error_message",
+    "journal_length",
+    "checkpoint_bytes",
+    "created_at",
+)
+"""Columns of a checkpoint row the candidates' rules never read (not copied)."""
 BROADCAST_ROWS = 200_000
 """Up to this many candidate conversations (and flows), the big tables are filtered through a
 broadcast (a scan, no shuffle); more use plain joins."""
@@ -121,7 +130,11 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
             F.sort_array(F.collect_list(F.struct("pos", "w"))), lambda entry: entry["w"]
         ).alias("c_waits")
     )
-    checkpoints = of_flows(snapshot.checkpoints)
+    # only what the rules read of a checkpoint (its JSON text, error and sizes stay behind)
+    wanted_columns = [
+        name for name in snapshot.checkpoints.columns if name not in CHECKPOINT_COLUMNS_LEFT
+    ]
+    checkpoints = of_flows(snapshot.checkpoints.select(*wanted_columns))
     checkpoints = checkpoints.join(
         cut, (checkpoints.node == cut.c_node) & (checkpoints.flow_id == cut.c_flow), "left"
     )

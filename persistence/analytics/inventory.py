@@ -67,38 +67,49 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     node itself treats it (it does not trust a checkpoint older than a stored outcome), and
     one with both a result and an error as ``COMPLETED``. Always ``info``.
     """
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
     found = screen(snapshot, settings)
-    narrow = F.broadcast if found.overlap_count <= BROADCAST_ROWS else (lambda frame: frame)
-    # the few flows in more than one table (the screening's overlaps) leave the counts of the
-    # live ones (finished: counted as finished) and of the errors (also a result: completed)
-    overlaps = found.overlaps
-    finished = narrow(
-        overlaps.where(F.col("live") & (F.col("finished") | F.col("failed"))).select(
-            F.col("flow_key").alias("o_key")
-        )
+
+    def events(frame: DataFrame, status: Column, at: str, table: str) -> DataFrame:
+        tagged: list[Column | str] = [
+            "node",
+            "flow_class",
+            status.alias("status"),
+            F.col(at).alias("at"),
+            F.lit(table).alias("table"),
+        ]
+        if not found.overlap_count:
+            return frame.select(*tagged)
+        return flow_keys(snapshot, frame, *tagged)
+
+    union = (
+        events(snapshot.checkpoints, F.col("status"), "updated_at", "live")
+        .unionByName(events(snapshot.results, F.lit("COMPLETED"), "completed_at", "completed"))
+        .unionByName(events(snapshot.exceptions, F.lit("FAILED"), "failed_at", "failed"))
     )
-    completed = narrow(
-        overlaps.where(F.col("finished") & F.col("failed")).select(F.col("flow_key").alias("o_key"))
-    )
-    checkpoints, exceptions = snapshot.checkpoints, snapshot.exceptions
+    # the span of every event, seen as the rows go by (flows_over_time's buckets: no pass)
+    bounds = Observation("flow events")
+    union = union.observe(bounds, F.min("at").alias("low"), F.max("at").alias("high"))
     if found.overlap_count:
-        key = F.col(FLOW_KEY) == F.col("o_key")
-        checkpoints = flow_keys(snapshot, checkpoints, "node", "flow_class", "status").join(
-            finished, key, "left_anti"
+        # the few flows in more than one table (the screening's overlaps) leave the counts of
+        # the live ones (finished: counted as finished) and of the errors (also a result)
+        overlaps = found.overlaps.select(
+            F.col("flow_key").alias("o_key"),
+            (F.col("live") & (F.col("finished") | F.col("failed"))).alias("o_live"),
+            (F.col("finished") & F.col("failed")).alias("o_failed"),
         )
-        exceptions = flow_keys(snapshot, exceptions, "node", "flow_class").join(
-            completed, key, "left_anti"
+        narrow = F.broadcast if found.overlap_count <= BROADCAST_ROWS else (lambda frame: frame)
+        union = union.join(narrow(overlaps), F.col(FLOW_KEY) == F.col("o_key"), "left").where(
+            ~(
+                ((F.col("table") == "live") & F.coalesce(F.col("o_live"), F.lit(False)))
+                | ((F.col("table") == "failed") & F.coalesce(F.col("o_failed"), F.lit(False)))
+            )
         )
-    live = checkpoints.select("node", "flow_class", "status")
-    done = snapshot.results.select("node", "flow_class", F.lit("COMPLETED").alias("status"))
-    failed = exceptions.select("node", "flow_class", F.lit("FAILED").alias("status"))
     frame = (
-        live.unionByName(done)
-        .unionByName(failed)
-        .groupBy("node", "flow_class", "status")
+        union.groupBy("node", "flow_class", "status")
         .agg(F.count("*").alias("flows"))
         .orderBy("node", "flow_class", "status")
     )
@@ -108,6 +119,8 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         for row in frame.groupBy("status").agg(F.sum("flows").alias("flows")).collect()
     }
     total = sum(totals.values())
+    span = bounds.get
+    snapshot.shared_value(("event span",), lambda: (span.get("low"), span.get("high")))
     parts = ", ".join(f"{count} {status}" for status, count in sorted(totals.items()))
     summary = f"{total} flows on {len(snapshot.nodes)} nodes" + (f": {parts}" if parts else "")
     return CheckResult(
@@ -146,9 +159,14 @@ def flows_over_time(snapshot: Snapshot, settings: CheckSettings | None = None) -
             )
         )
     )
-    bounds = events.agg(F.min("at").alias("low"), F.max("at").alias("high")).first()
-    low = int(bounds["low"]) if bounds is not None and bounds["low"] is not None else 0
-    high = int(bounds["high"]) if bounds is not None and bounds["high"] is not None else 0
+
+    def span() -> tuple[int | None, int | None]:
+        found = events.agg(F.min("at").alias("low"), F.max("at").alias("high")).first()
+        return (found["low"], found["high"]) if found is not None else (None, None)
+
+    # seen by flow_counts as its rows went by, when it ran first; else read here
+    earliest, latest = snapshot.shared_value(("event span",), span)
+    low, high = int(earliest or 0), int(latest or 0)
     bucket = settings.bucket_ms or choose_bucket(high - low)
     start = F.floor(F.col("at") / bucket) * bucket
     frame = (

@@ -26,7 +26,7 @@ from persistence.analytics.session_columns import counterpart_flow
 from persistence.analytics.waiting import RECEIVE, UNTIL, WAITS
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from persistence.analytics.snapshot import Snapshot
 
@@ -66,21 +66,21 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     live = snapshot.checkpoints.select(
         "node", "flow_id", "flow_class", "status", "suspended_on", WAITS, UNTIL, "updated_at"
     )
-    on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
-    checkpoints = live.where(F.col("status") != "HOSPITALIZED").join(paused, on_hold, "left_anti")
-    held = keep(
-        snapshot,
-        live.join(paused, on_hold)
-        .select("node", "flow_id", "flow_class", "status", "suspended_on", "paused_at")
-        .orderBy("node", "flow_id"),
-    )
+    held_columns = ["node", "flow_id", "flow_class", "status", "suspended_on", "paused_at"]
+    checkpoints = live.where(F.col("status") != "HOSPITALIZED")
+    if any(load.rows.get("paused", 1) for load in snapshot.nodes):
+        on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
+        checkpoints = checkpoints.join(paused, on_hold, "left_anti")
+        held = keep(
+            snapshot, live.join(paused, on_hold).select(*held_columns).orderBy("node", "flow_id")
+        )
+        on_pause = held.count()
+    else:  # no flow paused: nothing to leave out, no join
+        held = live.select(*held_columns[:-1], F.lit(None).cast("bigint").alias("paused_at"))
+        held, on_pause = held.limit(0), 0
     base = _stuck_rows(checkpoints, as_of, limit)
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
-    counted = base.agg(
-        F.count("*").alias("rows"), F.count(F.when(F.col("first"), True)).alias("flows")
-    ).first()
-    rows = int(counted["rows"]) if counted is not None else 0
-    flows = int(counted["flows"]) if counted is not None and counted["flows"] else 0
+    rows, flows = _stuck_counts(checkpoints, limit)
     top = keep(snapshot, first_rows(base, order, settings.report_rows))
     keys = top.where(F.col("session_id").isNotNull()).select(
         F.col("counterparty").alias("k_node"),
@@ -92,7 +92,6 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     frame = keep(snapshot, _with_counterparts(snapshot, top, wanted).orderBy(*order))
     full = _with_counterparts(snapshot, base, known_flows(snapshot))
     threshold = duration(settings.stuck_after_ms)
-    on_pause = held.count()
     aside = f" ({on_pause} paused by an operator, not judged)" if on_pause else ""
     if flows:
         shown = f"; the {settings.report_rows} longest shown" if rows > settings.report_rows else ""
@@ -115,6 +114,43 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
 
 
+def _stuck_counts(checkpoints: DataFrame, limit: int) -> tuple[int, int]:
+    """(rows, flows) of :func:`_stuck_rows` without making its rows: one pass, no explode.
+
+    A flow waiting on a receive gives a row per session it waits on (the size of its
+    ``waits``) and counts once if it has one; each other condition gives one row and one
+    flow, as each is a branch of the union there.
+    """
+    from pyspark.sql import functions as F
+
+    conditions = _conditions(limit)
+    sessions = F.when(F.col(WAITS).isNull(), F.lit(0)).otherwise(F.size(WAITS))
+    receiving = conditions.pop("receiving")
+    rows = F.sum(F.when(receiving, sessions).otherwise(0))
+    flows = F.count(F.when(receiving & (sessions > 0), True))
+    for condition in conditions.values():
+        rows = rows + F.count(F.when(condition, True))
+        flows = flows + F.count(F.when(condition, True))
+    counted = checkpoints.agg(rows.alias("rows"), flows.alias("flows")).first()
+    if counted is None:
+        return 0, 0
+    return int(counted["rows"] or 0), int(counted["flows"] or 0)
+
+
+def _conditions(limit: int) -> dict[str, Column]:
+    """The stuck conditions of a checkpoint row, by name (the branches of :func:`_stuck_rows`)."""
+    from pyspark.sql import functions as F
+
+    until = F.col(UNTIL)
+    return {
+        "receiving": (F.col("suspended_on") == RECEIVE) & (F.col("updated_at") <= limit),
+        "sleeping": (F.col("suspended_on") == "Sleep") & (until <= limit),
+        "idle": F.col("status").isin("UNSTARTED", "RUNNABLE") & (F.col("updated_at") <= limit),
+        "operating": (F.col("suspended_on") == "Operation")
+        & (F.coalesce(until, F.col("updated_at")) <= limit),
+    }
+
+
 ROW_COLUMNS = ("node", "flow_id", "flow_class", "status", "suspended_on", "waited_ms")
 """The columns every stuck row starts with, whatever the flow waits on."""
 
@@ -127,9 +163,8 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    receiving = checkpoints.where(
-        (F.col("suspended_on") == RECEIVE) & (F.col("updated_at") <= limit)
-    ).select(
+    conditions = _conditions(limit)
+    receiving = checkpoints.where(conditions["receiving"]).select(
         "node",
         "flow_id",
         "flow_class",
@@ -145,15 +180,11 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
         (F.col("pos") == 0).alias("first"),
     )
     until = F.col(UNTIL)
-    sleeping = checkpoints.where((F.col("suspended_on") == "Sleep") & (until <= limit))
-    idle = checkpoints.where(
-        F.col("status").isin("UNSTARTED", "RUNNABLE") & (F.col("updated_at") <= limit)
-    )
+    sleeping = checkpoints.where(conditions["sleeping"])
+    idle = checkpoints.where(conditions["idle"])
     # an external operation: since its retry time when backing off, else since the checkpoint
     operation_since = F.coalesce(until, F.col("updated_at"))
-    operating = checkpoints.where(
-        (F.col("suspended_on") == "Operation") & (operation_since <= limit)
-    )
+    operating = checkpoints.where(conditions["operating"])
     others = (
         sleeping.withColumn("waited_ms", F.lit(as_of) - until)
         .unionByName(idle.withColumn("waited_ms", F.lit(as_of) - F.col("updated_at")))
