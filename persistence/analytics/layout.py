@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 BUCKETS = 16
 """Buckets of each dataset (the tasks that group it: a few per core of a small cluster)."""
-LAYOUT = 1
+LAYOUT = 2
 """The layout's version, in the manifest: another one is not read (the tables are)."""
 EVIDENCE = "evidence"
 """The dataset of session rows, bucketed by :data:`CONVERSATION`."""
@@ -72,17 +72,29 @@ LIVE, FINISHED, FAILED, BLOB = 1, 2, 4, 16
 EVIDENCE_SCHEMA = (
     (CONVERSATION, "bigint"),
     (RESPONDER, "boolean"),
-    ("kind", "int"),
+    ("kinds", "int"),
     (ODD, "boolean"),
-    (OWN, "boolean"),
-    (INITIATOR_NODE, "bigint"),
-    (RESPONDER_NODE, "bigint"),
+    ("outbox_since", "bigint"),
+    ("initiator_low", "bigint"),
+    ("initiator_high", "bigint"),
+    ("responder_low", "bigint"),
+    ("responder_high", "bigint"),
     (INITIATOR_KEY, "bigint"),
     (RESPONDER_KEY, "bigint"),
-    ("sequence", "bigint"),
-    ("created_at", "bigint"),
+    ("records", "bigint"),
+    ("top", "bigint"),
+    ("telescope", "bigint"),
 )
-"""The evidence columns and their Spark types (``created_at``: an outbox message's)."""
+"""The evidence columns and their Spark types: one row per session end of the node (its
+conversation and side), summing up its rows: ``kinds`` (:data:`SEEN_WAIT`,
+:data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`), any odd row, the oldest
+outbox message (``outbox_since``), the least and greatest hash of each node the rows name,
+the greatest flow keys, and of the consumed messages: how many, the highest sequence number
+and the XOR of ``h(k) ^ h(k + 1)`` (:mod:`persistence.analytics.screening`)."""
+SEEN_WAIT, SEEN_RECORD, SEEN_OUTBOX, SEEN_OWN_WAIT = 1, 2, 4, 8
+"""Bits of ``kinds``: a flow waits on the end, a message was consumed in it, one waits in the
+outbox, the flow waiting is the end's own."""
+_LOWEST, _HIGHEST = -(1 << 63), (1 << 63) - 1
 FLOWS_SCHEMA = (("flow_key", "bigint"), ("tables", "int"))
 """The flows columns and their Spark types (``tables``: the flags)."""
 
@@ -130,8 +142,23 @@ def _arrow_schema(columns: tuple[tuple[str, str], ...]) -> pyarrow.Schema:
     return pa.schema([(name, kinds[kind]) for name, kind in columns])
 
 
+_RAW_SCHEMA = (
+    (CONVERSATION, "bigint"),
+    (RESPONDER, "boolean"),
+    ("kind", "int"),
+    (ODD, "boolean"),
+    (OWN, "boolean"),
+    (INITIATOR_NODE, "bigint"),
+    (RESPONDER_NODE, "bigint"),
+    (INITIATOR_KEY, "bigint"),
+    (RESPONDER_KEY, "bigint"),
+    ("sequence", "bigint"),
+    ("created_at", "bigint"),
+)
+
+
 def _waits(checkpoints: pyarrow.Table) -> pyarrow.Table:
-    """One row per session a checkpoint waits on (its stored keys), as evidence."""
+    """One row per session a checkpoint waits on (its stored keys)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -144,10 +171,9 @@ def _waits(checkpoints: pyarrow.Table) -> pyarrow.Table:
         # an element that was not an object has no keys: Spark gives it these
         return pc.fill_null(values, default) if default is not None else values
 
-    null_session = spark_xxhash64(None)
     return pa.table(
         {
-            CONVERSATION: field(CONVERSATION, null_session, pa.int64()),
+            CONVERSATION: field(CONVERSATION, spark_xxhash64(None), pa.int64()),
             RESPONDER: field(RESPONDER, False, pa.bool_()),
             "kind": pa.array([WAIT] * size, pa.int32()),
             ODD: field(ODD, True, pa.bool_()),
@@ -159,12 +185,12 @@ def _waits(checkpoints: pyarrow.Table) -> pyarrow.Table:
             "sequence": pa.nulls(size, pa.int64()),
             "created_at": pa.nulls(size, pa.int64()),
         },
-        schema=_arrow_schema(EVIDENCE_SCHEMA),
+        schema=_arrow_schema(_RAW_SCHEMA),
     )
 
 
 def _records(message_ids: pyarrow.Table) -> pyarrow.Table:
-    """Each consumed message (its stored keys), as evidence."""
+    """Each consumed message (its stored keys)."""
     import pyarrow as pa
 
     size = len(message_ids)
@@ -182,7 +208,7 @@ def _records(message_ids: pyarrow.Table) -> pyarrow.Table:
             "sequence": message_ids["sequence"],
             "created_at": pa.nulls(size, pa.int64()),
         },
-        schema=_arrow_schema(EVIDENCE_SCHEMA),
+        schema=_arrow_schema(_RAW_SCHEMA),
     )
 
 
@@ -198,7 +224,7 @@ def _outbox(outbox: pyarrow.Table, node: str) -> pyarrow.Table:
     """Each outbox message of a session (the keys computed here: the outbox is small)."""
     import pyarrow as pa
 
-    rows: dict[str, list[Any]] = {name: [] for name, _ in EVIDENCE_SCHEMA}
+    rows: dict[str, list[Any]] = {name: [] for name, _ in _RAW_SCHEMA}
     for message_id, target, created_at in zip(
         outbox["message_id"].to_pylist(),
         outbox["target"].to_pylist(),
@@ -211,9 +237,117 @@ def _outbox(outbox: pyarrow.Table, node: str) -> pyarrow.Table:
         keys = python_session_keys(node, session, target)
         assert keys is not None
         values = {**keys, "kind": OUTBOX, OWN: False, "sequence": None, "created_at": created_at}
-        for name, _ in EVIDENCE_SCHEMA:
+        for name, _ in _RAW_SCHEMA:
             rows[name].append(values[name])
-    return pa.table(rows, schema=_arrow_schema(EVIDENCE_SCHEMA))
+    return pa.table(rows, schema=_arrow_schema(_RAW_SCHEMA))
+
+
+def sequence_hash(numbers: numpy.ndarray) -> numpy.ndarray:
+    """Spark's ``xxhash64`` of 64-bit integers (XXH64 of their 8 bytes, seed 42), in NumPy."""
+    import numpy as np
+
+    primes = [
+        np.uint64(p)
+        for p in (
+            0x9E3779B185EBCA87,
+            0xC2B2AE3D27D4EB4F,
+            0x165667B19E3779F9,
+            0x85EBCA77C2B2AE63,
+            0x27D4EB2F165667C5,
+        )
+    ]
+    one, two, three, four, five = primes
+
+    def rotate(x: numpy.ndarray, by: int) -> numpy.ndarray:
+        return (x << np.uint64(by)) | (x >> np.uint64(64 - by))
+
+    values = numbers.astype(np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.full(values.shape, np.uint64(42) + five + np.uint64(8), dtype=np.uint64)
+        h = rotate(h ^ (rotate(values * two, 31) * one), 27) * one + four
+        h = (h ^ (h >> np.uint64(33))) * two
+        h = (h ^ (h >> np.uint64(29))) * three
+        h = h ^ (h >> np.uint64(32))
+    return h.view(np.int64)
+
+
+def _session_ends(rows: pyarrow.Table) -> pyarrow.Table:
+    """The node's rows summed up per session end (conversation and side), as evidence.
+
+    What the screening reads of a conversation is a bit-or, a minimum or maximum, a count
+    or an XOR of its rows, so each side's rows on this node can be summed up here (NumPy,
+    sorted by end) and Spark groups half as many rows.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def column(name: str, empty: int) -> numpy.ndarray:
+        values: numpy.ndarray = pc.fill_null(rows[name], empty).to_numpy(zero_copy_only=False)
+        return values
+
+    conversation = column(CONVERSATION, 0).astype(np.int64)
+    responder = column(RESPONDER, False).astype(bool)
+    order = np.lexsort((responder, conversation))
+    conversation, responder = conversation[order], responder[order]
+    kind = column("kind", -1)[order]
+    odd = column(ODD, True).astype(bool)[order]
+    own = column(OWN, False).astype(bool)[order]
+    record = kind == RECORD
+    kinds = (
+        np.where(kind == WAIT, SEEN_WAIT, 0)
+        | np.where(record, SEEN_RECORD, 0)
+        | np.where(kind == OUTBOX, SEEN_OUTBOX, 0)
+        | np.where((kind == WAIT) & own, SEEN_OWN_WAIT, 0)
+    ).astype(np.int32)
+    created = column("created_at", _LOWEST)[order]
+    sequence = column("sequence", _LOWEST)[order]
+    known_sequence = pc.is_valid(rows["sequence"]).to_numpy(zero_copy_only=False)[order]
+    telescope = sequence_hash(sequence) ^ sequence_hash(sequence + 1)
+    if len(conversation):
+        starts = np.flatnonzero(
+            np.concatenate(
+                (
+                    [True],
+                    (conversation[1:] != conversation[:-1]) | (responder[1:] != responder[:-1]),
+                )
+            )
+        )
+    else:
+        starts = np.zeros(0, dtype=np.int64)
+
+    def fold(ufunc: numpy.ufunc, values: numpy.ndarray) -> numpy.ndarray:
+        return ufunc.reduceat(values, starts) if len(starts) else values[:0]
+
+    def node(name: str, ufunc: numpy.ufunc) -> numpy.ndarray:
+        return fold(ufunc, column(name, 0).astype(np.int64)[order])
+
+    def key(name: str) -> pyarrow.Array:
+        values = fold(np.maximum, column(name, _LOWEST).astype(np.int64)[order])
+        return pa.array(values, pa.int64(), mask=values == _LOWEST)
+
+    counted = fold(np.add, (record & known_sequence).astype(np.int64))
+    top = fold(np.maximum, np.where(record, sequence, _LOWEST))
+    since = fold(np.minimum, np.where(kind == OUTBOX, created, _HIGHEST))
+    return pa.table(
+        {
+            CONVERSATION: conversation[starts],
+            RESPONDER: responder[starts],
+            "kinds": fold(np.bitwise_or, kinds),
+            ODD: fold(np.logical_or, odd),
+            "outbox_since": since,
+            "initiator_low": node(INITIATOR_NODE, np.minimum),
+            "initiator_high": node(INITIATOR_NODE, np.maximum),
+            "responder_low": node(RESPONDER_NODE, np.minimum),
+            "responder_high": node(RESPONDER_NODE, np.maximum),
+            INITIATOR_KEY: key(INITIATOR_KEY),
+            RESPONDER_KEY: key(RESPONDER_KEY),
+            "records": counted,
+            "top": pa.array(top, pa.int64(), mask=top == _LOWEST),
+            "telescope": fold(np.bitwise_xor, np.where(record & known_sequence, telescope, 0)),
+        },
+        schema=_arrow_schema(EVIDENCE_SCHEMA),
+    )
 
 
 def _flows(tables: dict[str, pyarrow.Table]) -> pyarrow.Table:
@@ -275,12 +409,14 @@ def write_layout(node_folder: Path, node: str) -> dict[str, Any]:
     def read(frame: str, columns: list[str]) -> pyarrow.Table:
         return pq.read_table(node_folder / f"{frame}.parquet", columns=columns)
 
-    evidence = pa.concat_tables(
-        [
-            _waits(read("checkpoints", ["suspended_on", "waits"])),
-            _records(read("message_ids", [*RECORD_KEYS, "sequence"])),
-            _outbox(read("outbox", ["message_id", "target", "created_at"]), node),
-        ]
+    evidence = _session_ends(
+        pa.concat_tables(
+            [
+                _waits(read("checkpoints", ["suspended_on", "waits"])),
+                _records(read("message_ids", [*RECORD_KEYS, "sequence"])),
+                _outbox(read("outbox", ["message_id", "target", "created_at"]), node),
+            ]
+        )
     )
     flow_tables = ("checkpoints", "results", "exceptions", "blobs")
     flows = _flows({frame: read(frame, ["flow_key"]) for frame in flow_tables})

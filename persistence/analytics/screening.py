@@ -49,7 +49,17 @@ from typing import TYPE_CHECKING
 import attrs
 
 from persistence.analytics.checking import CheckSettings, as_of_ms
-from persistence.analytics.layout import EVIDENCE, FLOWS, OUTBOX, RECORD, WAIT
+from persistence.analytics.layout import (
+    EVIDENCE,
+    FLOWS,
+    OUTBOX,
+    RECORD,
+    SEEN_OUTBOX,
+    SEEN_OWN_WAIT,
+    SEEN_RECORD,
+    SEEN_WAIT,
+    WAIT,
+)
 from persistence.analytics.session_columns import message_session
 from persistence.analytics.session_flows import (
     CONVERSATION,
@@ -75,6 +85,11 @@ if TYPE_CHECKING:
 
     from persistence.analytics.snapshot import Snapshot
 
+
+NODE_BOUNDS = ("initiator_low", "initiator_high", "responder_low", "responder_high")
+"""The least and greatest hash of each node the rows of a session end name."""
+MESSAGE_SUMS = ("records", "top", "telescope")
+"""What a session end's consumed messages sum up to (count, highest number, XOR)."""
 
 INITIATOR_END = 1 << 0
 """A row of the initiator's end (session ``S``)."""
@@ -155,22 +170,19 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    if EVIDENCE in snapshot.layouts:  # the export's, bucketed by conversation
+    if EVIDENCE in snapshot.layouts:  # the export's session ends, bucketed by conversation
         layout = snapshot.layouts[EVIDENCE]
-        old = (F.col("kind") == OUTBOX) & F.coalesce(F.col("created_at") <= old_before, F.lit(True))
         return layout.select(
             # named anew: Spark then sees the union keep its bucketing through the projection
             # (a bare column here made it plan a shuffle by conversation after all)
             F.col(CONVERSATION).alias(CONVERSATION),
             RESPONDER,
-            INITIATOR_NODE,
-            RESPONDER_NODE,
+            "kinds",
+            (F.col(ODD) | (F.col("outbox_since") <= old_before)).alias(ODD),
+            *NODE_BOUNDS,
             INITIATOR_KEY,
             RESPONDER_KEY,
-            (F.col(ODD) | old).alias(ODD),
-            OWN,
-            "kind",
-            "sequence",
+            *MESSAGE_SUMS,
         )
     named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
     node = F.col("node")
@@ -219,10 +231,35 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
     outbox = snapshot.outbox.where(session != "")
     keys = session_keys(node, session, F.col("target"), named=named)
     keys[ODD] = keys[ODD] | F.coalesce(F.col("created_at") <= old_before, F.lit(True))
-    return (
+    rows = (
         by_node(snapshot, snapshot.checkpoints, waits)
         .unionByName(by_node(snapshot, snapshot.message_ids, records))
         .unionByName(shaped(outbox, keys, OUTBOX, F.lit(None).cast("bigint")))
+    )
+    # each row as a session end of its own (what the export's layout sums up per end)
+    kind, sequence = F.col("kind"), F.col("sequence")
+    record = kind == RECORD
+    kinds = (
+        _bit(kind == WAIT, SEEN_WAIT)
+        .bitwiseOR(_bit(record, SEEN_RECORD))
+        .bitwiseOR(_bit(kind == OUTBOX, SEEN_OUTBOX))
+        .bitwiseOR(_bit((kind == WAIT) & F.col(OWN), SEEN_OWN_WAIT))
+    )
+    telescope = F.xxhash64(sequence).bitwiseXOR(F.xxhash64(_next(sequence)))
+    return rows.select(
+        CONVERSATION,
+        RESPONDER,
+        kinds.alias("kinds"),
+        ODD,
+        F.col(INITIATOR_NODE).alias("initiator_low"),
+        F.col(INITIATOR_NODE).alias("initiator_high"),
+        F.col(RESPONDER_NODE).alias("responder_low"),
+        F.col(RESPONDER_NODE).alias("responder_high"),
+        INITIATOR_KEY,
+        RESPONDER_KEY,
+        F.when(record & sequence.isNotNull(), 1).otherwise(0).cast("bigint").alias("records"),
+        F.when(record, sequence).alias("top"),
+        F.when(record, telescope).alias("telescope"),
     )
 
 
@@ -230,46 +267,51 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
     """One row per conversation: its key, flags (a bit mask), flow keys and message checks."""
     from pyspark.sql import functions as F
 
-    rows = _evidence(snapshot, old_before)
+    ends = _evidence(snapshot, old_before)
     responder = F.col(RESPONDER)
-    record = F.col("kind") == RECORD
-    waiting = (F.col("kind") == WAIT) & F.col(OWN)
+    kinds = F.col("kinds")
+
+    def seen(flag: int) -> Column:
+        return kinds.bitwiseAND(flag) != 0
+
     analyzed = node_hashes(snapshot.node_names)
     mask = (
         _bit(~responder, INITIATOR_END)
         .bitwiseOR(_bit(responder, RESPONDER_END))
-        .bitwiseOR(_bit(~responder & record, INITIATOR_CONSUMED))
-        .bitwiseOR(_bit(responder & record, RESPONDER_CONSUMED))
-        .bitwiseOR(_bit(~responder & waiting, INITIATOR_WAITING))
-        .bitwiseOR(_bit(responder & waiting, RESPONDER_WAITING))
-        .bitwiseOR(_bit(F.col(INITIATOR_NODE).isin(analyzed), INITIATOR_ANALYZED))
-        .bitwiseOR(_bit(F.col(RESPONDER_NODE).isin(analyzed), RESPONDER_ANALYZED))
+        .bitwiseOR(_bit(~responder & seen(SEEN_RECORD), INITIATOR_CONSUMED))
+        .bitwiseOR(_bit(responder & seen(SEEN_RECORD), RESPONDER_CONSUMED))
+        .bitwiseOR(_bit(~responder & seen(SEEN_OWN_WAIT), INITIATOR_WAITING))
+        .bitwiseOR(_bit(responder & seen(SEEN_OWN_WAIT), RESPONDER_WAITING))
+        .bitwiseOR(_bit(F.col("initiator_high").isin(analyzed), INITIATOR_ANALYZED))
+        .bitwiseOR(_bit(F.col("responder_high").isin(analyzed), RESPONDER_ANALYZED))
         .bitwiseOR(_bit(F.col(ODD), UNUSUAL))
     )
-    sequence = F.col("sequence")
-    telescope = F.xxhash64(sequence).bitwiseXOR(F.xxhash64(_next(sequence)))
-    keyed = rows.select(
+    keyed = ends.select(
         F.col(CONVERSATION).alias("conversation"),
         mask.alias("mask"),
-        F.xxhash64(INITIATOR_NODE, RESPONDER_NODE).alias("pair"),
+        *NODE_BOUNDS,
         INITIATOR_KEY,
         RESPONDER_KEY,
-        F.when(record & ~responder, sequence).alias("i_sequence"),
-        F.when(record & responder, sequence).alias("r_sequence"),
-        F.when(record & ~responder, telescope).alias("i_telescope"),
-        F.when(record & responder, telescope).alias("r_telescope"),
+        F.when(~responder, F.col("records")).alias("i_records"),
+        F.when(~responder, F.col("top")).alias("i_top"),
+        F.when(~responder, F.col("telescope")).alias("i_telescope"),
+        F.when(responder, F.col("records")).alias("r_records"),
+        F.when(responder, F.col("top")).alias("r_top"),
+        F.when(responder, F.col("telescope")).alias("r_telescope"),
     )
     return keyed.groupBy("conversation").agg(
         F.bit_or("mask").alias("mask"),
-        F.min("pair").alias("pair_low"),
-        F.max("pair").alias("pair_high"),
+        F.min("initiator_low").alias("initiator_low"),
+        F.max("initiator_high").alias("initiator_high"),
+        F.min("responder_low").alias("responder_low"),
+        F.max("responder_high").alias("responder_high"),
         F.max(INITIATOR_KEY).alias("initiator_key"),
         F.max(RESPONDER_KEY).alias("responder_key"),
-        F.count("i_sequence").alias("i_records"),
-        F.max("i_sequence").alias("i_top"),
+        F.coalesce(F.sum("i_records"), F.lit(0)).alias("i_records"),
+        F.max("i_top").alias("i_top"),
         F.bit_xor("i_telescope").alias("i_telescope"),
-        F.count("r_sequence").alias("r_records"),
-        F.max("r_sequence").alias("r_top"),
+        F.coalesce(F.sum("r_records"), F.lit(0)).alias("r_records"),
+        F.max("r_top").alias("r_top"),
         F.bit_xor("r_telescope").alias("r_telescope"),
     )
 
@@ -305,7 +347,8 @@ def _judged(conversations: DataFrame) -> DataFrame:
     need_responder = (_has(INITIATOR_END) & _has(RESPONDER_ANALYZED)) | _has(RESPONDER_CONSUMED)
     unusual = (
         _has(UNUSUAL)
-        | (F.col("pair_low") != F.col("pair_high"))
+        | (F.col("initiator_low") != F.col("initiator_high"))
+        | (F.col("responder_low") != F.col("responder_high"))
         | ~_gapless("i_records", "i_top", "i_telescope")
         | ~_gapless("r_records", "r_top", "r_telescope")
         | (need_initiator & F.col("initiator_key").isNull())
