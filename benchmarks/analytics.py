@@ -15,7 +15,12 @@ JSON and HTML reports; per-check times from the JSON report) and the same checks
 SQL on SQLite (the two files attached to one connection) in the same run, and prints the
 time and the input rows per second of each check, and what each found (they must agree).
 
-Run: ``python benchmarks/analytics.py [--rows 1000000 10000000] [--mix stress realistic]``.
+With ``--read export`` the analysis reads a Parquet export of the databases kept in
+``--cache`` (made the first time, refreshed after: its cost is printed apart), as an operator
+runs it with the export refreshed on its own schedule.
+
+Run: ``python benchmarks/analytics.py [--rows 1000000 10000000] [--mix stress realistic]
+[--read export]``.
 Needs ``pip install -e '.[spark]'``, Java 17+, and for JDBC the Debian driver jars.
 """
 
@@ -649,8 +654,27 @@ def run(
         f"\n== {mix} mix, {rows:,} checkpoint rows ({total:,} rows in the tables read, "
         f"{size:,.0f} MiB), {made}; load average {os.getloadavg()[0]:.1f}"
     )
+    extra: list[str] = []
+    if read == "export":  # a Parquet export kept beside the databases, brought up to date
+        kept = cache / f"{mix}-{rows}-parquet"
+        fresh = not (kept / "manifest.json").exists()
+        with tempfile.TemporaryDirectory(prefix="fiberflow-bench-export-") as folder:
+            seconds, _, _ = run_cli(
+                paths,
+                master,
+                "auto",
+                memory,
+                Path(folder),
+                ["--export-dir", str(kept), "--export-only"],
+            )
+        print(
+            f"{'full export' if fresh else 'export refresh'} {seconds:.1f} s (fiberflow analyze "
+            f"--export-only --export-dir {kept}, process wall; not in the figures below)"
+        )
+        extra = ["--export-dir", str(kept), "--no-refresh"]
+        read = "auto"
     with tempfile.TemporaryDirectory(prefix="fiberflow-bench-report-") as folder:
-        wall, report, status = run_cli(paths, master, read, memory, Path(folder))
+        wall, report, status = run_cli(paths, master, read, memory, Path(folder), extra)
     checks = {check["name"]: check for check in report["checks"]}
     print(f"Spark {report['spark']['version']} on {report['spark']['master']}, read: ", end="")
     print("; ".join(f"{n['name'].split(',')[0]} {n['detail']}" for n in report["nodes"]))
@@ -705,7 +729,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--mix", choices=sorted(MIXES), nargs="+", default=["stress", "realistic"])
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--read", choices=["auto", "jdbc", "arrow"], default="auto")
+    parser.add_argument(
+        "--read",
+        choices=["auto", "jdbc", "arrow", "export"],
+        default="auto",
+        help="how analyze reads the nodes: JDBC, Arrow, auto (JDBC where a driver jar is "
+        "found), or export: a Parquet export kept in --cache beside the databases (made or "
+        "refreshed first, its cost printed apart), read with --no-refresh",
+    )
     parser.add_argument("--driver-memory", default="10g", help="Spark driver memory (10g)")
     parser.add_argument(
         "--cache",

@@ -354,6 +354,24 @@ def test_the_layouts_buckets_are_sparks_hash_partitions(spark: Any) -> None:
 
 
 @pytest.mark.spark
+def test_the_layouts_sequence_hash_is_sparks_xxhash64(spark: Any) -> None:
+    """The XOR terms the export sums up per session end are hashed as Spark hashes a long."""
+    import random
+
+    import numpy as np
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.layout import sequence_hash
+
+    rng = random.Random(9)
+    numbers = [rng.randrange(-(1 << 63), 1 << 63) for _ in range(2000)]
+    numbers += [*range(-3, 300), (1 << 63) - 1, -(1 << 63)]
+    frame = spark.createDataFrame([(n,) for n in numbers], "n bigint")
+    expected = [row[0] for row in frame.select(F.xxhash64("n")).collect()]
+    assert sequence_hash(np.array(numbers, dtype=np.int64)).tolist() == expected
+
+
+@pytest.mark.spark
 def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
     spark: Any, broken: tuple[NetworkData, Injected], tmp_path: Any
 ) -> None:

@@ -78,10 +78,15 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     else:  # no flow paused: nothing to leave out, no join
         held = live.select(*held_columns[:-1], F.lit(None).cast("bigint").alias("paused_at"))
         held, on_pause = held.limit(0), 0
-    base = _stuck_rows(checkpoints, as_of, limit)
+    branches = _stuck_branches(checkpoints, as_of, limit)
+    base = _exploded(branches)
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
     rows, flows = _stuck_counts(checkpoints, limit)
-    top = keep(snapshot, first_rows(base, order, settings.report_rows))
+    # the first rows lie among the rows of the first flows (every row of a flow sorts with
+    # its flow, and a flow gives at least one row): the flows are ranked, then only those
+    # are exploded into a row per session
+    first_flows = keep(snapshot, first_rows(branches, order, settings.report_rows))
+    top = keep(snapshot, first_rows(_exploded(first_flows), order, settings.report_rows))
     keys = top.where(F.col("session_id").isNotNull()).select(
         F.col("counterparty").alias("k_node"),
         counterpart_flow(F.col("node"), F.col("session_id")).alias("k_flow"),
@@ -115,16 +120,16 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
 
 def _stuck_counts(checkpoints: DataFrame, limit: int) -> tuple[int, int]:
-    """(rows, flows) of :func:`_stuck_rows` without making its rows: one pass, no explode.
+    """(rows, flows) of :func:`_exploded` without making its rows: one pass, no explode.
 
     A flow waiting on a receive gives a row per session it waits on (the size of its
     ``waits``) and counts once if it has one; each other condition gives one row and one
-    flow, as each is a branch of the union there.
+    flow, as each is a branch of :func:`_stuck_branches`.
     """
     from pyspark.sql import functions as F
 
     conditions = _conditions(limit)
-    sessions = F.when(F.col(WAITS).isNull(), F.lit(0)).otherwise(F.size(WAITS))
+    sessions = _sessions()
     receiving = conditions.pop("receiving")
     rows = F.sum(F.when(receiving, sessions).otherwise(0))
     flows = F.count(F.when(receiving & (sessions > 0), True))
@@ -138,7 +143,7 @@ def _stuck_counts(checkpoints: DataFrame, limit: int) -> tuple[int, int]:
 
 
 def _conditions(limit: int) -> dict[str, Column]:
-    """The stuck conditions of a checkpoint row, by name (the branches of :func:`_stuck_rows`)."""
+    """The stuck conditions of a checkpoint row, by name (:func:`_stuck_branches`'s branches)."""
     from pyspark.sql import functions as F
 
     until = F.col(UNTIL)
@@ -155,29 +160,21 @@ ROW_COLUMNS = ("node", "flow_id", "flow_class", "status", "suspended_on", "waite
 """The columns every stuck row starts with, whatever the flow waits on."""
 
 
-def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
-    """Every stuck row, before the counterparts are looked up (no join, no shuffle).
+def _stuck_branches(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
+    """Every stuck flow, one row per condition it meets, before its sessions are exploded.
 
-    ``first`` marks one row per flow (the first session a flow waits on; the only row of a
-    sleeping or idle flow), so counting the flows needs no ``distinct``.
+    :data:`ROW_COLUMNS`, and ``sessions`` and ``counterparties``: the sessions a flow waiting
+    on a receive waits on (at least one) and their counterparties, null for the other
+    conditions. Only those two fields of ``waits`` are read. No join, no shuffle.
     """
     from pyspark.sql import functions as F
 
     conditions = _conditions(limit)
-    receiving = checkpoints.where(conditions["receiving"]).select(
-        "node",
-        "flow_id",
-        "flow_class",
-        "status",
-        "suspended_on",
+    receiving = checkpoints.where(conditions["receiving"] & (_sessions() > 0)).select(
+        *ROW_COLUMNS[:-1],
         (F.lit(as_of) - F.col("updated_at")).alias("waited_ms"),
-        F.posexplode(F.col(WAITS)).alias("pos", "wait"),
-    )
-    receiving = receiving.select(
-        *ROW_COLUMNS,
-        F.col("wait.session").alias("session_id"),
-        F.col("wait.counterparty").alias("counterparty"),
-        (F.col("pos") == 0).alias("first"),
+        F.col(WAITS).getField("session").alias("sessions"),
+        F.col(WAITS).getField("counterparty").alias("counterparties"),
     )
     until = F.col(UNTIL)
     sleeping = checkpoints.where(conditions["sleeping"])
@@ -190,17 +187,46 @@ def _stuck_rows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
         .unionByName(idle.withColumn("waited_ms", F.lit(as_of) - F.col("updated_at")))
         .unionByName(operating.withColumn("waited_ms", F.lit(as_of) - operation_since))
     )
-    others = others.select(
-        *ROW_COLUMNS,
-        F.lit(None).cast("string").alias("session_id"),
-        F.lit(None).cast("string").alias("counterparty"),
-        F.lit(True).alias("first"),
+    none = F.lit(None).cast("array<string>")
+    return receiving.unionByName(
+        others.select(*ROW_COLUMNS, none.alias("sessions"), none.alias("counterparties"))
     )
-    return receiving.unionByName(others)
+
+
+def _sessions() -> Column:
+    """How many sessions a checkpoint's ``waits`` holds (0 for none), reading one field only.
+
+    (``size(waits)`` would make Spark read every field of every element.)
+    """
+    from pyspark.sql import functions as F
+
+    sessions = F.col(WAITS).getField("session")
+    return F.when(sessions.isNull(), F.lit(0)).otherwise(F.size(sessions))
+
+
+def _exploded(branches: DataFrame) -> DataFrame:
+    """The stuck rows of :func:`_stuck_branches`: one per session waited on, else one.
+
+    ``first`` marks one row per flow (the first session a flow waits on; the only row of a
+    sleeping or idle flow), so counting the flows needs no ``distinct``.
+    """
+    from pyspark.sql import functions as F
+
+    rows = branches.select(
+        *ROW_COLUMNS, "counterparties", F.posexplode_outer("sessions").alias("pos", "session_id")
+    )
+    return rows.select(
+        *ROW_COLUMNS,
+        "session_id",
+        F.when(F.col("pos").isNotNull(), F.element_at("counterparties", F.col("pos") + 1)).alias(
+            "counterparty"
+        ),
+        F.coalesce(F.col("pos") == 0, F.lit(True)).alias("first"),
+    )
 
 
 def _with_counterparts(snapshot: Snapshot, rows: DataFrame, known: DataFrame) -> DataFrame:
-    """``rows`` of :func:`_stuck_rows` with the counterpart flow and its status there."""
+    """``rows`` of :func:`_exploded` with the counterpart flow and its status there."""
     from pyspark.sql import functions as F
 
     known = known.select(
