@@ -48,11 +48,12 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
     Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
-    any is found. The findings are bounded: the counts are exact (one pass over the
-    checkpoints, no join), the frame holds the ``report_rows`` longest waits with their
-    counterparts, and the full list (every row joined with the counterparts) is computed
+    any is found. The findings are bounded: the counts are exact (observed in the one pass
+    over the checkpoints that ranks the flows, no join), the frame holds the
+    ``report_rows`` longest waits with their counterparts, and the full list (every row joined with the counterparts) is computed
     only when written (``--findings-dir``).
     """
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
@@ -78,15 +79,25 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     else:  # no flow paused: nothing to leave out, no join
         held = live.select(*held_columns[:-1], F.lit(None).cast("bigint").alias("paused_at"))
         held, on_pause = held.limit(0), 0
-    branches = _stuck_branches(checkpoints, as_of, limit)
-    base = _exploded(branches)
+    checkpoints = _slim(checkpoints)
+    base = _exploded(_stuck_branches(checkpoints, as_of, limit))
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
-    rows, flows = _stuck_counts(checkpoints, limit)
-    # the first rows lie among the rows of the first flows (every row of a flow sorts with
-    # its flow, and a flow gives at least one row): the flows are ranked, then only those
-    # are exploded into a row per session
-    first_flows = keep(snapshot, first_rows(branches, order, settings.report_rows))
-    top = keep(snapshot, first_rows(_exploded(first_flows), order, settings.report_rows))
+    # the first rows lie among the rows of the first flows ranked by their longest wait (a
+    # flow's rows sort with it, and a flow gives at least one row): the flows are ranked
+    # (one expression a row, no explode), then only those are exploded into their rows.
+    # Both small and made at once (checkpointed): the counterparts' lookup below broadcasts
+    # them into a join with each table, and a lazily cached frame would be computed by each
+    # of those broadcasts side by side (six top-N scans of every checkpoint at once)
+    # the counts are observed as the ranking scans every row (no pass of their own)
+    counts = Observation("stuck counts")
+    observed = checkpoints.observe(counts, *_stuck_counts(limit))
+    first_flows = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
+    first_flows = first_flows.drop("waited_ms").localCheckpoint(eager=True)
+    counted = counts.get
+    rows, flows = int(counted.get("rows") or 0), int(counted.get("flows") or 0)
+    top = first_rows(
+        _exploded(_stuck_branches(first_flows, as_of, limit)), order, settings.report_rows
+    ).localCheckpoint(eager=True)
     keys = top.where(F.col("session_id").isNotNull()).select(
         F.col("counterparty").alias("k_node"),
         counterpart_flow(F.col("node"), F.col("session_id")).alias("k_flow"),
@@ -119,8 +130,8 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
 
 
-def _stuck_counts(checkpoints: DataFrame, limit: int) -> tuple[int, int]:
-    """(rows, flows) of :func:`_exploded` without making its rows: one pass, no explode.
+def _stuck_counts(limit: int) -> tuple[Column, Column]:
+    """(rows, flows) of :func:`_exploded` as aggregates of :func:`_slim` rows (no explode).
 
     A flow waiting on a receive gives a row per session it waits on (the size of its
     ``waits``) and counts once if it has one; each other condition gives one row and one
@@ -136,10 +147,7 @@ def _stuck_counts(checkpoints: DataFrame, limit: int) -> tuple[int, int]:
     for condition in conditions.values():
         rows = rows + F.count(F.when(condition, True))
         flows = flows + F.count(F.when(condition, True))
-    counted = checkpoints.agg(rows.alias("rows"), flows.alias("flows")).first()
-    if counted is None:
-        return 0, 0
-    return int(counted["rows"] or 0), int(counted["flows"] or 0)
+    return rows.alias("rows"), flows.alias("flows")
 
 
 def _conditions(limit: int) -> dict[str, Column]:
@@ -160,47 +168,98 @@ ROW_COLUMNS = ("node", "flow_id", "flow_class", "status", "suspended_on", "waite
 """The columns every stuck row starts with, whatever the flow waits on."""
 
 
-def _stuck_branches(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
-    """Every stuck flow, one row per condition it meets, before its sessions are exploded.
+def _slim(checkpoints: DataFrame) -> DataFrame:
+    """The checkpoint columns the stuck rules read; of ``waits`` only two fields.
 
-    :data:`ROW_COLUMNS`, and ``sessions`` and ``counterparties``: the sessions a flow waiting
-    on a receive waits on (at least one) and their counterparties, null for the other
-    conditions. Only those two fields of ``waits`` are read. No join, no shuffle.
+    ``all_sessions`` and ``all_counterparties``: the sessions a flow waits on and their
+    counterparties (``size(waits)`` or the whole ``waits`` would make Spark read every field
+    of every element).
     """
     from pyspark.sql import functions as F
 
+    return checkpoints.select(
+        "node",
+        "flow_id",
+        "flow_class",
+        "status",
+        "suspended_on",
+        "updated_at",
+        UNTIL,
+        F.col(WAITS).getField("session").alias("all_sessions"),
+        F.col(WAITS).getField("counterparty").alias("all_counterparties"),
+    )
+
+
+def _met(limit: int, as_of: int) -> list[tuple[Column, Column, bool]]:
+    """Each stuck condition of a :func:`_slim` row: (met, waited ms, waits on a receive)."""
+    from pyspark.sql import functions as F
+
     conditions = _conditions(limit)
-    receiving = checkpoints.where(conditions["receiving"] & (_sessions() > 0)).select(
+    updated, until = F.col("updated_at"), F.col(UNTIL)
+    met = [
+        (conditions["receiving"] & (_sessions() > 0), updated, True),
+        (conditions["sleeping"], until, False),
+        (conditions["idle"], updated, False),
+        # an external operation: since its retry time when backing off, else since the
+        # checkpoint
+        (conditions["operating"], F.coalesce(until, updated), False),
+    ]
+    return [(condition, F.lit(as_of) - since, receives) for condition, since, receives in met]
+
+
+def _stuck_flows(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
+    """Each stuck flow once: its :func:`_slim` row and its longest wait (``waited_ms``)."""
+    from pyspark.sql import functions as F
+
+    met = _met(limit, as_of)
+    any_met = met[0][0]
+    for condition, _, _ in met[1:]:
+        any_met = any_met | condition
+    longest = F.greatest(*[F.when(condition, waited) for condition, waited, _ in met])
+    return checkpoints.where(any_met).withColumn("waited_ms", longest)
+
+
+def _stuck_branches(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame:
+    """Every stuck flow of :func:`_slim` rows, one row per condition it meets.
+
+    :data:`ROW_COLUMNS`, and ``sessions`` and ``counterparties``: the sessions a flow waiting
+    on a receive waits on (at least one) and their counterparties, null for the other
+    conditions. One scan (each row's conditions met, exploded); no join, no shuffle.
+    """
+    from pyspark.sql import functions as F
+
+    met = _met(limit, as_of)
+    branches = F.array(
+        *[
+            F.struct(
+                condition.alias("met"), waited.alias("waited_ms"), F.lit(receives).alias("receives")
+            )
+            for condition, waited, receives in met
+        ]
+    )
+    any_met = met[0][0]
+    for condition, _, _ in met[1:]:
+        any_met = any_met | condition
+    rows = checkpoints.where(any_met).select(
         *ROW_COLUMNS[:-1],
-        (F.lit(as_of) - F.col("updated_at")).alias("waited_ms"),
-        F.col(WAITS).getField("session").alias("sessions"),
-        F.col(WAITS).getField("counterparty").alias("counterparties"),
+        "all_sessions",
+        "all_counterparties",
+        F.explode(F.filter(branches, lambda branch: branch["met"])).alias("branch"),
     )
-    until = F.col(UNTIL)
-    sleeping = checkpoints.where(conditions["sleeping"])
-    idle = checkpoints.where(conditions["idle"])
-    # an external operation: since its retry time when backing off, else since the checkpoint
-    operation_since = F.coalesce(until, F.col("updated_at"))
-    operating = checkpoints.where(conditions["operating"])
-    others = (
-        sleeping.withColumn("waited_ms", F.lit(as_of) - until)
-        .unionByName(idle.withColumn("waited_ms", F.lit(as_of) - F.col("updated_at")))
-        .unionByName(operating.withColumn("waited_ms", F.lit(as_of) - operation_since))
-    )
-    none = F.lit(None).cast("array<string>")
-    return receiving.unionByName(
-        others.select(*ROW_COLUMNS, none.alias("sessions"), none.alias("counterparties"))
+    receives = F.col("branch.receives")
+    return rows.select(
+        *ROW_COLUMNS[:-1],
+        F.col("branch.waited_ms").alias("waited_ms"),
+        F.when(receives, F.col("all_sessions")).alias("sessions"),
+        F.when(receives, F.col("all_counterparties")).alias("counterparties"),
     )
 
 
 def _sessions() -> Column:
-    """How many sessions a checkpoint's ``waits`` holds (0 for none), reading one field only.
-
-    (``size(waits)`` would make Spark read every field of every element.)
-    """
+    """How many sessions a :func:`_slim` row waits on (0 for none)."""
     from pyspark.sql import functions as F
 
-    sessions = F.col(WAITS).getField("session")
+    sessions = F.col("all_sessions")
     return F.when(sessions.isNull(), F.lit(0)).otherwise(F.size(sessions))
 
 
