@@ -50,8 +50,8 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
     any is found. The findings are bounded: the counts are exact (observed in the one pass
     over the checkpoints that ranks the flows, no join), the frame holds the
-    ``report_rows`` longest waits with their counterparts, and the full list (every row joined with the counterparts) is computed
-    only when written (``--findings-dir``).
+    ``report_rows`` longest waits with their counterparts, and the full list (every row
+    joined with the counterparts) is computed only when written (``--findings-dir``).
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
