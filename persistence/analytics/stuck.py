@@ -82,13 +82,13 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     checkpoints = _slim(checkpoints)
     base = _exploded(_stuck_branches(checkpoints, as_of, limit))
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
-    # the first rows lie among the rows of the first flows ranked by their longest wait (a
+    # The first rows lie among the rows of the first flows ranked by their longest wait (a
     # flow's rows sort with it, and a flow gives at least one row): the flows are ranked
     # (one expression a row, no explode), then only those are exploded into their rows.
-    # Both small and made at once (checkpointed): the counterparts' lookup below broadcasts
-    # them into a join with each table, and a lazily cached frame would be computed by each
-    # of those broadcasts side by side (six top-N scans of every checkpoint at once)
-    # the counts are observed as the ranking scans every row (no pass of their own)
+    # The counts are observed as the ranking scans every row (no pass of their own). Both
+    # small frames are made at once (checkpointed): the counterparts' lookup below
+    # broadcasts them into a join with each table, and a lazily cached frame would be
+    # computed by each of those broadcasts side by side (six top-N scans at once).
     counts = Observation("stuck counts")
     observed = checkpoints.observe(counts, *_stuck_counts(limit))
     first_flows = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
