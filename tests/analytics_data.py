@@ -516,3 +516,19 @@ def inject_misdirected_initiator_end(execute: Execute) -> Expected:
     echo, session = _echo_session(execute)
     _copy_record(execute, ALICE, CHARLIE, session, 0)
     return Expected("session_ownership", CHARLIE, echo, "misdirected")
+
+
+def assert_same_findings(mine: Any, theirs: Any) -> None:
+    """Two analyses (``AnalysisReport``) of the same nodes found the same: per check its
+    status, summary, rows and every extra table's rows (e.g. from an export and from the
+    databases)."""
+    for check, other in zip(mine.checks, theirs.checks, strict=True):
+        assert (check.name, check.status, check.summary) == (
+            other.name,
+            other.status,
+            other.summary,
+        )
+        assert check.table.rows == other.table.rows, check.name
+        assert {k: t.rows for k, t in check.extras.items()} == {
+            k: t.rows for k, t in other.extras.items()
+        }, check.name

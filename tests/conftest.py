@@ -193,9 +193,9 @@ def spark() -> Iterator[object]:
         jars=find_jdbc_jars().paths(),
         app_name="fiberflow-tests",
         shuffle_partitions=2,
-        # one JVM serves every Spark test of the run: Spark's default heap (1 GiB) ran out
-        # of room for a broadcast late in a run of the analytics tests
-        conf={"spark.driver.memory": "2g"},
+        # one JVM serves every Spark test of the run: Spark's default heap (1 GiB), then
+        # 2 GiB, ran out of room for a broadcast late in a run of the analytics tests
+        conf={"spark.driver.memory": "4g"},
     )
     yield session
     stop_spark(session)

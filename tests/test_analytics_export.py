@@ -24,7 +24,7 @@ from persistence.analytics import CheckSettings, analyze, parse_node_argument
 from persistence.analytics.export import TIME_COLUMNS, export_nodes
 from persistence.analytics.snapshot import TABLES
 from persistence.store import NodeDatabase
-from tests.analytics_data import Injected, NetworkData
+from tests.analytics_data import Injected, NetworkData, assert_same_findings
 from tests.test_analytics import broken, clean, require_jdbc
 
 __all__ = ["broken", "clean"]  # module-scoped fixtures, shared with tests/test_analytics.py
@@ -157,16 +157,7 @@ def test_analyzing_the_export_finds_what_analyzing_the_databases_finds(
         n["snapshot"].startswith("exported: SQLite read transaction") for n in exported.nodes
     )
     assert exported.status == direct.status == "fail"
-    for mine, theirs in zip(exported.checks, direct.checks, strict=True):
-        assert (mine.name, mine.status, mine.summary) == (
-            theirs.name,
-            theirs.status,
-            theirs.summary,
-        )
-        assert mine.table.rows == theirs.table.rows, mine.name
-        assert {k: t.rows for k, t in mine.extras.items()} == {
-            k: t.rows for k, t in theirs.extras.items()
-        }, mine.name
+    assert_same_findings(exported, direct)
 
 
 def test_an_export_is_analyzed_as_it_is_with_no_refresh(

@@ -52,6 +52,7 @@ from tests.analytics_data import (
     NAMES,
     Injected,
     NetworkData,
+    assert_same_findings,
     build_clean_network,
     corrupt,
     inject_misdirected_initiator_end,
@@ -389,13 +390,7 @@ def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
     export_nodes(sources, arguments, tmp_path / "export")
     direct = analyze(sources, settings, spark=spark)
     exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
-    for mine, theirs in zip(exported.checks, direct.checks, strict=True):
-        assert (mine.name, mine.status, mine.summary) == (
-            theirs.name,
-            theirs.status,
-            theirs.summary,
-        )
-        assert mine.table.rows == theirs.table.rows, mine.name
+    assert_same_findings(exported, direct)
     with load_export(spark, tmp_path / "export", sources) as snapshot:
         assert set(snapshot.layouts) == {"evidence", "flows"}
         plan = _conversations(snapshot, data.now_ms)._jdf.queryExecution().executedPlan().toString()
