@@ -67,7 +67,6 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     node itself treats it (it does not trust a checkpoint older than a stored outcome), and
     one with both a result and an error as ``COMPLETED``. Always ``info``.
     """
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
@@ -90,9 +89,7 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         .unionByName(events(snapshot.results, F.lit("COMPLETED"), "completed_at", "completed"))
         .unionByName(events(snapshot.exceptions, F.lit("FAILED"), "failed_at", "failed"))
     )
-    # the span of every event, seen as the rows go by (flows_over_time's buckets: no pass)
-    bounds = Observation("flow events")
-    union = union.observe(bounds, F.min("at").alias("low"), F.max("at").alias("high"))
+    counted: Column = F.lit(True)
     if found.overlap_count:
         # the few flows in more than one table (the screening's overlaps) leave the counts of
         # the live ones (finished: counted as finished) and of the errors (also a result)
@@ -102,25 +99,34 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
             (F.col("finished") & F.col("failed")).alias("o_failed"),
         )
         narrow = F.broadcast if found.overlap_count <= BROADCAST_ROWS else (lambda frame: frame)
-        union = union.join(narrow(overlaps), F.col(FLOW_KEY) == F.col("o_key"), "left").where(
-            ~(
-                ((F.col("table") == "live") & F.coalesce(F.col("o_live"), F.lit(False)))
-                | ((F.col("table") == "failed") & F.coalesce(F.col("o_failed"), F.lit(False)))
-            )
+        union = union.join(narrow(overlaps), F.col(FLOW_KEY) == F.col("o_key"), "left")
+        counted = ~(
+            ((F.col("table") == "live") & F.coalesce(F.col("o_live"), F.lit(False)))
+            | ((F.col("table") == "failed") & F.coalesce(F.col("o_failed"), F.lit(False)))
         )
-    frame = (
-        union.groupBy("node", "flow_class", "status")
-        .agg(F.count("*").alias("flows"))
-        .orderBy("node", "flow_class", "status")
+    # one pass: the counts, and the span of every event (counted or not: flows_over_time's
+    # buckets) from the least and greatest time of each group. (Observing the span as the
+    # rows went by cost more: an observation takes every row out of the generated code.)
+    groups = keep(
+        snapshot,
+        union.groupBy("node", "flow_class", "status", counted.alias("counted")).agg(
+            F.count("*").alias("flows"), F.min("at").alias("low"), F.max("at").alias("high")
+        ),
     )
-    frame = keep(snapshot, frame)
+    span = groups.agg(F.min("low").alias("low"), F.max("high").alias("high")).first()
+    low, high = (span["low"], span["high"]) if span is not None else (None, None)
+    snapshot.shared_value(("event span",), lambda: (low, high))
+    frame = keep(
+        snapshot,
+        groups.where("counted")
+        .select("node", "flow_class", "status", "flows")
+        .orderBy("node", "flow_class", "status"),
+    )
     totals = {
         row["status"]: row["flows"]
         for row in frame.groupBy("status").agg(F.sum("flows").alias("flows")).collect()
     }
     total = sum(totals.values())
-    span = bounds.get
-    snapshot.shared_value(("event span",), lambda: (span.get("low"), span.get("high")))
     parts = ", ".join(f"{count} {status}" for status, count in sorted(totals.items()))
     summary = f"{total} flows on {len(snapshot.nodes)} nodes" + (f": {parts}" if parts else "")
     return CheckResult(
