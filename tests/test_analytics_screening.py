@@ -295,6 +295,8 @@ def assert_screening_is_exact(spark: Any, data: NetworkData, names: tuple[str, .
         for check, (screened, full) in both.items():
             assert screened == full, check
         found = screen(snapshot, settings)
+        if names != NAMES:  # the corrupted network: a deleted flow others need
+            assert found.missing_flows >= 1
         restricted = candidate_snapshot(snapshot, settings)
         assert restricted.parent is snapshot and restricted.whole is snapshot
         assert found.conversations > found.candidate_count
@@ -308,9 +310,13 @@ def test_the_screening_of_the_clean_network_is_exact(spark: Any, clean: NetworkD
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("joined", [False, True], ids=["missing keys in a set", "joined"])
 def test_the_screening_of_the_corrupted_network_is_exact(
-    spark: Any, broken: tuple[NetworkData, Injected]
+    spark: Any, broken: tuple[NetworkData, Injected], monkeypatch: pytest.MonkeyPatch, joined: bool
 ) -> None:
+    """Both ways of marking the conversations whose needed flows no table holds."""
+    if joined:
+        monkeypatch.setattr(screening, "MISSING_IN_DRIVER", 0)
     data, injected = broken
     assert assert_screening_is_exact(spark, data, injected.nodes) >= 4
 

@@ -116,6 +116,11 @@ SCREEN_ABOVE_ROWS = 200_000
 checks' rules judge every conversation (the screening's own Spark jobs cost more than it
 saves on so few rows); only the flow index is built (for its overlaps)."""
 
+MISSING_IN_DRIVER = 10_000
+"""Needed flow keys no table holds, up to which they are looked up in a set of literals in
+each conversation (a hash set in the generated code); more are joined (and the joined
+conversations cached, as they are read twice)."""
+
 LIVE, FINISHED, FAILED, NEEDED = 1, 2, 4, 8
 """Flags of the flow index: a checkpoint row, a result, an error, a key a conversation needs."""
 
@@ -140,6 +145,8 @@ class Screen:
     """``flow_key``, ``live``, ``finished``, ``failed``: the flows in more than one of a
     node's checkpoints, results and exceptions."""
     overlap_count: int
+    missing_flows: int = 0
+    """Needed flow keys no node table holds (their conversations are candidates)."""
 
 
 def flow_key(node: Column | str, flow_id: Column | str) -> Column:
@@ -513,7 +520,14 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
         overlap_count = overlaps.count()
         missing_count = missing.count()
         classified = judged
-        if missing_count:
+        if 0 < missing_count <= MISSING_IN_DRIVER:
+            # a few keys: looked up in a set in every row (no join, nothing cached again)
+            keys = [row["m_key"] for row in missing.collect()]
+            flagged = F.lit(False)
+            for side in ("initiator", "responder"):
+                flagged = flagged | (F.col(f"lookup_{side}") & F.col(f"{side}_key").isin(keys))
+            classified = judged.withColumn("unusual", F.col("unusual") | flagged)
+        elif missing_count:
             small = F.broadcast(missing) if missing_count <= 200_000 else missing
             for side in ("initiator", "responder"):
                 flag = F.col("m_key").isNotNull() & F.col(f"lookup_{side}")
@@ -530,7 +544,9 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
         def count(condition: Column) -> Column:
             return F.count(F.when(~F.col("unusual") & condition, True))
 
-        classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+        joined = missing_count > MISSING_IN_DRIVER
+        if joined:  # read twice below: the joins made once
+            classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             totals = classified.agg(
                 F.count("*").alias("conversations"),
@@ -543,7 +559,8 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
                 classified.where("unusual").select("conversation").localCheckpoint(eager=True)
             )
         finally:
-            classified.unpersist()
+            if joined:
+                classified.unpersist()
     finally:
         judged.unpersist()
     assert totals is not None
@@ -556,4 +573,5 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
         consumed_owned=int(totals["owned"]),
         overlaps=overlaps,
         overlap_count=overlap_count,
+        missing_flows=missing_count,
     )
