@@ -48,11 +48,12 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
     Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
-    any is found. The findings are bounded: the counts are exact (one aggregation of the
-    narrow columns the conditions read, no explode, no join), the frame holds the
+    any is found. The findings are bounded: the counts are exact (observed in the one pass
+    over the checkpoints that ranks the flows, no join), the frame holds the
     ``report_rows`` longest waits with their counterparts, and the full list (every row
     joined with the counterparts) is computed only when written (``--findings-dir``).
     """
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
@@ -78,27 +79,22 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     else:  # no flow paused: nothing to leave out, no join
         held = live.select(*held_columns[:-1], F.lit(None).cast("bigint").alias("paused_at"))
         held, on_pause = held.limit(0), 0
-    # The counts: one aggregation of the columns the conditions read and the number of
-    # sessions each flow waits on, taken from the narrowest field of its waits (no string
-    # is read). Observed during the ranking's scan instead, they cost more than this pass:
-    # the observation takes every row out of the generated code, whole arrays included.
-    counted = checkpoints.select(
-        "status", "suspended_on", "updated_at", UNTIL, _wait_count(checkpoints).alias("sessions")
-    )
-    totals = counted.agg(*_stuck_counts(limit, F.col("sessions"))).first()
-    rows = int(totals["rows"] or 0) if totals is not None else 0
-    flows = int(totals["flows"] or 0) if totals is not None else 0
     checkpoints = _slim(checkpoints)
     base = _exploded(_stuck_branches(checkpoints, as_of, limit))
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
     # The first rows lie among the rows of the first flows ranked by their longest wait (a
     # flow's rows sort with it, and a flow gives at least one row): the flows are ranked
     # (one expression a row, no explode), then only those are exploded into their rows.
-    # Both small frames are made at once (checkpointed): the counterparts' lookup below
+    # The counts are observed as the ranking scans every row (no pass of their own). Both
+    # small frames are made at once (checkpointed): the counterparts' lookup below
     # broadcasts them into a join with each table, and a lazily cached frame would be
     # computed by each of those broadcasts side by side (six top-N scans at once).
-    first_flows = first_rows(_stuck_flows(checkpoints, as_of, limit), order, settings.report_rows)
+    counts = Observation("stuck counts")
+    observed = checkpoints.observe(counts, *_stuck_counts(limit))
+    first_flows = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
     first_flows = first_flows.drop("waited_ms").localCheckpoint(eager=True)
+    counted = counts.get
+    rows, flows = int(counted.get("rows") or 0), int(counted.get("flows") or 0)
     top = first_rows(
         _exploded(_stuck_branches(first_flows, as_of, limit)), order, settings.report_rows
     ).localCheckpoint(eager=True)
@@ -134,16 +130,17 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
 
 
-def _stuck_counts(limit: int, sessions: Column) -> tuple[Column, Column]:
-    """(rows, flows) of :func:`_exploded` as aggregates of checkpoint rows (no explode).
+def _stuck_counts(limit: int) -> tuple[Column, Column]:
+    """(rows, flows) of :func:`_exploded` as aggregates of :func:`_slim` rows (no explode).
 
-    ``sessions``: how many sessions a row waits on (0 for none). A flow waiting on a
-    receive gives a row per session it waits on and counts once if it has one; each other
-    condition gives one row and one flow, as each is a branch of :func:`_stuck_branches`.
+    A flow waiting on a receive gives a row per session it waits on (the size of its
+    ``waits``) and counts once if it has one; each other condition gives one row and one
+    flow, as each is a branch of :func:`_stuck_branches`.
     """
     from pyspark.sql import functions as F
 
     conditions = _conditions(limit)
+    sessions = _sessions()
     receiving = conditions.pop("receiving")
     rows = F.sum(F.when(receiving, sessions).otherwise(0))
     flows = F.count(F.when(receiving & (sessions > 0), True))
@@ -256,23 +253,6 @@ def _stuck_branches(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame
         F.when(receives, F.col("all_sessions")).alias("sessions"),
         F.when(receives, F.col("all_counterparties")).alias("counterparties"),
     )
-
-
-def _wait_count(checkpoints: DataFrame) -> Column:
-    """How many sessions each checkpoint row waits on (0 for none), reading one field.
-
-    The narrowest field of the ``waits`` elements: a 64-bit key the export stored
-    (:mod:`persistence.analytics.session_flows`) when there is one, else ``session``; the
-    array of one field is as long as ``waits``.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, LongType, StructType
-
-    kind = checkpoints.schema[WAITS].dataType
-    assert isinstance(kind, ArrayType) and isinstance(kind.elementType, StructType)
-    numbers = [f.name for f in kind.elementType.fields if isinstance(f.dataType, LongType)]
-    waits = F.col(WAITS).getField(numbers[0] if numbers else "session")
-    return F.when(waits.isNull(), F.lit(0)).otherwise(F.size(waits))
 
 
 def _sessions() -> Column:
