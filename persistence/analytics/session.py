@@ -3,8 +3,9 @@
 ``local[*]`` on a laptop, any ``--master`` URL on a cluster. The settings that matter on a
 small machine are made here once: the driver binds to ``127.0.0.1`` (an unresolvable host
 name kills the JVM gateway), the Python workers are this interpreter, the web UI and Spark's
-own console progress bar are off (the report draws its own), and Spark's log is cut down to
-errors.
+own console progress bar are off (the report draws its own), Spark's log is cut down to
+errors, and the driver JVM starts from the classes an earlier run archived
+(:mod:`persistence.analytics.class_archive`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from persistence.analytics.class_archive import ClassArchive, class_archive, finish
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -55,6 +58,11 @@ def spark_problem() -> str | None:
     return java_problem()
 
 
+_archive: ClassArchive | None = None
+"""The class archive of the running driver JVM (see :mod:`persistence.analytics.class_archive`),
+put in place when :func:`stop_spark` has seen that JVM exit."""
+
+
 def _warehouse() -> Path:
     """Where Spark's catalog would keep managed tables (none are made): a temporary folder."""
     return Path(tempfile.gettempdir()) / "fiberflow-analytics" / "spark-warehouse"
@@ -89,11 +97,16 @@ def spark_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     if shuffle_partitions is None and master.startswith("local"):
         shuffle_partitions = max(2, os.cpu_count() or 2)
     log_option = f"-Dlog4j2.configurationFile=file:{_log_config()}"
+    global _archive
+    # a JVM already running keeps its options: no archive is written for it
+    archive = class_archive(jars) if SparkContext._gateway is None else None
+    driver_options = f"{log_option} {archive.options}" if archive is not None else log_option
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -103,7 +116,7 @@ def spark_session(
         # the catalog's tables are the export's bucketed datasets, external: nothing is
         # written here, but Spark makes the folder (not in the current directory, then)
         .config("spark.sql.warehouse.dir", str(_warehouse()))
-        .config("spark.driver.extraJavaOptions", log_option)
+        .config("spark.driver.extraJavaOptions", driver_options)
         .config("spark.executor.extraJavaOptions", log_option)
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     )
@@ -114,6 +127,8 @@ def spark_session(
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if archive is not None:
+        _archive = archive
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -142,11 +157,16 @@ def stop_spark(spark: SparkSession) -> None:
     finally:
         SparkContext._gateway = None
         SparkContext._jvm = None
+        global _archive
+        archive, _archive = _archive, None
         if process is not None:
             if process.stdin is not None:
                 process.stdin.close()
             try:
-                process.wait(timeout=30)
+                # the first JVM of a machine writes its class archive as it exits
+                process.wait(timeout=60 if archive is not None else 30)
             except Exception:  # the JVM did not exit on its own: end it
                 process.kill()
                 process.wait(timeout=30)
+                archive = None  # what it was writing is not whole
+            finish(archive)
