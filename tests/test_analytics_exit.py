@@ -94,6 +94,29 @@ def test_the_first_line_of_a_py4j_error_is_the_java_one_with_its_cause() -> None
     assert first_line(Py4JError("x" * 1000)).endswith("…") and len(first_line(Py4JError("y"))) == 1
 
 
+def test_py4j_tracebacks_on_the_root_logger_are_dropped_while_analyzing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Py4J logs a command it will not retry with ``logging.exception``: the root logger."""
+    import py4j.java_gateway
+
+    from persistence.analytics.command import _py4j_quiet
+
+    def root_record(pathname: str) -> logging.LogRecord:
+        return logging.getLogger().makeRecord(
+            "root", logging.ERROR, pathname, 1059, "Exception while sending command.", (), None
+        )
+
+    py4j_file = py4j.java_gateway.__file__
+    ours = str(ROOT / "persistence" / "analytics" / "command.py")
+    caplog.set_level(logging.INFO)
+    with _py4j_quiet():
+        logging.getLogger().handle(root_record(py4j_file))
+        logging.getLogger().handle(root_record(ours))
+    logging.getLogger().handle(root_record(py4j_file))
+    assert [r.pathname for r in caplog.records] == [ours, py4j_file]
+
+
 # --- Spark ------------------------------------------------------------------------------------
 
 

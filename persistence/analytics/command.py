@@ -16,6 +16,7 @@ import argparse
 import datetime
 import io
 import logging
+import os
 import re
 import sys
 import threading
@@ -492,16 +493,31 @@ def failure_line(error: BaseException, doing: str) -> str:
 def _py4j_quiet() -> Iterator[None]:
     """Silence Py4J's own logged tracebacks unless the log level is DEBUG.
 
-    The failure is reported in one line; its traceback is logged at DEBUG.
+    The failure is reported in one line; its traceback is logged at DEBUG. Py4J logs
+    through its ``py4j`` loggers and, when a command fails on a connection it will not
+    retry, through the root logger itself (``logging.exception``): records the root
+    logger gets from Py4J's modules are dropped as well.
     """
     logger = logging.getLogger("py4j")
+    root = logging.getLogger()
     before = logger.level
-    if not LOG.isEnabledFor(logging.DEBUG):
+    quiet = not LOG.isEnabledFor(logging.DEBUG)
+    if quiet:
         logger.setLevel(logging.CRITICAL)
+        root.addFilter(_not_from_py4j)
     try:
         yield
     finally:
         logger.setLevel(before)
+        root.removeFilter(_not_from_py4j)
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    """False for a record Py4J's own code logged (on the root logger): drop it."""
+    return _PY4J_FOLDER not in record.pathname
+
+
+_PY4J_FOLDER = f"{os.sep}py4j{os.sep}"
 
 
 def _run_spark(
