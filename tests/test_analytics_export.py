@@ -141,14 +141,27 @@ def test_an_updated_a_deleted_a_new_and_a_late_row_are_all_in_the_next_export(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize(
+    ("later_ms", "report_rows"),
+    [(60_000, 200), (2 * 86_400_000, 2)],
+    ids=["a-minute-on", "two-days-on-two-rows-kept"],
+)
 def test_analyzing_the_export_finds_what_analyzing_the_databases_finds(
-    spark: Any, broken: tuple[NetworkData, Injected], tmp_path: Path
+    spark: Any,
+    broken: tuple[NetworkData, Injected],
+    tmp_path: Path,
+    later_ms: int,
+    report_rows: int,
 ) -> None:
+    """Two days on most flows are stuck, and two rows kept: the first ones are ranked from
+    the keys the export stored, and from keys computed from the databases' ids."""
     require_jdbc()
     data, injected = broken
     arguments = data.sources(injected.nodes)
     sources = [parse_node_argument(s) for s in arguments]
-    settings = CheckSettings(as_of_ms=data.now_ms + 60_000, grace_ms=30_000)
+    settings = CheckSettings(
+        as_of_ms=data.now_ms + later_ms, grace_ms=30_000, report_rows=report_rows
+    )
     direct = analyze(sources, settings, spark=spark)
     export_nodes(sources, arguments, tmp_path / "export")
     exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
