@@ -23,7 +23,6 @@ from persistence.analytics.checking import (
 )
 from persistence.analytics.evidence import known_flows
 from persistence.analytics.session_columns import counterpart_flow
-from persistence.analytics.session_flows import CONVERSATION, FLOW_KEY, by_node
 from persistence.analytics.waiting import RECEIVE, UNTIL, WAITS
 
 if TYPE_CHECKING:
@@ -65,17 +64,8 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
             F.col("node").alias("p_node"), F.col("flow_id").alias("p_flow"), "paused_at"
         )
     )
-    stored = [FLOW_KEY] if FLOW_KEY in snapshot.checkpoints.columns else []
     live = snapshot.checkpoints.select(
-        "node",
-        "flow_id",
-        "flow_class",
-        "status",
-        "suspended_on",
-        WAITS,
-        UNTIL,
-        "updated_at",
-        *stored,
+        "node", "flow_id", "flow_class", "status", "suspended_on", WAITS, UNTIL, "updated_at"
     )
     held_columns = ["node", "flow_id", "flow_class", "status", "suspended_on", "paused_at"]
     checkpoints = live.where(F.col("status") != "HOSPITALIZED")
@@ -89,29 +79,24 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     else:  # no flow paused: nothing to leave out, no join
         held = live.select(*held_columns[:-1], F.lit(None).cast("bigint").alias("paused_at"))
         held, on_pause = held.limit(0), 0
-    base = _exploded(_stuck_branches(_slim(checkpoints), as_of, limit))
+    checkpoints = _slim(checkpoints)
+    base = _exploded(_stuck_branches(checkpoints, as_of, limit))
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
     # The first rows lie among the rows of the first flows ranked by their longest wait (a
-    # flow's rows sort with it, and a flow gives at least one row). The flows are ranked on
-    # their narrow columns (one expression a row, no explode, no string of ``waits``
-    # decoded: the number of sessions waited on is read from a 64-bit field where the keys
-    # are stored), and the counts observed as that ranking scans every row (no pass of its
-    # own). Then only the first flows' checkpoints are read whole (by their keys) and
-    # exploded into their rows. Both small frames are made at once (checkpointed): the
-    # counterparts' lookup below broadcasts them into a join with each table, and a lazily
-    # cached frame would be computed by each of those broadcasts side by side.
+    # flow's rows sort with it, and a flow gives at least one row): the flows are ranked
+    # (one expression a row, no explode), then only those are exploded into their rows.
+    # The counts are observed as the ranking scans every row (no pass of their own). Both
+    # small frames are made at once (checkpointed): the counterparts' lookup below
+    # broadcasts them into a join with each table, and a lazily cached frame would be
+    # computed by each of those broadcasts side by side (six top-N scans at once).
     counts = Observation("stuck counts")
-    observed = _narrow(snapshot, checkpoints).observe(counts, *_stuck_counts(limit))
-    ranked = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
-    first_flows = ranked.select("node", "flow_id", FLOW_KEY).localCheckpoint(eager=True)
+    observed = checkpoints.observe(counts, *_stuck_counts(limit))
+    first_flows = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
+    first_flows = first_flows.drop("waited_ms").localCheckpoint(eager=True)
     counted = counts.get
     rows, flows = int(counted.get("rows") or 0), int(counted.get("flows") or 0)
     top = first_rows(
-        _exploded(
-            _stuck_branches(_slim(_of_flows(snapshot, checkpoints, first_flows)), as_of, limit)
-        ),
-        order,
-        settings.report_rows,
+        _exploded(_stuck_branches(first_flows, as_of, limit)), order, settings.report_rows
     ).localCheckpoint(eager=True)
     keys = top.where(F.col("session_id").isNotNull()).select(
         F.col("counterparty").alias("k_node"),
@@ -188,7 +173,7 @@ def _slim(checkpoints: DataFrame) -> DataFrame:
 
     ``all_sessions`` and ``all_counterparties``: the sessions a flow waits on and their
     counterparties (``size(waits)`` or the whole ``waits`` would make Spark read every field
-    of every element), and ``waiting``: how many.
+    of every element).
     """
     from pyspark.sql import functions as F
 
@@ -202,53 +187,6 @@ def _slim(checkpoints: DataFrame) -> DataFrame:
         UNTIL,
         F.col(WAITS).getField("session").alias("all_sessions"),
         F.col(WAITS).getField("counterparty").alias("all_counterparties"),
-        _count_of(F.col(WAITS).getField("session")).alias("waiting"),
-    )
-
-
-def _narrow(snapshot: Snapshot, checkpoints: DataFrame) -> DataFrame:
-    """The checkpoint columns the stuck ranking reads: the flow's key, no string of ``waits``.
-
-    ``waiting``: how many sessions a flow waits on, the size of one field of ``waits``: the
-    64-bit conversation key where the export stored the keys, else the session.
-    """
-    from pyspark.sql import functions as F
-
-    def narrow(part: DataFrame, stored: bool) -> DataFrame:
-        key = F.col(FLOW_KEY) if stored else F.xxhash64("node", "flow_id")
-        field = F.col(WAITS).getField(CONVERSATION if stored else "session")
-        return part.select(
-            "node",
-            "flow_id",
-            key.alias(FLOW_KEY),
-            "flow_class",
-            "status",
-            "suspended_on",
-            "updated_at",
-            UNTIL,
-            _count_of(field).alias("waiting"),
-        )
-
-    return by_node(snapshot, checkpoints, narrow)
-
-
-def _of_flows(snapshot: Snapshot, checkpoints: DataFrame, flows: DataFrame) -> DataFrame:
-    """The rows of ``checkpoints`` of ``flows`` (a few: ``node``, ``flow_id``, their key).
-
-    Found by key, a set of 64-bit literals tested in each row of each node (no join of the
-    big table); then joined with ``flows`` by id, so two flows of one key cannot both come.
-    """
-    from pyspark.sql import functions as F
-
-    keys = [row[FLOW_KEY] for row in flows.select(FLOW_KEY).collect()]
-
-    def wanted(part: DataFrame, stored: bool) -> DataFrame:
-        key = F.col(FLOW_KEY) if stored else F.xxhash64("node", "flow_id")
-        return part.where(key.isin(keys))
-
-    found = by_node(snapshot, checkpoints, wanted)
-    return found.join(
-        F.broadcast(flows.select("node", "flow_id")), ["node", "flow_id"], "left_semi"
     )
 
 
@@ -318,17 +256,11 @@ def _stuck_branches(checkpoints: DataFrame, as_of: int, limit: int) -> DataFrame
 
 
 def _sessions() -> Column:
-    """How many sessions a :func:`_slim` or :func:`_narrow` row waits on (0 for none)."""
+    """How many sessions a :func:`_slim` row waits on (0 for none)."""
     from pyspark.sql import functions as F
 
-    return F.col("waiting")
-
-
-def _count_of(array: Column) -> Column:
-    """The size of ``array``, 0 when null."""
-    from pyspark.sql import functions as F
-
-    return F.when(array.isNull(), F.lit(0)).otherwise(F.size(array))
+    sessions = F.col("all_sessions")
+    return F.when(sessions.isNull(), F.lit(0)).otherwise(F.size(sessions))
 
 
 def _exploded(branches: DataFrame) -> DataFrame:
