@@ -13,6 +13,10 @@ the CPU of the command's own process (Python) and the JVM's CPU by group of thre
 * ``GC``: the garbage collector's threads;
 * ``other``: the rest (schedulers, listeners, the VM thread).
 
+Beside each group it prints the part of its CPU spent in the kernel: on a virtual machine
+whose fresh memory is slow to fault in, the garbage collector's and the tasks' first
+touches of new heap pages show there (docs/analytics.md, *Benchmark*).
+
 A figure of a single run: on two shared cores they move by several percent from run to run,
 so compare the shares, and whole runs with ``farm-bench --vs``. It found that the JIT takes
 about a third of the CPU of the 10 M analysis (docs/analytics.md, *Benchmark*).
@@ -56,11 +60,12 @@ def _ticks_per_second() -> int:
     return int(os.sysconf("SC_CLK_TCK"))
 
 
-def _cpu_seconds(stat: str) -> tuple[str, float]:
-    """(name, user + system CPU seconds) of one ``/proc/.../stat`` line."""
+def _cpu_seconds(stat: str) -> tuple[str, float, float]:
+    """(name, user + system CPU seconds, system CPU seconds) of one ``/proc/.../stat`` line."""
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2 :].split()
-    return name, (int(fields[11]) + int(fields[12])) / _ticks_per_second()
+    ticks = _ticks_per_second()
+    return name, (int(fields[11]) + int(fields[12])) / ticks, int(fields[12]) / ticks
 
 
 def _children(pid: int) -> list[int]:
@@ -94,7 +99,7 @@ def _driver_jvm(pid: int) -> int | None:
     return None
 
 
-def _read_threads(pid: int, threads: dict[str, tuple[str, float]]) -> None:
+def _read_threads(pid: int, threads: dict[str, tuple[str, float, float]]) -> None:
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -106,11 +111,14 @@ def _read_threads(pid: int, threads: dict[str, tuple[str, float]]) -> None:
             continue
 
 
-def measure(command: list[str]) -> tuple[float, float, dict[str, float]]:
-    """Run ``command``: (wall seconds, its own process's CPU seconds, JVM CPU by group)."""
+def measure(command: list[str]) -> tuple[float, float, dict[str, tuple[float, float]]]:
+    """Run ``command``: (wall seconds, its own process's CPU seconds, JVM CPU by group).
+
+    Each group's CPU is (all of it, the part spent in the kernel).
+    """
     started = time.perf_counter()
     process = subprocess.Popen(command)
-    threads: dict[str, tuple[str, float]] = {}
+    threads: dict[str, tuple[str, float, float]] = {}
     own = 0.0
     jvm: int | None = None
     while process.poll() is None:
@@ -124,10 +132,11 @@ def measure(command: list[str]) -> tuple[float, float, dict[str, float]]:
     wall = time.perf_counter() - started
     if process.returncode not in (0, 1):
         print(f"the command exited with {process.returncode}", file=sys.stderr)
-    groups: dict[str, float] = {}
-    for name, seconds in threads.values():
+    groups: dict[str, tuple[float, float]] = {}
+    for name, seconds, kernel in threads.values():
         group = group_of(name)
-        groups[group] = groups.get(group, 0.0) + seconds
+        before, before_kernel = groups.get(group, (0.0, 0.0))
+        groups[group] = (before + seconds, before_kernel + kernel)
     return wall, own, groups
 
 
@@ -140,14 +149,18 @@ def main() -> None:
     if not command:
         parser.error("give the command to measure after --")
     wall, own, groups = measure(command)
-    total = sum(groups.values())
+    total = sum(seconds for seconds, _ in groups.values())
+    kernel = sum(part for _, part in groups.values())
     print(f"wall {wall:.1f} s; the command's own process {own:.1f} s of CPU")
     if not total:
         print("no Spark driver JVM was seen (is the master local?)")
         return
-    print(f"driver JVM {total:.1f} s of CPU ({total / wall:.2f} cores on average):")
-    for group, seconds in sorted(groups.items(), key=lambda item: -item[1]):
-        print(f"  {group:8s} {seconds:7.1f} s  {seconds / total:6.1%}")
+    print(
+        f"driver JVM {total:.1f} s of CPU ({total / wall:.2f} cores on average), "
+        f"{kernel:.1f} s of it in the kernel:"
+    )
+    for group, (seconds, in_kernel) in sorted(groups.items(), key=lambda item: -item[1][0]):
+        print(f"  {group:8s} {seconds:7.1f} s  {seconds / total:6.1%}  kernel {in_kernel:6.1f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,214 @@
+"""What a cold analysis spends its time on, job by job: a summary of Spark's event log.
+
+Run an analysis with Spark's event log on (``fiberflow analyze ... --conf
+spark.eventLog.enabled=true --conf spark.eventLog.dir=DIR --conf
+spark.eventLog.compress=false``), then ``python benchmarks/analytics_events.py DIR`` (the
+folder Spark wrote, or the log file in it). It prints:
+
+* each job that took at least ``--min-seconds`` (default 1): when it started, counted from the
+  application's start, how long it took, the time its tasks ran and the part of it they
+  were on a CPU (on two cores, tasks that ran much longer than their CPU time waited for a
+  core: the JIT and the driver had it), the input rows its stages read and the line of the
+  analysis that ran it (Spark's call site, when the driver named one);
+* the totals: jobs, task time and task CPU, when the first job started (Spark's start-up
+  and the snapshot's load before it) and how long no job ran between the first start and
+  the last end (the driver planning, generating and compiling code, collecting results).
+
+The figures of docs/analytics.md's *Benchmark* sections that name jobs (the screening's
+grouping, the stuck ranking) come from this summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+RUN_TIME = "internal.metrics.executorRunTime"
+"""The accumulator of a stage's task run time (milliseconds)."""
+CPU_TIME = "internal.metrics.executorCpuTime"
+"""The accumulator of a stage's task CPU time (nanoseconds)."""
+ROWS_READ = "internal.metrics.input.recordsRead"
+"""The accumulator of the rows a stage's tasks read from their input."""
+COMPRESSED = (".lz4", ".lzf", ".snappy", ".zstd")
+"""Suffixes of the compressed event logs Spark writes (this summary reads plain ones)."""
+
+
+@attrs.frozen
+class Stage:
+    """A completed stage: its task run time, task CPU time and input rows."""
+
+    run_ms: int
+    cpu_ms: float
+    rows: int
+
+
+@attrs.frozen
+class Job:
+    """A job: its id, start and end (epoch ms), stages, and the call site that ran it."""
+
+    job_id: int
+    started_ms: int
+    ended_ms: int
+    stage_ids: tuple[int, ...]
+    call_site: str
+
+
+@attrs.frozen
+class EventLog:
+    """What :func:`read_events` keeps of an event log."""
+
+    app_started_ms: int
+    jobs: tuple[Job, ...]
+    stages: dict[int, Stage]
+
+    def job_stages(self, job: Job) -> list[Stage]:
+        """The completed stages of ``job`` (skipped stages have no metrics)."""
+        return [self.stages[stage] for stage in job.stage_ids if stage in self.stages]
+
+
+def _accumulables(info: dict[str, Any]) -> dict[str, Any]:
+    return {item.get("Name"): item.get("Value") for item in info.get("Accumulables", [])}
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def read_events(lines: Iterable[str]) -> EventLog:
+    """The jobs and stages of an uncompressed event log (one JSON event a line)."""
+    app_started = 0
+    starts: dict[int, tuple[int, tuple[int, ...], str]] = {}
+    ends: dict[int, int] = {}
+    stages: dict[int, Stage] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        kind = event.get("Event")
+        if kind == "SparkListenerApplicationStart":
+            app_started = int(event["Timestamp"])
+        elif kind == "SparkListenerJobStart":
+            properties = event.get("Properties") or {}
+            starts[int(event["Job ID"])] = (
+                int(event["Submission Time"]),
+                tuple(int(stage) for stage in event["Stage IDs"]),
+                str(properties.get("callSite.short", "")),
+            )
+        elif kind == "SparkListenerJobEnd":
+            ends[int(event["Job ID"])] = int(event["Completion Time"])
+        elif kind == "SparkListenerStageCompleted":
+            info = event["Stage Info"]
+            values = _accumulables(info)
+            stages[int(info["Stage ID"])] = Stage(
+                run_ms=int(_number(values.get(RUN_TIME))),
+                cpu_ms=_number(values.get(CPU_TIME)) / 1e6,
+                rows=int(_number(values.get(ROWS_READ))),
+            )
+    jobs = tuple(
+        Job(job_id, started, ends.get(job_id, started), stage_ids, call_site)
+        for job_id, (started, stage_ids, call_site) in sorted(starts.items())
+    )
+    return EventLog(app_started_ms=app_started, jobs=jobs, stages=stages)
+
+
+def idle_ms(jobs: Iterable[Job]) -> int:
+    """Milliseconds between the first job's start and the last one's end with no job running."""
+    spans = sorted((job.started_ms, job.ended_ms) for job in jobs)
+    if not spans:
+        return 0
+    idle, reached = 0, spans[0][1]
+    for started, ended in spans[1:]:
+        if started > reached:
+            idle += started - reached
+        reached = max(reached, ended)
+    return idle
+
+
+def event_file(path: Path) -> Path:
+    """The event log at ``path``: the file itself, or the one log in a folder (or its newest)."""
+    if path.is_file():
+        return path
+    if path.is_dir():
+        candidates = sorted(
+            (item for item in path.rglob("*") if item.is_file() and "events" in item.name),
+            key=lambda item: item.stat().st_mtime,
+        )
+        if not candidates:
+            candidates = sorted(
+                (item for item in path.iterdir() if item.is_file()),
+                key=lambda item: item.stat().st_mtime,
+            )
+        if candidates:
+            return candidates[-1]
+    raise FileNotFoundError(f"no Spark event log at {path}")
+
+
+def summary(log: EventLog, min_seconds: float) -> Iterator[str]:
+    """The lines :func:`main` prints."""
+    yield f"{'job':>5} {'start s':>8} {'took s':>7} {'tasks s':>8} {'cpu s':>6} {'rows':>11}  call"
+    total_run = total_cpu = 0.0
+    for job in log.jobs:
+        stages = log.job_stages(job)
+        run = sum(stage.run_ms for stage in stages) / 1000
+        cpu = sum(stage.cpu_ms for stage in stages) / 1000
+        total_run += run
+        total_cpu += cpu
+        took = (job.ended_ms - job.started_ms) / 1000
+        if took >= min_seconds:
+            rows = sum(stage.rows for stage in stages)
+            start = (job.started_ms - log.app_started_ms) / 1000
+            yield (
+                f"{job.job_id:>5} {start:>8.1f} {took:>7.1f} {run:>8.1f} {cpu:>6.1f} "
+                f"{rows:>11,}  {job.call_site}"
+            )
+    if not log.jobs:
+        yield "no jobs"
+        return
+    first = (min(job.started_ms for job in log.jobs) - log.app_started_ms) / 1000
+    last = (max(job.ended_ms for job in log.jobs) - log.app_started_ms) / 1000
+    yield (
+        f"{len(log.jobs)} jobs; tasks ran {total_run:.1f} s, {total_cpu:.1f} s of it on a CPU; "
+        f"the first job started {first:.1f} s after the application, the last ended at "
+        f"{last:.1f} s; no job ran for {idle_ms(log.jobs) / 1000:.1f} s in between"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the summary of the event log named on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", type=Path, help="the event log, or the folder Spark wrote it in")
+    parser.add_argument(
+        "--min-seconds", type=float, default=1.0, help="list the jobs that took this long"
+    )
+    args = parser.parse_args(argv)
+    try:
+        path = event_file(args.log)
+        if path.suffix in COMPRESSED:
+            print(
+                f"analytics_events: {path} is compressed ({path.suffix}): run the analysis "
+                "with --conf spark.eventLog.compress=false",
+                file=sys.stderr,
+            )
+            return 2
+        with path.open(encoding="utf-8") as lines:
+            log = read_events(lines)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"analytics_events: cannot read {args.log}: {error}", file=sys.stderr)
+        return 2
+    print(f"event log: {path}")
+    for line in summary(log, args.min_seconds):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
