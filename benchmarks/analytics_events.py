@@ -12,7 +12,11 @@ folder Spark wrote, or the log file in it). It prints:
   analysis that ran it (Spark's call site, when the driver named one);
 * the totals: jobs, task time and task CPU, when the first job started (Spark's start-up
   and the snapshot's load before it) and how long no job ran between the first start and
-  the last end (the driver planning, generating and compiling code, collecting results).
+  the last end (the driver planning, generating and compiling code, collecting results);
+* with ``--queries``, each SQL query the analysis ran (an action: a ``count``, a
+  ``collect``, a ``localCheckpoint``): when it started, how long it took, its jobs and tasks
+  and its call site, then the queries' totals. On a small export nearly all of a run's time
+  is these queries' own cost, whatever the rows (docs/analytics.md, *Benchmark*).
 
 The figures of docs/analytics.md's *Benchmark* sections that name jobs (the screening's
 grouping, the stuck ranking) come from this summary.
@@ -35,6 +39,12 @@ CPU_TIME = "internal.metrics.executorCpuTime"
 """The accumulator of a stage's task CPU time (nanoseconds)."""
 ROWS_READ = "internal.metrics.input.recordsRead"
 """The accumulator of the rows a stage's tasks read from their input."""
+EXECUTION_ID = "spark.sql.execution.id"
+"""The job property naming the SQL query (execution) a job ran for."""
+QUERY_START = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
+"""The event of a SQL query's start."""
+QUERY_END = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd"
+"""The event of a SQL query's end."""
 COMPRESSED = (".lz4", ".lzf", ".snappy", ".zstd")
 """Suffixes of the compressed event logs Spark writes (this summary reads plain ones)."""
 
@@ -60,12 +70,27 @@ class Job:
 
 
 @attrs.frozen
+class Query:
+    """A SQL query (one action): its id, start and end (epoch ms) and its description."""
+
+    execution_id: int
+    started_ms: int
+    ended_ms: int
+    description: str
+
+
+@attrs.frozen
 class EventLog:
     """What :func:`read_events` keeps of an event log."""
 
     app_started_ms: int
     jobs: tuple[Job, ...]
     stages: dict[int, Stage]
+    queries: tuple[Query, ...] = ()
+    job_queries: dict[int, int] = attrs.field(factory=dict)
+    """The SQL query each job ran for (job id to execution id), for jobs run by one."""
+    stage_tasks: dict[int, int] = attrs.field(factory=dict)
+    """The tasks each completed stage ran."""
 
     def job_stages(self, job: Job) -> list[Stage]:
         """The completed stages of ``job`` (skipped stages have no metrics)."""
@@ -89,6 +114,10 @@ def read_events(lines: Iterable[str]) -> EventLog:
     starts: dict[int, tuple[int, tuple[int, ...], str]] = {}
     ends: dict[int, int] = {}
     stages: dict[int, Stage] = {}
+    query_starts: dict[int, tuple[int, str]] = {}
+    query_ends: dict[int, int] = {}
+    job_queries: dict[int, int] = {}
+    stage_tasks: dict[int, int] = {}
     for line in lines:
         if not line.strip():
             continue
@@ -103,6 +132,8 @@ def read_events(lines: Iterable[str]) -> EventLog:
                 tuple(int(stage) for stage in event["Stage IDs"]),
                 str(properties.get("callSite.short", "")),
             )
+            if properties.get(EXECUTION_ID) is not None:
+                job_queries[int(event["Job ID"])] = int(properties[EXECUTION_ID])
         elif kind == "SparkListenerJobEnd":
             ends[int(event["Job ID"])] = int(event["Completion Time"])
         elif kind == "SparkListenerStageCompleted":
@@ -113,11 +144,30 @@ def read_events(lines: Iterable[str]) -> EventLog:
                 cpu_ms=_number(values.get(CPU_TIME)) / 1e6,
                 rows=int(_number(values.get(ROWS_READ))),
             )
+            stage_tasks[int(info["Stage ID"])] = int(info.get("Number of Tasks", 0))
+        elif kind == QUERY_START:
+            query_starts[int(event["executionId"])] = (
+                int(event["time"]),
+                str(event.get("description", "")),
+            )
+        elif kind == QUERY_END:
+            query_ends[int(event["executionId"])] = int(event["time"])
+    queries = tuple(
+        Query(execution, started, query_ends.get(execution, started), description)
+        for execution, (started, description) in sorted(query_starts.items())
+    )
     jobs = tuple(
         Job(job_id, started, ends.get(job_id, started), stage_ids, call_site)
         for job_id, (started, stage_ids, call_site) in sorted(starts.items())
     )
-    return EventLog(app_started_ms=app_started, jobs=jobs, stages=stages)
+    return EventLog(
+        app_started_ms=app_started,
+        jobs=jobs,
+        stages=stages,
+        queries=queries,
+        job_queries=job_queries,
+        stage_tasks=stage_tasks,
+    )
 
 
 def idle_ms(jobs: Iterable[Job]) -> int:
@@ -182,12 +232,42 @@ def summary(log: EventLog, min_seconds: float) -> Iterator[str]:
     )
 
 
+def query_summary(log: EventLog) -> Iterator[str]:
+    """The lines ``--queries`` adds: every SQL query, then the queries' totals."""
+    jobs: dict[int, list[Job]] = {}
+    for job in log.jobs:
+        if job.job_id in log.job_queries:
+            jobs.setdefault(log.job_queries[job.job_id], []).append(job)
+    yield f"{'query':>5} {'start s':>8} {'took s':>7} {'jobs':>5} {'tasks':>6}  description"
+    total = 0.0
+    for query in log.queries:
+        took = (query.ended_ms - query.started_ms) / 1000
+        total += took
+        ran = jobs.get(query.execution_id, [])
+        tasks = sum(log.stage_tasks.get(stage, 0) for job in ran for stage in job.stage_ids)
+        start = (query.started_ms - log.app_started_ms) / 1000
+        yield (
+            f"{query.execution_id:>5} {start:>8.1f} {took:>7.2f} {len(ran):>5} {tasks:>6}  "
+            f"{query.description}"
+        )
+    if not log.queries:
+        yield "no SQL queries"
+        return
+    yield (
+        f"{len(log.queries)} SQL queries took {total:.1f} s; "
+        f"{sum(len(ran) for ran in jobs.values())} of the {len(log.jobs)} jobs ran for one"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the summary of the event log named on the command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", type=Path, help="the event log, or the folder Spark wrote it in")
     parser.add_argument(
         "--min-seconds", type=float, default=1.0, help="list the jobs that took this long"
+    )
+    parser.add_argument(
+        "--queries", action="store_true", help="also list every SQL query (action) and its jobs"
     )
     args = parser.parse_args(argv)
     try:
@@ -207,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"event log: {path}")
     for line in summary(log, args.min_seconds):
         print(line)
+    if args.queries:
+        for line in query_summary(log):
+            print(line)
     return 0
 
 

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.analytics_events import event_file, idle_ms, main, read_events, summary
+from benchmarks.analytics_events import (
+    QUERY_END,
+    QUERY_START,
+    event_file,
+    idle_ms,
+    main,
+    query_summary,
+    read_events,
+    summary,
+)
 
 
 def _stage(stage_id: int, run_ms: int, cpu_ns: int, rows: int) -> dict[str, object]:
@@ -15,6 +24,7 @@ def _stage(stage_id: int, run_ms: int, cpu_ns: int, rows: int) -> dict[str, obje
         "Event": "SparkListenerStageCompleted",
         "Stage Info": {
             "Stage ID": stage_id,
+            "Number of Tasks": stage_id + 2,
             "Accumulables": [
                 {"Name": "internal.metrics.executorRunTime", "Value": run_ms},
                 {"Name": "internal.metrics.executorCpuTime", "Value": cpu_ns},
@@ -26,16 +36,18 @@ def _stage(stage_id: int, run_ms: int, cpu_ns: int, rows: int) -> dict[str, obje
 
 EVENTS = [
     {"Event": "SparkListenerApplicationStart", "Timestamp": 1_000},
+    {"Event": QUERY_START, "executionId": 0, "time": 5_500, "description": "count at s.py:10"},
     {
         "Event": "SparkListenerJobStart",
         "Job ID": 0,
         "Submission Time": 6_000,
         "Stage IDs": [0, 1],
-        "Properties": {"callSite.short": "count at screening.py:10"},
+        "Properties": {"callSite.short": "count at screening.py:10", "spark.sql.execution.id": "0"},
     },
     _stage(0, 4_000, 3_000_000_000, 1_000_000),
     _stage(1, 1_000, 500_000_000, 0),
     {"Event": "SparkListenerJobEnd", "Job ID": 0, "Completion Time": 9_000},
+    {"Event": QUERY_END, "executionId": 0, "time": 9_250},
     {"Event": "SparkListenerJobStart", "Job ID": 1, "Submission Time": 11_000, "Stage IDs": [2, 3]},
     _stage(2, 200, 100_000_000, 50),
     {"Event": "SparkListenerJobEnd", "Job ID": 1, "Completion Time": 11_500},
@@ -72,9 +84,22 @@ def test_folder_is_searched_and_compressed_logs_are_refused(
 ) -> None:
     written = _write(tmp_path)
     assert event_file(tmp_path) == written
-    assert main([str(tmp_path), "--min-seconds", "0"]) == 0
-    assert "count at screening.py:10" in capsys.readouterr().out
+    assert main([str(tmp_path), "--min-seconds", "0", "--queries"]) == 0
+    out = capsys.readouterr().out
+    assert "count at screening.py:10" in out and "count at s.py:10" in out
     written.rename(written.with_suffix(".lz4"))
     assert main([str(tmp_path)]) == 2
     assert "compress=false" in capsys.readouterr().err
     assert main([str(tmp_path / "nothing")]) == 2
+
+
+def test_queries_gather_their_jobs_and_tasks(tmp_path: Path) -> None:
+    log = read_events(_write(tmp_path).read_text().splitlines())
+    assert [query.execution_id for query in log.queries] == [0]
+    assert log.job_queries == {0: 0}  # job 1 ran outside any SQL query
+    lines = list(query_summary(log))
+    # query 0: started 4.5 s after the application, took 3.75 s, job 0 with stages 0 and 1
+    assert lines[1].split()[:5] == ["0", "4.5", "3.75", "1", "5"]
+    assert lines[1].endswith("count at s.py:10")
+    assert lines[2] == "1 SQL queries took 3.8 s; 1 of the 2 jobs ran for one"
+    assert list(query_summary(read_events([])))[-1] == "no SQL queries"
