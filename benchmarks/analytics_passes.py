@@ -11,7 +11,8 @@ is the queries' own cost, whatever the rows: the floor a faster pass over the ro
 go below (figures in docs/analytics.md, *Benchmark*).
 
 Run: ``python benchmarks/analytics_passes.py --export-dir DIR --node NAME=URL ...
-[--passes 3] [--as-of MS]`` (the nodes as for ``fiberflow analyze``).
+[--passes 3] [--as-of MS] [--conf KEY=VALUE ...]`` (the nodes and settings as for
+``fiberflow analyze``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run_passes(
     nodes: Sequence[str],
     passes: int,
     as_of_ms: int | None,
-    memory: str,
+    conf: dict[str, str],
 ) -> list[tuple[float, dict[str, float]]]:
     """Each pass's wall seconds and its checks' seconds, after printing Spark's start-up."""
     from persistence.analytics.checking import CheckSettings
@@ -38,7 +39,7 @@ def run_passes(
 
     sources = [parse_node_argument(node) for node in nodes]
     began = time.perf_counter()
-    spark = spark_session("local[*]", conf={"spark.driver.memory": memory})
+    spark = spark_session("local[*]", conf=conf)
     print(f"start Spark: {time.perf_counter() - began:.1f} s", flush=True)
     measured = []
     try:
@@ -80,13 +81,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--passes", type=int, default=3, help="analyses in the one process")
     parser.add_argument("--as-of", type=int, default=None, help="'now' of the checks (epoch ms)")
-    parser.add_argument("--memory", default="10g", help="spark.driver.memory")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        help="KEY=VALUE, a Spark setting (spark.driver.memory is 10g unless given)",
+    )
     args = parser.parse_args(argv)
+    conf = {"spark.driver.memory": "10g"}
+    for item in args.conf:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            parser.error(f"--conf {item!r} must be KEY=VALUE")
+        conf[key] = value
     if args.passes < 1:
         parser.error("--passes must be at least 1")
     if not args.export_dir.is_dir():
         parser.error(f"--export-dir {args.export_dir} is not a folder (make it with --export-only)")
-    for line in table(run_passes(args.export_dir, args.node, args.passes, args.as_of, args.memory)):
+    for line in table(run_passes(args.export_dir, args.node, args.passes, args.as_of, conf)):
         print(line)
     return 0
 

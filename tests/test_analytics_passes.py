@@ -28,3 +28,6 @@ def test_bad_arguments_fail_fast(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["--export-dir", str(tmp_path), "--passes", "0", *node])
     assert "--passes must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--export-dir", str(tmp_path), "--conf", "spark.driver.memory", *node])
+    assert "must be KEY=VALUE" in capsys.readouterr().err
