@@ -14,8 +14,10 @@ folder Spark wrote, or the log file in it). It prints:
   and the snapshot's load before it) and how long no job ran between the first start and
   the last end (the driver planning, generating and compiling code, collecting results);
 * with ``--queries``, each SQL query the analysis ran (an action: a ``count``, a
-  ``collect``, a ``localCheckpoint``): when it started, how long it took, its jobs and tasks
-  and its call site, then the queries' totals. On a small export nearly all of a run's time
+  ``collect``, a ``localCheckpoint``): when it started, how long it took, its jobs and tasks,
+  the step of the analysis it ran for (``load``, a check's name, ``report``: the
+  ``fiberflow.analysis.step`` property ``fiberflow analyze`` gives its jobs) and its call
+  site, then the totals by step and of all the queries. On a small export nearly all of a run's time
   is these queries' own cost, whatever the rows (docs/analytics.md, *Benchmark*).
 
 The figures of docs/analytics.md's *Benchmark* sections that name jobs (the screening's
@@ -39,6 +41,8 @@ CPU_TIME = "internal.metrics.executorCpuTime"
 """The accumulator of a stage's task CPU time (nanoseconds)."""
 ROWS_READ = "internal.metrics.input.recordsRead"
 """The accumulator of the rows a stage's tasks read from their input."""
+STEP = "fiberflow.analysis.step"
+"""The job property naming the step of the analysis (``persistence.analytics.command``)."""
 EXECUTION_ID = "spark.sql.execution.id"
 """The job property naming the SQL query (execution) a job ran for."""
 QUERY_START = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
@@ -67,6 +71,8 @@ class Job:
     ended_ms: int
     stage_ids: tuple[int, ...]
     call_site: str
+    step: str = ""
+    """The step of the analysis the job ran for (:data:`STEP`), or empty."""
 
 
 @attrs.frozen
@@ -111,7 +117,7 @@ def _number(value: Any) -> float:
 def read_events(lines: Iterable[str]) -> EventLog:
     """The jobs and stages of an uncompressed event log (one JSON event a line)."""
     app_started = 0
-    starts: dict[int, tuple[int, tuple[int, ...], str]] = {}
+    starts: dict[int, tuple[int, tuple[int, ...], str, str]] = {}
     ends: dict[int, int] = {}
     stages: dict[int, Stage] = {}
     query_starts: dict[int, tuple[int, str]] = {}
@@ -131,6 +137,7 @@ def read_events(lines: Iterable[str]) -> EventLog:
                 int(event["Submission Time"]),
                 tuple(int(stage) for stage in event["Stage IDs"]),
                 str(properties.get("callSite.short", "")),
+                str(properties.get(STEP) or ""),
             )
             if properties.get(EXECUTION_ID) is not None:
                 job_queries[int(event["Job ID"])] = int(properties[EXECUTION_ID])
@@ -157,8 +164,8 @@ def read_events(lines: Iterable[str]) -> EventLog:
         for execution, (started, description) in sorted(query_starts.items())
     )
     jobs = tuple(
-        Job(job_id, started, ends.get(job_id, started), stage_ids, call_site)
-        for job_id, (started, stage_ids, call_site) in sorted(starts.items())
+        Job(job_id, started, ends.get(job_id, started), stage_ids, call_site, step)
+        for job_id, (started, stage_ids, call_site, step) in sorted(starts.items())
     )
     return EventLog(
         app_started_ms=app_started,
@@ -233,26 +240,37 @@ def summary(log: EventLog, min_seconds: float) -> Iterator[str]:
 
 
 def query_summary(log: EventLog) -> Iterator[str]:
-    """The lines ``--queries`` adds: every SQL query, then the queries' totals."""
+    """The lines ``--queries`` adds: every SQL query, the totals by step, then of all."""
     jobs: dict[int, list[Job]] = {}
     for job in log.jobs:
         if job.job_id in log.job_queries:
             jobs.setdefault(log.job_queries[job.job_id], []).append(job)
-    yield f"{'query':>5} {'start s':>8} {'took s':>7} {'jobs':>5} {'tasks':>6}  description"
+    header = f"{'query':>5} {'start s':>8} {'took s':>7} {'jobs':>5} {'tasks':>6}"
+    yield f"{header}  {'step':<20} description"
+    by_step: dict[str, list[float]] = {}
     total = 0.0
     for query in log.queries:
         took = (query.ended_ms - query.started_ms) / 1000
         total += took
         ran = jobs.get(query.execution_id, [])
         tasks = sum(log.stage_tasks.get(stage, 0) for job in ran for stage in job.stage_ids)
+        step = next((job.step for job in ran if job.step), "-")
+        sums = by_step.setdefault(step, [0.0, 0.0, 0.0, 0.0])
+        sums[0] += 1
+        sums[1] += len(ran)
+        sums[2] += tasks
+        sums[3] += took
         start = (query.started_ms - log.app_started_ms) / 1000
         yield (
             f"{query.execution_id:>5} {start:>8.1f} {took:>7.2f} {len(ran):>5} {tasks:>6}  "
-            f"{query.description}"
+            f"{step:<20} {query.description}"
         )
     if not log.queries:
         yield "no SQL queries"
         return
+    yield f"{'step':<20} {'queries':>7} {'jobs':>5} {'tasks':>6} {'took s':>7}"
+    for step, (queries, step_jobs, step_tasks, step_took) in by_step.items():
+        yield (f"{step:<20} {queries:>7.0f} {step_jobs:>5.0f} {step_tasks:>6.0f} {step_took:>7.1f}")
     yield (
         f"{len(log.queries)} SQL queries took {total:.1f} s; "
         f"{sum(len(ran) for ran in jobs.values())} of the {len(log.jobs)} jobs ran for one"

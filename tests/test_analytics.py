@@ -456,6 +456,41 @@ def test_clean_network_passes_and_the_cli_exits_zero(
 
 
 @pytest.mark.spark
+def test_each_check_runs_its_spark_jobs_under_its_step_name(
+    spark: Any, clean: NetworkData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs of a check carry its name (``fiberflow.analysis.step``), cleared after."""
+    require_jdbc()
+    from persistence.analytics import checks
+    from persistence.analytics.checking import INFO, CheckResult, Verdict
+    from persistence.analytics.command import STEP_PROPERTY
+
+    context = spark.sparkContext
+    seen: list[str | None] = []
+
+    def recording(snapshot: Any, settings: CheckSettings) -> CheckResult:
+        seen.append(context.getLocalProperty(STEP_PROPERTY))
+        frame = snapshot.checkpoints.select("node", "flow_id")
+        return CheckResult("recording", "recording", frame, Verdict(INFO, "seen"))
+
+    def failing(snapshot: Any, settings: CheckSettings) -> CheckResult:
+        seen.append(context.getLocalProperty(STEP_PROPERTY))
+        raise RuntimeError("the check broke")
+
+    sources = [parse_node_argument(s) for s in clean.sources()]
+    monkeypatch.setattr(checks, "CHECKS", (("recording", recording),))
+    report = analyze(sources, settings_for(clean), spark=spark)
+    assert [check.name for check in report.checks] == ["recording"]
+    assert seen == ["recording"]
+    assert context.getLocalProperty(STEP_PROPERTY) is None
+    monkeypatch.setattr(checks, "CHECKS", (("failing", failing),))
+    with pytest.raises(RuntimeError, match="the check broke"):
+        analyze(sources, settings_for(clean), spark=spark)
+    assert seen == ["recording", "failing"]
+    assert context.getLocalProperty(STEP_PROPERTY) is None  # put back on the error too
+
+
+@pytest.mark.spark
 def test_flow_counts_match_the_databases(clean_cli: dict[str, Any], clean: NetworkData) -> None:
     expected: dict[tuple[str, str], int] = {}
     for name in NAMES:

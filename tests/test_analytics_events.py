@@ -42,7 +42,11 @@ EVENTS = [
         "Job ID": 0,
         "Submission Time": 6_000,
         "Stage IDs": [0, 1],
-        "Properties": {"callSite.short": "count at screening.py:10", "spark.sql.execution.id": "0"},
+        "Properties": {
+            "callSite.short": "count at screening.py:10",
+            "spark.sql.execution.id": "0",
+            "fiberflow.analysis.step": "stuck_flows",
+        },
     },
     _stage(0, 4_000, 3_000_000_000, 1_000_000),
     _stage(1, 1_000, 500_000_000, 0),
@@ -97,9 +101,11 @@ def test_queries_gather_their_jobs_and_tasks(tmp_path: Path) -> None:
     log = read_events(_write(tmp_path).read_text().splitlines())
     assert [query.execution_id for query in log.queries] == [0]
     assert log.job_queries == {0: 0}  # job 1 ran outside any SQL query
+    assert [job.step for job in log.jobs] == ["stuck_flows", ""]
     lines = list(query_summary(log))
     # query 0: started 4.5 s after the application, took 3.75 s, job 0 with stages 0 and 1
-    assert lines[1].split()[:5] == ["0", "4.5", "3.75", "1", "5"]
+    assert lines[1].split()[:6] == ["0", "4.5", "3.75", "1", "5", "stuck_flows"]
     assert lines[1].endswith("count at s.py:10")
-    assert lines[2] == "1 SQL queries took 3.8 s; 1 of the 2 jobs ran for one"
+    assert lines[3].split() == ["stuck_flows", "1", "1", "5", "3.8"]  # the totals by step
+    assert lines[4] == "1 SQL queries took 3.8 s; 1 of the 2 jobs ran for one"
     assert list(query_summary(read_events([])))[-1] == "no SQL queries"

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger("fiberflow.analyze")
 
+STEP_PROPERTY = "fiberflow.analysis.step"
+"""The Spark local property naming the step of the analysis each Spark job ran for:
+``load``, a check's name (``stuck_flows``), ``findings`` or ``report``. Spark keeps it in
+each job's properties, so the event log (``benchmarks/analytics_events.py --queries``) and
+the Spark UI's job details tell which check a job belonged to."""
+
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -275,20 +281,24 @@ def analyze(
     if export_dir is not None:
         from persistence.analytics.export import load_export
 
-        with progress.step(
-            f"load the export of {len(sources)} node{plural}", "reading the Parquet export"
+        with (
+            progress.step(
+                f"load the export of {len(sources)} node{plural}", "reading the Parquet export"
+            ),
+            spark_step(spark, "load"),
         ):
             snapshot = load_export(spark, export_dir, sources)
     else:
-        snapshot = _load_databases(
-            sources,
-            spark=spark,
-            jar_search=jar_search,
-            read=read,
-            staging_dir=staging_dir,
-            progress=progress,
-            on_snapshot=on_snapshot,
-        )
+        with spark_step(spark, "load"):
+            snapshot = _load_databases(
+                sources,
+                spark=spark,
+                jar_search=jar_search,
+                read=read,
+                staging_dir=staging_dir,
+                progress=progress,
+                on_snapshot=on_snapshot,
+            )
     load_seconds = time.perf_counter() - started
     with snapshot:
         if keys:
@@ -300,19 +310,28 @@ def analyze(
         seconds: dict[str, float] = {}
         for index, (name, check) in enumerate(CHECKS, start=1):
             title = CHECK_TITLES.get(name, name)
-            with progress.step(
-                f"[{index}/{len(CHECKS)}] {title}", f"running the {title} check ({name})"
+            with (
+                progress.step(
+                    f"[{index}/{len(CHECKS)}] {title}", f"running the {title} check ({name})"
+                ),
+                spark_step(spark, name),
             ):
                 began = time.perf_counter()
                 results.append(check(snapshot, settings))
                 seconds[name] = time.perf_counter() - began
         written: dict[str, str] = {}
         if findings_dir is not None:
-            with progress.step(
-                f"write the full findings to {findings_dir}", "writing the full findings"
+            with (
+                progress.step(
+                    f"write the full findings to {findings_dir}", "writing the full findings"
+                ),
+                spark_step(spark, "findings"),
             ):
                 written = write_findings(results, findings_dir)
-        with progress.step("collect the report", "collecting the report"):
+        with (
+            progress.step("collect the report", "collecting the report"),
+            spark_step(spark, "report"),
+        ):
             return collect_report(
                 snapshot,
                 results,
@@ -487,6 +506,21 @@ def failure_line(error: BaseException, doing: str) -> str:
     if isinstance(error, spark_errors()):
         return f"Spark failed while {doing}: {first_line(error)}"
     return f"failed while {doing}: {type(error).__name__}: {first_line(error)}"
+
+
+@contextmanager
+def spark_step(spark: SparkSession, step: str) -> Iterator[None]:
+    """Name ``step`` in :data:`STEP_PROPERTY` for the Spark jobs run inside (this thread's).
+
+    The value it replaces is put back afterwards (None: no step), also on an error.
+    """
+    context = spark.sparkContext
+    before = context.getLocalProperty(STEP_PROPERTY)
+    context.setLocalProperty(STEP_PROPERTY, step)
+    try:
+        yield
+    finally:
+        context.setLocalProperty(STEP_PROPERTY, before)  # type: ignore[arg-type]
 
 
 @contextmanager
