@@ -455,6 +455,38 @@ def test_clean_network_passes_and_the_cli_exits_zero(
     assert clean_cli["html"].count("<svg") == 3 and "fiberflow analysis" in clean_cli["html"]
 
 
+def test_a_step_that_ends_with_the_jvm_gone_raises_its_own_error() -> None:
+    """Putting the step property back fails when the JVM died: the step's error is raised."""
+    from persistence.analytics.command import STEP_PROPERTY, spark_step
+
+    class GoneContext:
+        def __init__(self) -> None:
+            self.properties: dict[str, str | None] = {STEP_PROPERTY: "load"}
+            self.alive = True
+
+        def getLocalProperty(self, key: str) -> str | None:
+            return self.properties.get(key)
+
+        def setLocalProperty(self, key: str, value: str | None) -> None:
+            if not self.alive:
+                raise ConnectionError("the JVM is gone")
+            self.properties[key] = value
+
+    context = GoneContext()
+    spark: Any = type("Spark", (), {"sparkContext": context})()
+    with spark_step(spark, "stuck_flows"):
+        assert context.properties[STEP_PROPERTY] == "stuck_flows"
+    assert context.properties[STEP_PROPERTY] == "load"  # the outer step's name is back
+    with pytest.raises(RuntimeError, match="the check broke"), spark_step(spark, "stuck_flows"):
+        context.alive = False
+        raise RuntimeError("the check broke")
+    assert context.properties[STEP_PROPERTY] == "stuck_flows"  # could not be put back
+    context.alive, context.properties[STEP_PROPERTY] = True, "load"
+    with pytest.raises(RuntimeError, match="the check broke"), spark_step(spark, "stuck_flows"):
+        raise RuntimeError("the check broke")
+    assert context.properties[STEP_PROPERTY] == "load"
+
+
 @pytest.mark.spark
 def test_each_check_runs_its_spark_jobs_under_its_step_name(
     spark: Any, clean: NetworkData, monkeypatch: pytest.MonkeyPatch

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -512,15 +512,20 @@ def failure_line(error: BaseException, doing: str) -> str:
 def spark_step(spark: SparkSession, step: str) -> Iterator[None]:
     """Name ``step`` in :data:`STEP_PROPERTY` for the Spark jobs run inside (this thread's).
 
-    The value it replaces is put back afterwards (None: no step), also on an error.
+    The value it replaces is put back afterwards (None: no step), also on an error; when
+    putting it back fails too (the JVM is gone), the error that ended the step is the one
+    raised, so the command's one line names it.
     """
     context = spark.sparkContext
     before = context.getLocalProperty(STEP_PROPERTY)
     context.setLocalProperty(STEP_PROPERTY, step)
     try:
         yield
-    finally:
-        context.setLocalProperty(STEP_PROPERTY, before)  # type: ignore[arg-type]
+    except BaseException:
+        with suppress(Exception):
+            context.setLocalProperty(STEP_PROPERTY, before)  # type: ignore[arg-type]
+        raise
+    context.setLocalProperty(STEP_PROPERTY, before)  # type: ignore[arg-type]
 
 
 @contextmanager
