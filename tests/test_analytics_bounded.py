@@ -6,7 +6,7 @@ The network data and its fixtures are those of ``tests/test_analytics.py``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -51,3 +51,58 @@ def test_stuck_findings_are_bounded_with_exact_counts_and_the_full_list_in_parqu
     assert {p.name for p in folder.iterdir()} >= {"stuck_flows", "session_consistency"}
     text = render_text(bounded)
     assert f"{len(every)} findings; the report keeps the first 2" in text
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("rows_kept", [3, 10])
+def test_counts_and_first_rows_are_exact_whether_or_not_the_frame_fits(
+    spark: Any, rows_kept: int
+) -> None:
+    """Short frames are counted from their collected rows, long ones by Spark: same counts."""
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.checking import count_with_first_rows
+
+    frame = (
+        spark.range(6)
+        .select(
+            F.col("id"),
+            F.when(F.col("id") < 4, "a").otherwise("b").alias("kind"),
+            (F.col("id") * 10).alias("weight"),
+        )
+        .orderBy("id")
+    )
+    counts, first = count_with_first_rows(frame, "kind", rows_kept)
+    assert counts == {"a": 4, "b": 2}
+    assert first.complete is (rows_kept >= 6)
+    assert [row["id"] for row in first.rows] == list(range(min(rows_kept, 6)))
+    sums, _ = count_with_first_rows(frame, "kind", rows_kept, weight="weight")
+    assert sums == {"a": 60, "b": 90}
+
+
+class _FrameThatMustNotRun:
+    """A stand-in DataFrame: the report may read its columns, never run it."""
+
+    columns: ClassVar[list[str]] = ["id", "kind"]
+
+    def limit(self, rows: int) -> Any:
+        raise AssertionError("the report asked Spark for rows it already had")
+
+    def count(self) -> int:
+        raise AssertionError("the report asked Spark for a count it already had")
+
+
+def test_the_report_shows_the_rows_its_check_collected_without_asking_spark_again() -> None:
+    """A check's collected first rows are the report's table: no second query."""
+    from persistence.analytics.checking import FirstRows
+    from persistence.analytics.report import collect_table
+
+    frame: Any = _FrameThatMustNotRun()
+    whole = FirstRows(((1, "a"), (2, "b")), complete=True)
+    table = collect_table(frame, 200, first=whole)
+    assert (table.rows, table.total) == ([[1, "a"], [2, "b"]], 2)
+    longer = FirstRows(((1, "a"), (2, "b"), (3, "c")), complete=False)
+    table = collect_table(frame, 2, total=7, first=longer)
+    assert (table.rows, table.total) == ([[1, "a"], [2, "b"]], 7)
+    with pytest.raises(AssertionError, match="rows it already had"):
+        collect_table(frame, 5, first=longer)  # fewer than asked for: Spark must be asked

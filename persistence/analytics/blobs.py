@@ -34,6 +34,7 @@ from persistence.analytics.checking import (
     CheckSettings,
     Verdict,
     as_of_ms,
+    count_with_first_rows,
     keep,
 )
 from persistence.analytics.session_columns import counterpart_flow, message_session, peer_session
@@ -105,10 +106,7 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         .orderBy("kind", "node", "flow_id", "session_id", "sequence")
     )
     frame = keep(snapshot, frame)
-    counts = {
-        row["kind"]: row["n"]
-        for row in frame.groupBy("kind").agg(F.count("*").alias("n")).collect()
-    }
+    counts, first = count_with_first_rows(frame, "kind", settings.report_rows)
     found = sum(counts.values())
     blobs = sum(facts.blobs.values())
     read = f"{blobs} blob{'s' if blobs != 1 else ''} of {', '.join(keyed)} opened"
@@ -133,6 +131,7 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         frame,
         verdict,
         extras={"sessions": keep(snapshot, sessions)},
+        first=first,
     )
 
 

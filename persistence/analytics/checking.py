@@ -9,8 +9,9 @@ timestamps with ``CheckSettings.as_of_ms`` (default: the snapshot time, see
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -72,6 +73,20 @@ class CheckSettings:
 
 
 @attrs.frozen
+class FirstRows:
+    """A findings frame's first rows, collected by its check with the action that counted them.
+
+    The report shows them instead of asking Spark for the frame's first rows again (a query,
+    and on a cold JVM its planning and code generation, saved per check).
+    """
+
+    rows: tuple[Any, ...]
+    """The frame's first rows (Spark ``Row`` objects), in the frame's order."""
+    complete: bool
+    """True when ``rows`` are every row of the frame."""
+
+
+@attrs.frozen
 class CheckResult:
     """A check's outcome: its findings as a DataFrame, a verdict and supporting frames."""
 
@@ -88,6 +103,9 @@ class CheckResult:
     :func:`write_findings`) when ``frame`` holds only its first rows; None otherwise."""
     extra_totals: dict[str, int] = attrs.field(factory=dict)
     """Rows of the whole list of each extra that holds only its first rows (by name)."""
+    first: FirstRows | None = None
+    """The first rows of ``frame``, when the check collected them with its counts
+    (:func:`count_with_first_rows`); None: the report collects them."""
 
     @property
     def findings_frame(self) -> DataFrame:
@@ -158,6 +176,30 @@ def first_rows(frame: DataFrame, order: Sequence[Column | str], rows: int) -> Da
     no shuffle of every row, and only ``n`` rows per partition reach the driver.
     """
     return frame.orderBy(*order).limit(rows)
+
+
+def count_with_first_rows(
+    frame: DataFrame, key: str, rows: int, weight: str | None = None
+) -> tuple[dict[Any, int], FirstRows]:
+    """The rows of ``frame`` counted by the value of column ``key``, and its first ``rows`` rows.
+
+    With ``weight``, the values of that column are summed instead of the rows counted. One
+    Spark action when the frame has at most ``rows`` rows (the common case of a check's
+    findings): its first ``rows + 1`` rows are collected and counted here; a longer frame
+    is counted by Spark (a second action). The first rows go to the report in
+    :attr:`CheckResult.first`.
+    """
+    from pyspark.sql import functions as F
+
+    taken = frame.limit(rows + 1).collect()
+    if len(taken) <= rows:
+        counts: Counter[Any] = Counter()
+        for row in taken:
+            counts[row[key]] += 1 if weight is None else int(row[weight] or 0)
+        return dict(counts), FirstRows(tuple(taken), complete=True)
+    measure = F.count("*") if weight is None else F.sum(weight)
+    counted = frame.groupBy(key).agg(measure.alias("n")).collect()
+    return {row[key]: int(row["n"] or 0) for row in counted}, FirstRows(tuple(taken[:rows]), False)
 
 
 def write_findings(results: Sequence[CheckResult], directory: str) -> dict[str, str]:

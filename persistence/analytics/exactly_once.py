@@ -21,6 +21,7 @@ from persistence.analytics.checking import (
     CheckSettings,
     Verdict,
     as_of_ms,
+    count_with_first_rows,
     duration,
     is_analyzed,
     keep,
@@ -211,10 +212,7 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
         twice.unionByName(reused).unionByName(mismatch).unionByName(gaps).unionByName(undelivered)
     )
     frame = keep(snapshot, frame.orderBy("kind", "node", "session_id", "sequence"))
-    counts = {
-        row["kind"]: row["n"]
-        for row in frame.groupBy("kind").agg(F.count("*").alias("n")).collect()
-    }
+    counts, first = count_with_first_rows(frame, "kind", settings.report_rows)
     found = sum(counts.values())
     if found:
         parts = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
@@ -227,7 +225,7 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
             "no message consumed twice, no malformed id, no sequence gap, no outbox message "
             f"older than {duration(settings.outbox_after_ms)}",
         )
-    return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict)
+    return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict, first=first)
 
 
 def _sequence_gaps(

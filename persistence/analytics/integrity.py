@@ -29,7 +29,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.checking import FAIL, OK, CheckResult, CheckSettings, Verdict, keep
+from persistence.analytics.checking import (
+    FAIL,
+    OK,
+    CheckResult,
+    CheckSettings,
+    Verdict,
+    count_with_first_rows,
+    keep,
+)
 from persistence.analytics.layout import BLOB, FAILED, FINISHED, FLOWS, LIVE
 from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import FLOW_KEY, flow_keys
@@ -243,14 +251,11 @@ def node_integrity(snapshot: Snapshot, settings: CheckSettings | None = None) ->
         .orderBy("node", "kind", "flow_id")
     )
     findings = keep(snapshot, findings)
-    counts = {
-        row["kind"]: row["findings"]
-        for row in findings.groupBy("kind").agg(F.count("*").alias("findings")).collect()
-    }
+    counts, first = count_with_first_rows(findings, "kind", settings.report_rows)
     found = sum(counts.values())
     if found:
         detail = ", ".join(f"{counts[k]} {k.replace('_', ' ')}" for k in KINDS if k in counts)
         verdict = Verdict(FAIL, f"{found} flow{'s' if found != 1 else ''}: {detail}", found)
     else:
         verdict = Verdict(OK, "every checkpoint row has its blob; no flow is finished and live")
-    return CheckResult("node_integrity", "Node integrity", findings, verdict)
+    return CheckResult("node_integrity", "Node integrity", findings, verdict, first=first)

@@ -23,6 +23,7 @@ from persistence.analytics.checking import (
     CheckResult,
     CheckSettings,
     Verdict,
+    count_with_first_rows,
     duration,
     first_rows,
     keep,
@@ -122,15 +123,12 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         .select("node", "flow_class", "status", "flows")
         .orderBy("node", "flow_class", "status"),
     )
-    totals = {
-        row["status"]: row["flows"]
-        for row in frame.groupBy("status").agg(F.sum("flows").alias("flows")).collect()
-    }
+    totals, first = count_with_first_rows(frame, "status", settings.report_rows, weight="flows")
     total = sum(totals.values())
     parts = ", ".join(f"{count} {status}" for status, count in sorted(totals.items()))
     summary = f"{total} flows on {len(snapshot.nodes)} nodes" + (f": {parts}" if parts else "")
     return CheckResult(
-        "flow_counts", "Flows by node, class and status", frame, Verdict(INFO, summary)
+        "flow_counts", "Flows by node, class and status", frame, Verdict(INFO, summary), first=first
     )
 
 
@@ -386,13 +384,12 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
             settings.report_rows,
         ),
     )
-    counts = {
-        row["h"]: row["n"]
-        for row in frame.groupBy((F.col("outcome") == "HOSPITALIZED").alias("h"))
-        .agg(F.sum("flows").alias("n"))
-        .collect()
-    }
-    kept_count, failed_count = counts.get(True, 0), counts.get(False, 0)
+    by_outcome, first = count_with_first_rows(
+        frame, "outcome", settings.report_rows, weight="flows"
+    )
+    kept_count = by_outcome.get("HOSPITALIZED", 0)
+    # an outcome that is null counted on neither side, as Spark's ``outcome = 'HOSPITALIZED'``
+    failed_count = sum(n for o, n in by_outcome.items() if o not in (None, "HOSPITALIZED"))
     summary = f"{kept_count} in the hospital, {failed_count} failed"
     verdict = Verdict(WARN if kept_count else INFO, summary, kept_count + failed_count)
     return CheckResult(
@@ -402,4 +399,5 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
         verdict,
         extras={"hospitalized": listed},
         extra_totals={"hospitalized": kept_count},
+        first=first,
     )

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from persistence.analytics.checking import CheckResult, CheckSettings, duration, worst
+from persistence.analytics.checking import (
+    CheckResult,
+    CheckSettings,
+    FirstRows,
+    duration,
+    worst,
+)
 from persistence.analytics.checks import CHECKS
 
 if TYPE_CHECKING:
@@ -108,13 +114,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def collect_table(frame: DataFrame, row_limit: int, total: int | None = None) -> Table:
+def collect_table(
+    frame: DataFrame, row_limit: int, total: int | None = None, first: FirstRows | None = None
+) -> Table:
     """The first ``row_limit`` rows of ``frame`` and its row count.
 
     ``total`` is the count when ``frame`` holds only the first rows of a longer list (a
-    check's bounded findings, :attr:`CheckResult.total`).
+    check's bounded findings, :attr:`CheckResult.total`). ``first``: the frame's first rows
+    as its check collected them (:attr:`CheckResult.first`); Spark is asked again only when
+    they are fewer than ``row_limit`` without being the whole frame, or for the count of a
+    longer frame.
     """
-    rows = frame.limit(row_limit).collect()
+    if first is not None and (first.complete or len(first.rows) >= row_limit):
+        rows = list(first.rows[:row_limit])
+        if total is None and first.complete:
+            total = len(first.rows)
+    else:
+        rows = frame.limit(row_limit).collect()
     if total is None:
         total = frame.count() if len(rows) >= row_limit else len(rows)
     return Table(
@@ -151,7 +167,7 @@ def collect_report(
     checks = []
     for result in results:
         started = time.perf_counter()
-        table = collect_table(result.frame, row_limit, result.total)
+        table = collect_table(result.frame, row_limit, result.total, result.first)
         extras = {
             key: collect_table(frame, row_limit, result.extra_totals.get(key))
             for key, frame in result.extras.items()
