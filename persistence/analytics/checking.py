@@ -191,15 +191,25 @@ def count_with_first_rows(
     """
     from pyspark.sql import functions as F
 
-    taken = frame.limit(rows + 1).collect()
-    if len(taken) <= rows:
+    first = take_first_rows(frame, rows)
+    if first.complete:
         counts: Counter[Any] = Counter()
-        for row in taken:
+        for row in first.rows:
             counts[row[key]] += 1 if weight is None else int(row[weight] or 0)
-        return dict(counts), FirstRows(tuple(taken), complete=True)
+        return dict(counts), first
     measure = F.count("*") if weight is None else F.sum(weight)
     counted = frame.groupBy(key).agg(measure.alias("n")).collect()
-    return {row[key]: int(row["n"] or 0) for row in counted}, FirstRows(tuple(taken[:rows]), False)
+    return {row[key]: int(row["n"] or 0) for row in counted}, first
+
+
+def take_first_rows(frame: DataFrame, rows: int) -> FirstRows:
+    """The first ``rows`` rows of ``frame`` (one Spark action), and whether they are all of it.
+
+    A check that can judge a short frame from its rows does so in Python and hands them to
+    the report (:attr:`CheckResult.first`); a longer one it asks Spark about.
+    """
+    taken = frame.limit(rows + 1).collect()
+    return FirstRows(tuple(taken[:rows]), complete=len(taken) <= rows)
 
 
 def write_findings(results: Sequence[CheckResult], directory: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from persistence.analytics.checking import (
     duration,
     first_rows,
     keep,
+    take_first_rows,
 )
 from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import FLOW_KEY, flow_keys
@@ -185,7 +186,11 @@ def flows_over_time(snapshot: Snapshot, settings: CheckSettings | None = None) -
         .orderBy("bucket_start_ms", "status")
     )
     frame = keep(snapshot, frame)
-    buckets = frame.select("bucket_start_ms").distinct().count()
+    first = take_first_rows(frame, settings.report_rows)
+    if first.complete:
+        buckets = len({row["bucket_start_ms"] for row in first.rows})
+    else:
+        buckets = frame.select("bucket_start_ms").distinct().count()
     summary = f"{buckets} bucket{'s' if buckets != 1 else ''} of {duration(bucket)}"
     return CheckResult(
         "flows_over_time",
@@ -193,6 +198,7 @@ def flows_over_time(snapshot: Snapshot, settings: CheckSettings | None = None) -
         frame,
         Verdict(INFO, summary),
         extras={},
+        first=first,
     )
 
 
@@ -267,19 +273,30 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         .orderBy("from_bytes")
     )
     histogram = keep(snapshot, histogram)
-    total = frame.agg(
-        F.sum("flows").alias("n"), F.sum("total_bytes").alias("b"), F.max("max_bytes").alias("m")
-    ).first()
-    n = int(total["n"]) if total is not None and total["n"] is not None else 0
+    # a row per flow class: summed up here from the rows the report shows, when they are all
+    first = take_first_rows(frame, settings.report_rows)
+    if first.complete:
+        n = sum(row["flows"] or 0 for row in first.rows)
+        b = sum(row["total_bytes"] or 0 for row in first.rows)
+        m = max((row["max_bytes"] for row in first.rows if row["max_bytes"] is not None), default=0)
+    else:
+        total = frame.agg(
+            F.sum("flows").alias("n"),
+            F.sum("total_bytes").alias("b"),
+            F.max("max_bytes").alias("m"),
+        ).first()
+        assert total is not None  # an aggregation without grouping has one row
+        n, b, m = int(total["n"] or 0), int(total["b"] or 0), int(total["m"] or 0)
     summary = f"{n} live checkpoints"
-    if n and total is not None:
-        summary += f", {int(total['b'] or 0)} bytes in all, the largest {int(total['m'])} bytes"
+    if n:
+        summary += f", {b} bytes in all, the largest {m} bytes"
     return CheckResult(
         "checkpoint_costs",
         "Checkpoint size and journal length (replay cost)",
         frame,
         Verdict(INFO, summary),
         extras={"offenders": offenders, "size_histogram": histogram},
+        first=first,
     )
 
 
