@@ -98,9 +98,11 @@ class CheckResult:
     total: int | None = None
     """Rows of the full findings list when ``frame`` holds only its first rows (bounded
     findings); None when ``frame`` is the whole list."""
-    full: DataFrame | None = None
+    full: DataFrame | Callable[[], DataFrame] | None = None
     """The full findings list (not cached, computed only when written, see
-    :func:`write_findings`) when ``frame`` holds only its first rows; None otherwise."""
+    :func:`write_findings`) when ``frame`` holds only its first rows; None otherwise. A
+    function making it, when even planning it costs a Spark query (it is called only when
+    the list is written)."""
     extra_totals: dict[str, int] = attrs.field(factory=dict)
     """Rows of the whole list of each extra that holds only its first rows (by name)."""
     first: FirstRows | None = None
@@ -110,7 +112,9 @@ class CheckResult:
     @property
     def findings_frame(self) -> DataFrame:
         """Every finding: ``full`` when the check bounded its frame, else ``frame``."""
-        return self.full if self.full is not None else self.frame
+        if self.full is None:
+            return self.frame
+        return self.full() if callable(self.full) else self.full
 
 
 CheckFunction = Callable[["Snapshot", CheckSettings], CheckResult]

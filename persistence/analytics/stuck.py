@@ -106,7 +106,12 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     # for the full list, when it is written
     wanted = known_flows(snapshot, only=keep(snapshot, keys))
     frame = keep(snapshot, _with_counterparts(snapshot, top, wanted).orderBy(*order))
-    full = _with_counterparts(snapshot, base, known_flows(snapshot))
+
+    def full() -> DataFrame:
+        # built only when written (--findings-dir): every known flow's status is a query of
+        # its own (the status pairs of all checkpoints), not to be paid for the report
+        return _with_counterparts(snapshot, base, known_flows(snapshot))
+
     threshold = duration(settings.stuck_after_ms)
     aside = f" ({on_pause} paused by an operator, not judged)" if on_pause else ""
     if flows:
