@@ -5,6 +5,7 @@ The network data and its fixtures are those of ``tests/test_analytics.py``.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -106,3 +107,46 @@ def test_the_report_shows_the_rows_its_check_collected_without_asking_spark_agai
     assert (table.rows, table.total) == ([[1, "a"], [2, "b"]], 7)
     with pytest.raises(AssertionError, match="rows it already had"):
         collect_table(frame, 5, first=longer)  # fewer than asked for: Spark must be asked
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("bucket_hours", [1, 3, 0])
+def test_the_series_from_flow_counts_hours_equals_a_pass_of_its_own(
+    spark: Any, clean: NetworkData, tmp_path: Path, bucket_hours: int
+) -> None:
+    """flows_over_time summed from flow_counts' events per hour, or read anew: same rows.
+
+    The events are spread over 30 hours; 0 hours is a 15-minute bucket, which the hourly
+    events cannot give (read anew in both runs).
+    """
+    from persistence.analytics import load_nodes
+    from persistence.analytics.checking import HOUR_MS, MINUTE_MS
+    from persistence.analytics.inventory import flow_counts, flows_over_time
+
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "spread")
+    for path in data.databases.values():
+        with sqlite3.connect(path) as connection:
+            for table, column in (
+                ("node_checkpoints", "updated_at"),
+                ("node_flow_results", "completed_at"),
+                ("node_flow_exceptions", "failed_at"),
+            ):
+                connection.execute(
+                    f"UPDATE {table} SET {column} = {column} - (rowid % 30) * {HOUR_MS} - rowid"
+                )
+        connection.close()
+    sources = [parse_node_argument(s) for s in data.sources()]
+    bucket = bucket_hours * HOUR_MS or 15 * MINUTE_MS
+    settings = CheckSettings(bucket_ms=bucket)
+    with load_nodes(spark, sources) as snapshot:
+        alone = flows_over_time(snapshot, settings)  # no flow_counts before it: its own pass
+        expected = alone.frame.collect()
+    with load_nodes(spark, sources) as snapshot:
+        flow_counts(snapshot, settings)
+        assert snapshot.shared_value(("events by hour",), lambda: None) is not None
+        shared = flows_over_time(snapshot, settings)
+        assert shared.frame.collect() == expected
+        assert shared.verdict.summary == alone.verdict.summary
+    assert len({row["bucket_start_ms"] for row in expected}) > 2  # spread, not one bucket
+    assert sum(row["flows"] for row in expected) > 0
