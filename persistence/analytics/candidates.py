@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import CheckSettings, as_of_ms
 from persistence.analytics.screening import screen
-from persistence.analytics.session import LITERAL_KEYS
 from persistence.analytics.session_columns import (
     conversation_key,
     counterpart_flow,
@@ -84,7 +83,6 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
     wanted = _narrow(
         found.candidates.select(F.col("conversation").alias("c_key")), found.candidate_count
     )
-    conversations = _literal_keys(found.candidates, "conversation")
 
     def kept(frame: DataFrame) -> DataFrame:
         # checkpointed, not only cached: the rules build long plans on these frames, and
@@ -92,8 +90,6 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         return frame.localCheckpoint(eager=True)
 
     def of_candidates(frame: DataFrame, key: Column) -> DataFrame:
-        if conversations is not None:  # pushed into the scan where ``key`` is a stored column
-            return frame.where(key.isin(conversations))
         return frame.join(wanted, key == F.col("c_key"), "left_semi")
 
     def records(part: DataFrame, stored: bool) -> DataFrame:
@@ -120,14 +116,11 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         .select(F.xxhash64("k_node", "k_flow").alias("k_key"))
         .distinct()
     )
-    flow_list = _literal_keys(flows, "k_key")
-    few = _narrow(flows, flows.count()) if flow_list is None else flows
+    few = _narrow(flows, flows.count())
 
     def of_flows(frame: DataFrame) -> DataFrame:
         # by the flow key (stored by the export: no id read), then the frame's own columns
         keyed = flow_keys(snapshot, frame, *[name for name in frame.columns if name != FLOW_KEY])
-        if flow_list is not None:  # pushed into the scan of an export (its files sorted by key)
-            return keyed.where(F.col(FLOW_KEY).isin(flow_list)).select(*frame.columns)
         return keyed.join(few, F.col(FLOW_KEY) == F.col("k_key"), "left_semi").select(
             *frame.columns
         )
@@ -158,20 +151,6 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         blobs=kept(of_flows(snapshot.blobs)),
     )
     return Snapshot(spark=snapshot.spark, nodes=snapshot.nodes, frames=frames, parent=snapshot)
-
-
-def _literal_keys(frame: DataFrame, column: str) -> list[int] | None:
-    """The keys in ``column`` of a small kept ``frame``, when at most ``LITERAL_KEYS``.
-
-    The big tables are then filtered by that list (``isin``), which Spark pushes into the
-    Parquet scan of an export: its files are sorted by these keys with a page index
-    (:data:`~persistence.analytics.export.LOOKUP_KEYS`), so only the pages holding them are
-    read. None: more keys (they are joined).
-    """
-    taken = frame.select(column).limit(LITERAL_KEYS + 1).collect()
-    if len(taken) > LITERAL_KEYS:
-        return None
-    return [row[column] for row in taken if row[column] is not None]
 
 
 def _flows_looked_up(ids: DataFrame, outbox: DataFrame, waited: DataFrame) -> DataFrame:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.session import LITERAL_KEYS
 from persistence.analytics.session_columns import counterpart_flow, is_responder, message_session
-from persistence.analytics.session_flows import FLOW_KEY, flow_keys, spark_xxhash64
 from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
@@ -72,24 +70,9 @@ def _known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame
     if only is not None:
         # the few rows of those flows, read in one job and kept (their plan is short again)
         wanted = F.broadcast(only)
-        looked_up = only.limit(LITERAL_KEYS + 1).collect()
-        keys = (
-            [spark_xxhash64(row["k_node"], row["k_flow"]) for row in looked_up]
-            if len(looked_up) <= LITERAL_KEYS
-            else None
-        )
 
         def of(frame: DataFrame, rank: int) -> DataFrame:
             live = rank == 0
-            if keys is not None:
-                # by their keys first: a list Spark pushes into the scan of an export, whose
-                # files are sorted by key (only the pages holding them are read); then by id
-                others = [name for name in frame.columns if name != FLOW_KEY]
-                frame = (
-                    flow_keys(snapshot, frame, *others)
-                    .where(F.col(FLOW_KEY).isin(keys))
-                    .select(*others)
-                )
             return frame.join(
                 wanted,
                 (frame.node == wanted.k_node) & (frame.flow_id == wanted.k_flow),

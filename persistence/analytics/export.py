@@ -50,7 +50,6 @@ from sqlalchemy import Connection, text
 
 from persistence.analytics.opening import check_identifier, open_postgresql, qualified_table
 from persistence.analytics.session_flows import (
-    CONVERSATION,
     FLOW_KEY,
     RECORD_KEYS,
     SESSION_KEY_TYPES,
@@ -96,23 +95,13 @@ VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
 """The export's manifest in the export folder."""
-FORMAT = 4
+FORMAT = 3
 """The layout of the exported files; a node exported in another layout is exported again in
 full. 2: the checkpoints carry the parsed ``waits`` and ``until``
 (:mod:`persistence.analytics.waiting`). 3: the flow rows carry their ``flow_key``, the
-consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`).
-4: each file is sorted by its :data:`LOOKUP_KEYS` column, in small pages with a page index."""
+consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`)."""
 FLOW_FRAMES = ("checkpoints", "blobs", "results", "exceptions")
 """The tables of flow rows: each row is stored with its ``flow_key``."""
-LOOKUP_KEYS = {**{frame: FLOW_KEY for frame in FLOW_FRAMES}, "message_ids": CONVERSATION}
-"""The column each table's file is sorted by, where the export stored it: the checks look up
-a few flows (by key) or conversations in these tables, and Parquet's page index (the least
-and greatest key of every page) then lets Spark read only the pages that hold them."""
-PAGE_BYTES = 8 * 1024
-"""The size of a Parquet data page the export writes (Arrow's default is 1 MiB): a few
-hundred to a thousand rows of a key column a page, so a lookup of a few hundred keys reads a
-few hundred such pages of each column (measured on 5 M checkpoints: 200 flows in 0.6 to
-1.2 s, against 1.7 to 2.9 s unsorted)."""
 
 
 @attrs.frozen
@@ -420,7 +409,9 @@ def _refresh_table(
             "after its refresh"
         )
     if not unchanged:  # the rows read again are the rows exported: keep the file
-        _write(data, frame, target)
+        temporary = target.with_suffix(f".{os.getpid()}.tmp")
+        pq.write_table(data, temporary)
+        temporary.replace(target)
     top = pc.max(data[when]).as_py() if len(data) else None
     known = [value for value in (top, watermark) if value is not None]
     mark = max(known) if known else None
@@ -431,24 +422,13 @@ def _replace_table(
     reader: _Reader, frame: str, table: str, target: Path, node: str | None
 ) -> TableExport:
     """Export a table without a time column whole (see :data:`TIME_COLUMNS`)."""
-    data = _fetch(reader, frame, table, "1=1", (), node)
-    _write(data, frame, target)
-    return TableExport(len(data), len(data), 0, 0)
-
-
-def _write(data: pyarrow.Table, frame: str, target: Path) -> None:
-    """Write ``data`` as ``target`` (atomically): sorted by its lookup key, with a page index.
-
-    See :data:`LOOKUP_KEYS` and :data:`PAGE_BYTES`.
-    """
     import pyarrow.parquet as pq
 
-    key = LOOKUP_KEYS.get(frame)
-    if key is not None and key in data.column_names:
-        data = data.sort_by(key)
+    data = _fetch(reader, frame, table, "1=1", (), node)
     temporary = target.with_suffix(f".{os.getpid()}.tmp")
-    pq.write_table(data, temporary, write_page_index=True, data_page_size=PAGE_BYTES)
+    pq.write_table(data, temporary)
     temporary.replace(target)
+    return TableExport(len(data), len(data), 0, 0)
 
 
 def _refresh_layout(node_folder: Path, source: NodeSource) -> dict[str, Any] | None:

@@ -65,14 +65,6 @@ throughput collector. An analysis is a batch job on a few cores; G1 (Java's defa
 part of them on concurrent marking and its write barriers for pauses that do not matter
 here (10 M stress rows: wall 0.92 of G1's, docs/analytics.md)."""
 
-LITERAL_KEYS = 1000
-"""Up to this many keys, the checks look up flows or conversations in the big tables by a list
-of literal keys (``isin``), and Spark pushes the list into the Parquet scan as that many
-equalities (``spark.sql.parquet.pushdown.inFilterThreshold``; Spark's default, 10, pushes a
-longer list as one range from the least key to the greatest, which random keys make the
-whole table): the export's files are sorted by those keys with a page index, so only the
-pages holding them are read. More keys are joined."""
-
 _archive: ClassArchive | None = None
 """The class archive of the running driver JVM (see :mod:`persistence.analytics.class_archive`),
 put in place when :func:`stop_spark` has seen that JVM exit."""
@@ -128,7 +120,6 @@ def spark_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.pushdown.inFilterThreshold", str(LITERAL_KEYS))
         # the catalog's tables are the export's bucketed datasets, external: nothing is
         # written here, but Spark makes the folder (not in the current directory, then)
         .config("spark.sql.warehouse.dir", str(_warehouse()))
