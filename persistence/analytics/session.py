@@ -6,7 +6,8 @@ name kills the JVM gateway), the Python workers are this interpreter, the web UI
 own console progress bar are off (the report draws its own), Spark's log is cut down to
 errors, the driver JVM starts from the classes an earlier run archived
 (:mod:`persistence.analytics.class_archive`) and, on a ``local`` master, collects its garbage
-with the throughput collector (:data:`LOCAL_GC`).
+with the throughput collector (:data:`LOCAL_GC`), leaves Janino to C1 longer
+(:data:`LOCAL_JIT`) and caches frames uncompressed (:data:`LOCAL_CONF`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,23 @@ throughput collector. An analysis is a batch job on a few cores; G1 (Java's defa
 part of them on concurrent marking and its write barriers for pauses that do not matter
 here (10 M stress rows: wall 0.92 of G1's, docs/analytics.md)."""
 
+LOCAL_JIT = (
+    "-XX:CompileCommand=quiet "
+    "-XX:CompileCommand=CompileThresholdScaling,org.codehaus.janino.*::*,20.0"
+)
+"""The JIT options of a ``local`` master's JVM: Janino's methods (the compiler Spark compiles
+its generated code with, on the driver) reach each tier of the JIT after 20 times as many
+calls. On a 10 M-row analysis C2 spent over 10 s compiling Janino itself, on two cores the
+tasks need (10 M stress rows: wall 0.979 and CPU 0.970 of the run without it,
+docs/analytics.md). ``quiet``: the JVM prints nothing about it."""
+
+LOCAL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+"""Spark settings of a ``local`` master: cached frames are kept uncompressed. Choosing each
+column's compression costs a hash map update per value (Scala's, with boxed numbers) as the
+screening caches millions of conversations, and memory is not what a single machine runs
+short of here (10 M stress rows: wall 0.981 and CPU 0.981 of the run with compression,
+docs/analytics.md)."""
+
 _archive: ClassArchive | None = None
 """The class archive of the running driver JVM (see :mod:`persistence.analytics.class_archive`),
 put in place when :func:`stop_spark` has seen that JVM exit."""
@@ -99,7 +117,8 @@ def spark_session(
     ``jars`` are the JDBC drivers to put on the class path (see ``find_jdbc_jars``): they can
     only be added when the JVM starts, so a session that is already running keeps its own.
     ``shuffle_partitions`` defaults to the number of cores for a ``local`` master (Spark's
-    200 is meant for clusters). ``conf`` adds any other Spark setting.
+    200 is meant for clusters), which also gets :data:`LOCAL_CONF`. ``conf`` adds any other
+    Spark setting (and overrides those).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -131,7 +150,9 @@ def spark_session(
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    for key, value in (conf or {}).items():
+    settings = dict(LOCAL_CONF) if master.startswith("local") else {}
+    settings.update(conf or {})
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if archive is not None:
@@ -144,13 +165,13 @@ def driver_java_options(master: str, log_option: str, archive: ClassArchive | No
     """The driver JVM's options (``spark.driver.extraJavaOptions``).
 
     The log set-up, the class archive's options (when there is one) and, for a ``local``
-    master, :data:`LOCAL_GC`.
+    master, :data:`LOCAL_GC` and :data:`LOCAL_JIT`.
     """
     options = [log_option]
     if archive is not None:
         options.append(archive.options)
     if master.startswith("local"):
-        options.append(LOCAL_GC)
+        options.extend([LOCAL_GC, LOCAL_JIT])
     return " ".join(options)
 
 
