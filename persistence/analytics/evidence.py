@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.session_columns import counterpart_flow, is_responder, message_session
+from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ def known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     list).
 
     ``only``: a few (``k_node``, ``k_flow``) pairs: the flows of only those, read through a
-    broadcast of them (a scan of each table, no shuffle), not cached.
+    broadcast of their flow keys (a scan of each table's keys and statuses, no shuffle), not
+    cached.
     """
     from persistence.analytics.checking import shared
 
@@ -68,23 +70,32 @@ def _known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame
 
     checkpoints, results, exceptions = snapshot.checkpoints, snapshot.results, snapshot.exceptions
     if only is not None:
-        # the few rows of those flows, read in one job and kept (their plan is short again)
-        wanted = F.broadcast(only)
+        # the few rows of those flows, read in one job and kept (their plan is short again).
+        # Matched by the 64-bit flow key (stored by the export), their ids taken from the
+        # pairs asked for: the scans read a key, a status and the reason, not every flow's id
+        # (the same 2**-64 chance of a colliding key as the screening's)
+        wanted = F.broadcast(
+            only.select(
+                "k_node", "k_flow", F.xxhash64("k_node", "k_flow").alias("k_key")
+            ).distinct()
+        )
 
         def of(frame: DataFrame, rank: int) -> DataFrame:
             live = rank == 0
-            return frame.join(
-                wanted,
-                (frame.node == wanted.k_node) & (frame.flow_id == wanted.k_flow),
-                "left_semi",
-            ).select(
-                "node",
-                "flow_id",
-                F.lit(rank).alias("rank"),
+            keyed = flow_keys(
+                snapshot,
+                frame,
                 (F.col("status") if live else F.lit(None)).cast("string").alias("status"),
                 (F.col("suspended_on") if live else F.lit(None))
                 .cast("string")
                 .alias("suspended_on"),
+            )
+            return keyed.join(wanted, F.col(FLOW_KEY) == F.col("k_key")).select(
+                F.col("k_node").alias("node"),
+                F.col("k_flow").alias("flow_id"),
+                F.lit(rank).alias("rank"),
+                "status",
+                "suspended_on",
             )
 
         kept = (
