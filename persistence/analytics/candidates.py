@@ -113,16 +113,20 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
     waited = kept(by_node(snapshot, snapshot.checkpoints, waiting))
     flows = kept(
         _flows_looked_up(ids, outbox, waited)
-        .select(F.xxhash64("k_node", "k_flow").alias("k_key"))
+        .select("k_node", "k_flow", F.xxhash64("k_node", "k_flow").alias("k_key"))
         .distinct()
     )
     few = _narrow(flows, flows.count())
+    named = {"node": F.col("k_node"), "flow_id": F.col("k_flow")}
 
     def of_flows(frame: DataFrame) -> DataFrame:
-        # by the flow key (stored by the export: no id read), then the frame's own columns
-        keyed = flow_keys(snapshot, frame, *[name for name in frame.columns if name != FLOW_KEY])
-        return keyed.join(few, F.col(FLOW_KEY) == F.col("k_key"), "left_semi").select(
-            *frame.columns
+        # by the flow key (stored by the export), the node and flow id taken from the flows
+        # asked for: the scan reads no flow id (a string of every row) but the key; the
+        # same 2**-64 chance of a colliding key as the screening's
+        others = [name for name in frame.columns if name not in (*named, FLOW_KEY)]
+        keyed = flow_keys(snapshot, frame, *others)
+        return keyed.join(few, F.col(FLOW_KEY) == F.col("k_key")).select(
+            *[named[name].alias(name) if name in named else F.col(name) for name in frame.columns]
         )
 
     cut = waited.groupBy(F.col("node").alias("c_node"), F.col("flow_id").alias("c_flow")).agg(
