@@ -217,3 +217,51 @@ def test_no_refresh_without_an_export_dir_is_refused(tmp_path: Path) -> None:
             status = cli_main(["analyze", "--no-refresh", *extra, "--node", node])
         assert status == 2
         assert "--no-refresh needs --export-dir, without --export-only" in stderr.getvalue()
+
+
+def _scans_in(frame: Any) -> list[str]:
+    """The Parquet relations of ``frame``'s optimized plan (one line each)."""
+    plan = frame._jdf.queryExecution().optimizedPlan().toString()
+    return [line for line in plan.splitlines() if "Relation [" in line and "parquet" in line]
+
+
+@pytest.mark.spark
+def test_the_nodes_of_one_export_format_are_read_by_one_scan_a_table(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Every table of nodes exported alike is one Parquet scan (not a union of one a node),
+    each row named by its file; a node whose file has another schema (here its columns in
+    another order) is read by a scan of its own, and every row still has its node."""
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.export import load_export
+
+    names = {NAME: 300, "O=Bob,L=Paris,C=FR": 200, "O=Carol,L=Rome,C=IT": 100}
+    arguments = []
+    for index, (name, flows) in enumerate(names.items()):
+        _node(tmp_path / f"node{index}.db", flows)
+        arguments.append(f"{name}=sqlite:///{tmp_path / f'node{index}.db'}")
+    sources = [parse_node_argument(argument) for argument in arguments]
+    folder = tmp_path / "export"
+    export_nodes(sources, arguments, folder)
+
+    def counted(snapshot: Any, frame: str) -> dict[str, int]:
+        rows = getattr(snapshot, frame).groupBy("node").agg(F.count("*").alias("n")).collect()
+        return {row["node"]: row["n"] for row in rows}
+
+    snapshot = load_export(spark, folder, sources)
+    for frame in ("checkpoints", "message_ids", "blobs"):
+        assert len(_scans_in(getattr(snapshot, frame))) == 1, frame
+        assert counted(snapshot, frame) == names, frame
+    snapshot.close()
+
+    import pyarrow.parquet as pq
+
+    (carol,) = folder.glob("O_Carol*/checkpoints.parquet")
+    table = pq.read_table(carol)
+    pq.write_table(table.select(list(reversed(table.column_names))), carol)
+    snapshot = load_export(spark, folder, sources)
+    assert len(_scans_in(snapshot.checkpoints)) == 2
+    assert counted(snapshot, "checkpoints") == names
+    assert len(_scans_in(snapshot.message_ids)) == 1
+    snapshot.close()
