@@ -533,6 +533,8 @@ def load_export(
     On a cluster ``directory`` must be readable by every executor.
     """
     import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     from persistence.analytics.loading import union_frames
     from persistence.analytics.naming import apply_names, infer_node_names
@@ -540,13 +542,13 @@ def load_export(
     folder = Path(directory)
     manifest = json.loads((folder / MANIFEST).read_text())
     loads: dict[str, NodeLoad] = {}
-    files: dict[str, list[_NodeFile]] = {frame: [] for frame in TABLES}
+    parts: dict[str, list[DataFrame]] = {frame: [] for frame in TABLES}
     for source in sources:
         entry = manifest["nodes"].get(source.name)
         if entry is None:
             raise AnalyticsLoadError(f"{source.name} is not in the export {folder}")
         export = entry["export"]
-        for frame in TABLES:
+        for frame, (_, _, columns) in TABLES.items():
             path = (folder / entry["folder"] / f"{frame}.parquet").resolve()
             # the file holds what the manifest says it does (its footer, not a Spark job), and
             # its schema goes to Spark with it (no footer read again to infer it)
@@ -557,7 +559,14 @@ def load_export(
                     f"{source.name}: {path} holds {found} rows of {TABLES[frame][0]} but the "
                     f"export wrote {written}: the export changed while it was read"
                 )
-            files[frame].append(_NodeFile(source.name, path, footer.schema.to_arrow_schema()))
+            schema = from_arrow_schema(footer.schema.to_arrow_schema())
+            data = spark.read.schema(schema).parquet(str(path))
+            names = [name for name, _ in columns]
+            # what the export derived and stored beside each row (waiting.py, session_flows.py)
+            stored = (WAITS, UNTIL, FLOW_KEY, *RECORD_KEYS)
+            names += [name for name in stored if name in data.columns]
+            data = data.select(F.lit(source.name).alias("node"), *names)
+            parts[frame].append(with_waits(data) if frame == "checkpoints" else data)
         loads[source.name] = NodeLoad(
             name=source.name,
             url=source.display_url(),
@@ -572,7 +581,6 @@ def load_export(
             # the keys hold the node's name: stored only when it was given (NAME=URL)
             keys_stored=source.named and entry.get("format") == FORMAT,
         )
-    parts = {frame: _scans(spark, frame, files[frame]) for frame in TABLES}
     frames = union_frames(parts)  # Parquet: read again by each check, only what it needs
     if not all(source.named for source in sources):
         frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
@@ -582,56 +590,6 @@ def load_export(
     for table in tables:
         snapshot.on_close(_dropper(spark, table))
     return snapshot
-
-
-@attrs.frozen
-class _NodeFile:
-    """One node's Parquet file of one table, and its schema (from the file's footer)."""
-
-    node: str
-    path: Path
-    schema: pyarrow.Schema
-
-
-def _scans(spark: SparkSession, frame: str, files: list[_NodeFile]) -> list[DataFrame]:
-    """The frames whose union is table ``frame`` of every node, each row with its ``node``.
-
-    Files of one schema (the export's format on every node) are read by **one** scan, each
-    row's node told by the file it comes from (Spark's ``_metadata.file_path``, a constant
-    per file): the plans of every check then hold one scan a table instead of a union of one
-    per node, so Spark generates, compiles and runs each query's pipeline once, fused from
-    the scan to its first shuffle (a union's branches are pipelines of their own, and what
-    is above the union reads their rows one at a time). Files of different schemas (nodes
-    exported by different versions) are read one scan each, as a union.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    columns = [name for name, _ in TABLES[frame][2]]
-    # what the export derived and stored beside each row (waiting.py, session_flows.py)
-    stored = (WAITS, UNTIL, FLOW_KEY, *RECORD_KEYS)
-    groups: list[list[_NodeFile]] = []
-    for file in files:
-        group = next((g for g in groups if g[0].schema.equals(file.schema)), None)
-        if group is None:
-            groups.append([file])
-        else:
-            group.append(file)
-    scans: list[DataFrame] = []
-    for group in groups:
-        schema = from_arrow_schema(group[0].schema)
-        data = spark.read.schema(schema).parquet(*[str(file.path) for file in group])
-        names = columns + [name for name in stored if name in data.columns]
-        node = F.lit(group[-1].node)
-        if len(group) > 1:
-            path = F.col("_metadata.file_path")
-            for file in group[:-1]:
-                # the file's folder and name: Spark gives the path as a URI (``file:/...``)
-                suffix = f"/{file.path.parent.name}/{file.path.name}"
-                node = F.when(path.endswith(suffix), F.lit(file.node)).otherwise(node)
-        data = data.select(node.alias("node"), *names)
-        scans.append(with_waits(data) if frame == "checkpoints" else data)
-    return scans
 
 
 def _dropper(spark: SparkSession, table: str) -> Callable[[], object]:

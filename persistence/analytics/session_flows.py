@@ -399,18 +399,12 @@ def by_node(
 ) -> DataFrame:
     """``build`` over each node's rows of ``frame``, with whether its keys are stored.
 
-    When every node's keys are stored (or none's), ``build`` runs once over all the rows.
-    Otherwise each node's rows are taken apart by a filter on its name: a branch of
-    ``frame``'s union (nodes of different export formats are read by scans of their own),
-    where the filter on the (constant) name costs nothing and each branch reads only its own
-    columns: the stored keys where the export wrote them, the ids where Spark must compute
-    the keys.
+    Each node's rows are a branch of ``frame``'s union, so the filter on its (constant)
+    name costs nothing and each branch reads only its own columns: the stored keys where the
+    export wrote them, the ids where Spark must compute the keys.
     """
     from pyspark.sql import functions as F
 
-    stored = {load.keys_stored for load in snapshot.nodes}
-    if len(stored) == 1:
-        return build(frame, stored.pop())
     parts = [
         build(frame.where(F.col("node") == load.name), load.keys_stored) for load in snapshot.nodes
     ]
