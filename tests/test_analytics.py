@@ -311,11 +311,12 @@ def broken_report(spark: Any, broken: tuple[NetworkData, Injected]) -> AnalysisR
 def test_the_responder_flow_id_in_spark_is_the_managers_uuid5(spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    pairs = [(ALICE, f"{uuid.uuid4().hex}.s{i}") for i in range(20)] + [("ü|x", "s.s0")]
+    pairs = [(ALICE, f"{uuid.uuid4().hex}.s{i}") for i in range(200)] + [("ü|x", "s.s0")]
     frame = spark.createDataFrame(pairs, "node string, session string")
     computed = frame.select(responder_flow_id(F.col("node"), F.col("session")).alias("id"))
     expected = [uuid.uuid5(RESPONDER_NAMESPACE, f"{n}|{s}").hex for n, s in pairs]
     assert [row["id"] for row in computed.collect()] == expected
+    assert {flow_id[16] for flow_id in expected} == set("89ab")  # every variant digit seen
 
 
 @pytest.mark.spark

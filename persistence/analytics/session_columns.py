@@ -124,7 +124,11 @@ def responder_flow_id(initiator_node: Column, session: Column) -> Column:
     name = F.concat(initiator_node, F.lit("|"), session)
     digest = F.sha1(F.concat(F.unhex(F.lit(RESPONDER_NAMESPACE.hex)), F.encode(name, "UTF-8")))
     variant_nibble = F.conv(F.substring(digest, 17, 1), 16, 10).cast("int")
-    variant = F.lower(F.hex(variant_nibble.bitwiseAND(3).bitwiseOR(8)))
+    # the variant digit, 8, 9, a or b, picked from a literal: ``lower(hex(...))`` would run
+    # Spark's collation-aware lower case, whose first use loads ICU (a second of a task)
+    variant = F.element_at(
+        F.array(*[F.lit(digit) for digit in "89ab"]), variant_nibble.bitwiseAND(3) + 1
+    )
     return F.concat(
         F.substring(digest, 1, 12),
         F.lit("5"),
