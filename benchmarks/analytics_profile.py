@@ -41,6 +41,8 @@ MARKERS = {
     "UnsafeFixedWidthAggregationMap": "hash aggregation, the general map",
     "VectorizedColumnReader": "Parquet decoding",
     "MemoryStore.putIterator": "building a cached or checkpointed frame",
+    "UnsafeWriter.write": "writing rows (a stage's output, a copy for an operator)",
+    "CollationAwareUTF8String": "collation-aware string functions (ICU: lower, upper, ...)",
 }
 """Method-name markers counted under the task threads' stacks, with what each names."""
 
@@ -95,8 +97,29 @@ def _events(jfr: str, recording: Path, event: str) -> list[dict[str, Any]]:
     return events
 
 
-def summarize(recording: Path, top: int = 25) -> None:
-    """Print the task threads' hottest methods, the markers and the JIT's compilations."""
+def callers(
+    samples: list[dict[str, Any]], method: str, depth: int = 5, top: int = 10
+) -> list[tuple[int, str]]:
+    """The commonest call paths into ``method`` (``Class.method``) in ``samples``.
+
+    Each sample whose stack holds ``method`` counts once, for the ``depth`` frames below its
+    innermost call of it (``caller < caller's caller < ...``), so a hot method is traced to
+    the operator that runs it.
+    """
+    paths: Counter[str] = Counter()
+    for sample in samples:
+        names = [_method(frame) for frame in sample["values"]["stackTrace"]["frames"]]
+        if method in names:
+            at = names.index(method)
+            paths[" < ".join(names[at + 1 : at + 1 + depth])] += 1
+    return [(count, path) for path, count in paths.most_common(top)]
+
+
+def summarize(recording: Path, top: int = 25, traced: Sequence[str] = ()) -> None:
+    """Print the task threads' hottest methods, the markers and the JIT's compilations.
+
+    ``traced`` methods (``Class.method``) are shown with their commonest call paths.
+    """
     jfr = shutil.which("jfr") or str(Path(os.environ.get("JAVA_HOME", "/usr")) / "bin" / "jfr")
     samples = _events(jfr, recording, "jdk.ExecutionSample")
     tasks = [s for s in samples if s["values"]["sampledThread"]["javaName"].startswith(TASK_THREAD)]
@@ -118,6 +141,12 @@ def summarize(recording: Path, top: int = 25) -> None:
     for marker, meaning in MARKERS.items():
         count = marked[marker]
         print(f"  {count:6d}  {count / max(len(tasks), 1):6.1%}  {marker}: {meaning}")
+    for method in traced:
+        print(f"\nthe task threads' call paths into {method}:")
+        for count, path in callers(tasks, method):
+            print(
+                f"  {count:6d}  {count / max(len(tasks), 1):6.1%}  {path or '(top of the stack)'}"
+            )
     compilations = _events(jfr, recording, "jdk.Compilation")
     seconds: dict[tuple[str, str], float] = {}
     counts: Counter[tuple[str, str]] = Counter()
@@ -140,10 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="keep the recording in this folder")
     parser.add_argument("--recording", type=Path, help="summarize this recording, run nothing")
     parser.add_argument("--top", type=int, default=25, help="hottest methods shown")
+    parser.add_argument(
+        "--callers",
+        action="append",
+        default=[],
+        metavar="CLASS.METHOD",
+        help="also show the commonest call paths into this method (repeatable)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     args = parser.parse_args(argv)
     if args.recording is not None:
-        summarize(args.recording, args.top)
+        summarize(args.recording, args.top, args.callers)
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -162,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not recording.exists():
         print("no recording was written (did the command start a JVM?)", file=sys.stderr)
         return 2
-    summarize(recording, args.top)
+    summarize(recording, args.top, args.callers)
     return 0
 
 

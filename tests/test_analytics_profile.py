@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.analytics_profile import _kind, _seconds, main
+from benchmarks.analytics_profile import _kind, _seconds, callers, main
 from persistence.analytics.session import java_problem
 from tests.conftest import require_service
 
@@ -42,3 +42,29 @@ def test_a_jvm_run_under_the_profiler_is_recorded_and_summed_up(
     compiled = printed.split("the JIT's compilations: ", 1)[1]
     assert int(compiled.split(",", 1)[0]) > 0  # a JVM compiles, even a small one
     assert " JDK" in compiled
+
+
+def _sample(*methods: str) -> dict[str, object]:
+    """A JFR execution sample whose stack is ``methods``, innermost first."""
+    frames = []
+    for qualified in methods:
+        kind, name = qualified.rsplit(".", 1)
+        frames.append({"method": {"type": {"name": f"org/x/{kind}"}, "name": name}})
+    return {"values": {"stackTrace": {"frames": frames}}}
+
+
+def test_the_call_paths_into_a_method_are_counted_from_its_innermost_call() -> None:
+    samples = [
+        _sample("A.equals", "Lower.exec", "Stage1.processNext", "Iterator.next"),
+        _sample("Lower.exec", "Stage1.processNext", "Iterator.next"),
+        _sample("A.equals", "Lower.exec", "Stage2.processNext"),
+        _sample("A.equals", "Ordering.compare"),
+        _sample("Lower.exec"),
+    ]
+    assert callers(samples, "Lower.exec", depth=2) == [
+        (2, "Stage1.processNext < Iterator.next"),
+        (1, "Stage2.processNext"),
+        (1, ""),
+    ]
+    assert callers(samples, "A.equals", depth=1, top=1) == [(2, "Lower.exec")]
+    assert callers(samples, "Nowhere.run") == []
