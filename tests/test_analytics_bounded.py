@@ -150,3 +150,62 @@ def test_the_series_from_flow_counts_hours_equals_a_pass_of_its_own(
         assert shared.verdict.summary == alone.verdict.summary
     assert len({row["bucket_start_ms"] for row in expected}) > 2  # spread, not one bucket
     assert sum(row["flows"] for row in expected) > 0
+
+
+@pytest.mark.spark
+def test_the_stuck_counts_from_flow_counts_pass_equal_the_observed_ones(
+    spark: Any, clean: NetworkData, tmp_path: Path
+) -> None:
+    """stuck_flows alone observes its counts as it ranks; after flow_counts it takes the
+    counts that pass summed: the same counts, verdict and rows, for every kind of wait (and
+    a flow in the hospital, one waiting on no session, one meeting two conditions)."""
+    from persistence.analytics import load_nodes
+    from persistence.analytics.inventory import flow_counts
+    from persistence.analytics.stuck import census_key, census_limit, stuck_flows
+
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "kinds")
+    day = 86_400_000
+    old = data.now_ms - day
+    row = (
+        "INSERT INTO node_checkpoints (flow_id, flow_class, status, progress_step,"
+        " suspended_on, waiting_for, journal_length, checkpoint_bytes, error_message,"
+        " created_at, updated_at, checkpoint_version)"
+        " VALUES (?, 'app.Kinds', ?, NULL, ?, ?, 1, 100, NULL, ?, ?, 1)"
+    )
+    receive = '[{"session": "%s.s0", "counterparty": "O=Bob,L=Paris,C=FR"}]'
+    kinds = [
+        ("SUSPENDED", "Sleep", f'{{"until": {old}}}'),
+        ("SUSPENDED", "Operation", None),
+        ("SUSPENDED", "Operation", f'{{"until": {old}}}'),
+        ("RUNNABLE", None, None),
+        ("UNSTARTED", "Sleep", f'{{"until": {old}}}'),  # idle and sleeping: two rows
+        ("SUSPENDED", "Receive", "[]"),  # waits on no session: not stuck
+        ("HOSPITALIZED", "Receive", receive % ("f" * 32)),  # left to failed_flows
+        ("SUSPENDED", "Receive", receive % ("e" * 32)),
+    ]
+    for path in data.databases.values():  # the counts are shared only when none is paused
+        with sqlite3.connect(path) as connection:
+            connection.execute("DELETE FROM node_paused_flows")
+        connection.close()
+    (path, *_) = data.databases.values()
+    with sqlite3.connect(path) as connection:
+        for index, (status, on, waiting) in enumerate(kinds):
+            flow = f"{index:032x}"
+            connection.execute(row, (flow, status, on, waiting, old, old))
+    connection.close()
+    sources = [parse_node_argument(s) for s in data.sources()]
+    settings = CheckSettings(as_of_ms=data.now_ms + 2 * day, report_rows=5)
+    with load_nodes(spark, sources) as snapshot:
+        alone = stuck_flows(snapshot, settings)  # no flow_counts before it: observed
+        expected = (alone.total, alone.verdict, alone.frame.collect())
+    with load_nodes(spark, sources) as snapshot:
+        flow_counts(snapshot, settings)
+        limit = census_limit(snapshot, settings)
+        assert limit is not None
+        shared = snapshot.shared_value(census_key(limit), lambda: None)
+        assert shared is not None
+        after = stuck_flows(snapshot, settings)
+        assert (after.total, after.verdict, after.frame.collect()) == expected
+    assert shared[0] == alone.total > len(kinds)
+    assert "flows stuck" in alone.verdict.summary
