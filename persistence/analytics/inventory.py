@@ -31,7 +31,6 @@ from persistence.analytics.checking import (
 )
 from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import FLOW_KEY, flow_keys
-from persistence.analytics.stuck import census_key, census_limit, stuck_row_counts
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -69,17 +68,11 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     one both finished and live (``node_integrity`` reports it) counts as finished, as the
     node itself treats it (it does not trust a checkpoint older than a stored outcome), and
     one with both a result and an error as ``COMPLETED``. Always ``info``.
-
-    Its pass over the checkpoints also sums the stuck check's counts (when no flow is
-    paused), which :func:`~persistence.analytics.stuck.stuck_flows` then takes instead of
-    observing its ranking.
     """
     from pyspark.sql import functions as F
 
     settings = settings or CheckSettings()
     found = screen(snapshot, settings)
-    # the stuck check's counts, taken in this pass over the checkpoints (see below)
-    limit = census_limit(snapshot, settings)
 
     def events(frame: DataFrame, status: Column, at: str, table: str) -> DataFrame:
         tagged: list[Column | str] = [
@@ -89,13 +82,6 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
             F.col(at).alias("at"),
             F.lit(table).alias("table"),
         ]
-        if limit is not None:
-            live = table == "live"
-            tagged += (
-                stuck_row_counts(limit)
-                if live
-                else [F.lit(0).alias("stuck_rows"), F.lit(0).alias("stuck_flows")]
-            )
         if not found.overlap_count:
             return frame.select(*tagged)
         return flow_keys(snapshot, frame, *tagged)
@@ -121,30 +107,21 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
             | ((F.col("table") == "failed") & F.coalesce(F.col("o_failed"), F.lit(False)))
         )
     # one pass: the counts, the span of every event (counted or not: flows_over_time's
-    # buckets) from the least and greatest time of each group, the events per hour
-    # (flows_over_time's series when its buckets are whole hours: no pass of its own), and
-    # the stuck check's counts (its ranking then needs no observation). The groups are at
-    # most the rows, and a few per hour the events span. (Observing the span as the rows
-    # went by cost more: an observation takes every row out of the generated code.)
+    # buckets) from the least and greatest time of each group, and the events per hour
+    # (flows_over_time's series when its buckets are whole hours: no pass of its own). The
+    # groups are at most the rows, and a few per hour the events span. (Observing the span
+    # as the rows went by cost more: an observation takes every row out of the generated
+    # code.)
     hour = F.floor(F.col("at") / HOUR_MS).cast("bigint")
-    sums = [F.count("*").alias("flows"), F.min("at").alias("low"), F.max("at").alias("high")]
-    if limit is not None:
-        sums += [F.sum(name).alias(name) for name in ("stuck_rows", "stuck_flows")]
     groups = keep(
         snapshot,
         union.groupBy(
             "node", "flow_class", "status", counted.alias("counted"), hour.alias("hour")
-        ).agg(*sums),
+        ).agg(F.count("*").alias("flows"), F.min("at").alias("low"), F.max("at").alias("high")),
     )
-    overall = [F.min("low").alias("low"), F.max("high").alias("high")]
-    if limit is not None:
-        overall += [F.sum(name).alias(name) for name in ("stuck_rows", "stuck_flows")]
-    span = groups.agg(*overall).first()
+    span = groups.agg(F.min("low").alias("low"), F.max("high").alias("high")).first()
     low, high = (span["low"], span["high"]) if span is not None else (None, None)
     snapshot.shared_value(("event span",), lambda: (low, high))
-    if limit is not None:
-        stuck = (int(span["stuck_rows"] or 0), int(span["stuck_flows"] or 0)) if span else (0, 0)
-        snapshot.shared_value(census_key(limit), lambda: stuck)
     snapshot.shared_value(("events by hour",), lambda: groups)
     frame = keep(
         snapshot,

@@ -48,9 +48,8 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
     Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
-    any is found. The findings are bounded: the counts are exact (summed in ``flow_counts``'
-    pass over the checkpoints when it ran first and no flow is paused, else observed in the
-    one pass that ranks the flows; no join either way), the frame holds the
+    any is found. The findings are bounded: the counts are exact (observed in the one pass
+    over the checkpoints that ranks the flows, no join), the frame holds the
     ``report_rows`` longest waits with their counterparts, and the full list (every row
     joined with the counterparts) is computed only when written (``--findings-dir``).
     """
@@ -82,32 +81,20 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         held, on_pause = held.limit(0), 0
     checkpoints = _slim(checkpoints)
     base = _exploded(_stuck_branches(checkpoints, as_of, limit))
-    # the counts: from flow_counts' pass over the checkpoints when it took them (no flow
-    # paused), else observed as the ranking scans every row
-    census: tuple[int, int] | None = None
-    if census_limit(snapshot, settings) is not None:
-        census = snapshot.shared_value(census_key(limit), lambda: None)
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
     # The first rows lie among the rows of the first flows ranked by their longest wait (a
     # flow's rows sort with it, and a flow gives at least one row): the flows are ranked
     # (one expression a row, no explode), then only those are exploded into their rows.
-    # The counts, when flow_counts did not take them, are observed as the ranking scans
-    # every row (no pass of their own; but an observation ends the scan's generated code:
-    # every row is written out for it). Both small frames are made at once (checkpointed):
-    # the counterparts' lookup below broadcasts them into a join with each table, and a
-    # lazily cached frame would be computed by each of those broadcasts side by side (six
-    # top-N scans at once).
+    # The counts are observed as the ranking scans every row (no pass of their own). Both
+    # small frames are made at once (checkpointed): the counterparts' lookup below
+    # broadcasts them into a join with each table, and a lazily cached frame would be
+    # computed by each of those broadcasts side by side (six top-N scans at once).
     counts = Observation("stuck counts")
-    ranked = (
-        checkpoints if census is not None else checkpoints.observe(counts, *_stuck_counts(limit))
-    )
-    first_flows = first_rows(_stuck_flows(ranked, as_of, limit), order, settings.report_rows)
+    observed = checkpoints.observe(counts, *_stuck_counts(limit))
+    first_flows = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
     first_flows = first_flows.drop("waited_ms").localCheckpoint(eager=True)
-    if census is not None:
-        rows, flows = census
-    else:
-        counted = counts.get
-        rows, flows = int(counted.get("rows") or 0), int(counted.get("flows") or 0)
+    counted = counts.get
+    rows, flows = int(counted.get("rows") or 0), int(counted.get("flows") or 0)
     top = first_rows(
         _exploded(_stuck_branches(first_flows, as_of, limit)), order, settings.report_rows
     ).localCheckpoint(eager=True)
@@ -148,69 +135,24 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     )
 
 
-def census_key(limit: int) -> tuple[str, int]:
-    """The key of the stuck counts (rows, flows) ``flow_counts`` shares for ``limit``.
-
-    ``limit``: the time at or before which a flow's wait makes it stuck.
-    """
-    return ("stuck counts", limit)
-
-
-def census_limit(snapshot: Snapshot, settings: CheckSettings) -> int | None:
-    """The ``limit`` whose stuck counts a pass over every checkpoint can take for this check.
-
-    None when a flow is paused: the check leaves paused flows out by a join, so it counts
-    them itself.
-    """
-    if any(load.rows.get("paused", 1) for load in snapshot.nodes):
-        return None
-    return as_of_ms(snapshot, settings) - settings.stuck_after_ms
-
-
-def stuck_row_counts(limit: int) -> tuple[Column, Column]:
-    """(rows, flows) one checkpoint row adds to the stuck counts (``int``, never null).
-
-    Of the table's own columns (``status``, ``suspended_on``, ``updated_at``, ``waits``,
-    ``until``): a pass over every checkpoint sums them (flow_counts' grouping) where the
-    check would otherwise observe them; flows in the hospital add nothing.
-    """
-    from pyspark.sql import functions as F
-
-    rows, flows = _row_counts(limit, F.col(WAITS).getField("session"))
-    # as the check's filter: a row counts when its status is not HOSPITALIZED (nor null)
-    judged = F.coalesce(F.col("status") != "HOSPITALIZED", F.lit(False))
-    return (
-        F.when(judged, rows).otherwise(0).alias("stuck_rows"),
-        F.when(judged, flows).otherwise(0).alias("stuck_flows"),
-    )
-
-
-def _row_counts(limit: int, sessions_array: Column) -> tuple[Column, Column]:
-    """(rows, flows) of :func:`_exploded` one row of :func:`_slim` gives (``int``).
+def _stuck_counts(limit: int) -> tuple[Column, Column]:
+    """(rows, flows) of :func:`_exploded` as aggregates of :func:`_slim` rows (no explode).
 
     A flow waiting on a receive gives a row per session it waits on (the size of its
     ``waits``) and counts once if it has one; each other condition gives one row and one
-    flow, as each is a branch of :func:`_stuck_branches` (a row meeting two counts twice).
+    flow, as each is a branch of :func:`_stuck_branches`.
     """
     from pyspark.sql import functions as F
 
     conditions = _conditions(limit)
-    sessions = F.when(sessions_array.isNull(), F.lit(0)).otherwise(F.size(sessions_array))
+    sessions = _sessions()
     receiving = conditions.pop("receiving")
-    rows = F.when(receiving, sessions).otherwise(0)
-    flows = F.when(receiving & (sessions > 0), 1).otherwise(0)
+    rows = F.sum(F.when(receiving, sessions).otherwise(0))
+    flows = F.count(F.when(receiving & (sessions > 0), True))
     for condition in conditions.values():
-        met = F.when(condition, 1).otherwise(0)
-        rows, flows = rows + met, flows + met
-    return rows, flows
-
-
-def _stuck_counts(limit: int) -> tuple[Column, Column]:
-    """(rows, flows) of :func:`_exploded` as aggregates of :func:`_slim` rows (no explode)."""
-    from pyspark.sql import functions as F
-
-    rows, flows = _row_counts(limit, F.col("all_sessions"))
-    return F.sum(rows).alias("rows"), F.sum(flows).alias("flows")
+        rows = rows + F.count(F.when(condition, True))
+        flows = flows + F.count(F.when(condition, True))
+    return rows.alias("rows"), flows.alias("flows")
 
 
 def _conditions(limit: int) -> dict[str, Column]:
