@@ -145,7 +145,7 @@ def summarize(recording: Path, top: int = 25, traced: Sequence[str] = ()) -> Non
         print(f"\nthe task threads' call paths into {method}:")
         for count, path in callers(tasks, method):
             print(
-                f"  {count:6d}  {count / max(len(tasks), 1):6.1%}  {path or '(top of the stack)'}"
+                f"  {count:6d}  {count / max(len(tasks), 1):6.1%}  {path or '(no caller recorded)'}"
             )
     compilations = _events(jfr, recording, "jdk.Compilation")
     seconds: dict[tuple[str, str], float] = {}
