@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -231,9 +232,14 @@ class NetworkMap:
         if identity is not None:
             stamped = stamped.signed_by(identity)
         path = self.directory / f"{info.node_key}.json"
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(stamped.to_json(), indent=2) + "\n")
-        temporary.replace(path)
+        # A draft of its own (threads of one process may publish at once), renamed over the
+        # file: a reader sees the old file or the new one, never half of one.
+        temporary = path.with_suffix(f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            temporary.write_text(json.dumps(stamped.to_json(), indent=2) + "\n")
+            temporary.replace(path)
+        finally:
+            temporary.unlink(missing_ok=True)
         return path
 
     def nodes(self) -> dict[str, NodeInfo]:

@@ -6,6 +6,7 @@ import datetime
 import json
 import logging
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -416,6 +417,36 @@ def test_publish_signs_after_stamping_the_time(
     path.write_text(json.dumps(document))
     assert authority_map.lookup(ALICE) is None
     assert "changed after it was signed" in authority_map.rejected()[0][1]
+
+
+def test_threads_of_one_process_publishing_at_once_each_replace_the_file_whole(
+    tmp_path: Path,
+) -> None:
+    # Two workers of a node run as threads of one process (as the worker tests do) publish
+    # the same node-info at the same moment: neither may find its draft taken by the other.
+    alice = NodeIdentity.generate(ALICE)
+    network_map = NetworkMap(tmp_path / "network-map")
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def publish_often() -> None:
+        start.wait()
+        try:
+            for _ in range(300):
+                network_map.publish(NodeInfo(ALICE, ALICE, "q"), alice)
+        except BaseException as error:  # recorded: the thread's end must not hide it
+            errors.append(error)
+
+    threads = [threading.Thread(target=publish_often) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert network_map.lookup(ALICE) is not None
+    assert [p.name for p in (tmp_path / "network-map").iterdir()] == [
+        f"{NodeInfo(ALICE, ALICE, 'q').node_key}.json"
+    ]  # no draft left behind
 
 
 def test_peer_keys_over_a_rooted_map_know_no_node_whose_info_is_refused(

@@ -280,9 +280,19 @@ def test_of_a_node_s_workers_only_those_worker_ports_names_serve_and_answer_for_
     rpc = RpcConfig(port=0, worker_ports={"w1": 0}, users=rpc_users())
     config = attrs.evolve(node_config(tmp_path, rpc, schema=schema), transport_url=POSTGRES_URL)
     workers = [NodeProcess(config, worker_name=name) for name in ("w1", "w2")]
-    threads = [
-        threading.Thread(target=w.run, kwargs={"install_signal_handlers": False}) for w in workers
-    ]
+    ended: dict[str, BaseException | int] = {}  # a worker's exit status, or what it raised
+
+    def run(worker: NodeProcess) -> None:
+        try:
+            ended[str(worker.worker_name)] = worker.run(install_signal_handlers=False)
+        except BaseException as error:
+            ended[str(worker.worker_name)] = error
+            raise
+
+    def both_run() -> None:  # a worker that ended fails the test at once, naming why
+        assert not ended, f"a worker ended: {ended}"
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
     try:
         for thread in threads:
             thread.start()
@@ -290,6 +300,7 @@ def test_of_a_node_s_workers_only_those_worker_ports_names_serve_and_answer_for_
             lambda: all(w.lease is not None and w.node is not None for w in workers),
             "both workers to run",
             90,
+            check=both_run,
         )
         serving_worker, silent_worker = workers
         assert serving_worker.rpc_server is not None and silent_worker.rpc_server is None
@@ -300,7 +311,7 @@ def test_of_a_node_s_workers_only_those_worker_ports_names_serve_and_answer_for_
                 held = sorted(p for share in shares for p in share)
                 return held == list(range(PARTITIONS)) and [len(s) for s in shares] == [8, 8]
 
-            wait_until(settled, "the workers to share the partitions", 60)
+            wait_until(settled, "the workers to share the partitions", 60, check=both_run)
             partitions = [set(w.node.partitions or ()) for w in workers if w.node is not None]
             request_ids: list[str] = []
             for worker_partitions in partitions:  # a start for each worker's partitions
