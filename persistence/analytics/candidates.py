@@ -34,7 +34,7 @@ from persistence.analytics.session_columns import (
     session_flow,
 )
 from persistence.analytics.session_flows import CONVERSATION, FLOW_KEY, by_node, flow_keys
-from persistence.analytics.waiting import RECEIVE, WAITS
+from persistence.analytics.waiting import RECEIVE, STUCK_COLUMNS, WAITS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -48,8 +48,10 @@ CHECKPOINT_COLUMNS_LEFT = (
     "journal_length",
     "checkpoint_bytes",
     "created_at",
+    *STUCK_COLUMNS,
 )
-"""Columns of a checkpoint row the candidates' rules never read (not copied)."""
+"""Columns of a checkpoint row the candidates' rules never read (not copied; the stuck
+check's would no longer match ``waits`` once cut to the candidate sessions)."""
 BROADCAST_ROWS = 200_000
 """Up to this many candidate conversations (and flows), the big tables are filtered through a
 broadcast (a scan, no shuffle); more use plain joins."""

@@ -59,10 +59,16 @@ from persistence.analytics.session_flows import (
 from persistence.analytics.snapshot import LONG, TABLES, AnalyticsLoadError, NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource, check_unique_names
 from persistence.analytics.waiting import (
+    IDLE_SINCE,
+    STUCK_COLUMNS,
     UNTIL,
+    WAIT_ROWS,
+    WAIT_SINCE,
     WAITS,
+    arrow_stuck_columns,
     arrow_waits,
     arrow_waits_type,
+    with_stuck_columns,
     with_waits,
 )
 from statemachine.session_ids import MESSAGE_ID_PREFIX
@@ -95,11 +101,13 @@ VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
 """The export's manifest in the export folder."""
-FORMAT = 3
+FORMAT = 4
 """The layout of the exported files; a node exported in another layout is exported again in
 full. 2: the checkpoints carry the parsed ``waits`` and ``until``
 (:mod:`persistence.analytics.waiting`). 3: the flow rows carry their ``flow_key``, the
-consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`)."""
+consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`).
+4: the checkpoints carry what the stuck check ranks them by
+(:data:`~persistence.analytics.waiting.STUCK_COLUMNS`)."""
 FLOW_FRAMES = ("checkpoints", "blobs", "results", "exceptions")
 """The tables of flow rows: each row is stored with its ``flow_key``."""
 
@@ -155,6 +163,7 @@ def _schema(frame: str) -> pyarrow.Schema:
     fields = [(name, pa.int64() if kind == LONG else pa.string()) for name, kind in _columns(frame)]
     if frame == "checkpoints":
         fields += [(WAITS, arrow_waits_type()), (UNTIL, pa.int64())]
+        fields += [(WAIT_SINCE, pa.int64()), (WAIT_ROWS, pa.int32()), (IDLE_SINCE, pa.int64())]
     if frame in FLOW_FRAMES:
         fields.append((FLOW_KEY, pa.int64()))
     if frame == "message_ids":
@@ -333,8 +342,12 @@ def _fetch(
         column = {name: values[i] for i, name in enumerate(selected_names)}
         arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(values))]
         if frame == "checkpoints":  # parsed once here, stored beside the row
-            arrays += arrow_waits(
+            waits, until = arrow_waits(
                 column["suspended_on"], column["waiting_for"], node, column["flow_id"]
+            )
+            arrays += [waits, until]
+            arrays += arrow_stuck_columns(
+                column["status"], column["suspended_on"], column["updated_at"], waits, until
             )
         if frame in FLOW_FRAMES:
             arrays.append(arrow_flow_keys(node, column["flow_id"]))
@@ -563,10 +576,12 @@ def load_export(
             data = spark.read.schema(schema).parquet(str(path))
             names = [name for name, _ in columns]
             # what the export derived and stored beside each row (waiting.py, session_flows.py)
-            stored = (WAITS, UNTIL, FLOW_KEY, *RECORD_KEYS)
+            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FLOW_KEY, *RECORD_KEYS)
             names += [name for name in stored if name in data.columns]
             data = data.select(F.lit(source.name).alias("node"), *names)
-            parts[frame].append(with_waits(data) if frame == "checkpoints" else data)
+            if frame == "checkpoints":  # an export of an earlier format lacks some
+                data = with_stuck_columns(with_waits(data))
+            parts[frame].append(data)
         loads[source.name] = NodeLoad(
             name=source.name,
             url=source.display_url(),

@@ -48,7 +48,7 @@ from persistence.analytics.sources import (
     check_unique_names,
     find_jdbc_jars,
 )
-from persistence.analytics.waiting import with_waits
+from persistence.analytics.waiting import with_stuck_columns, with_waits
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -195,7 +195,7 @@ def _load_source(
         ]
         frames[frame] = data.select(F.lit(source.name).alias("node"), *typed)
         if frame == "checkpoints":  # parsed once, before the cache (see waiting.py)
-            frames[frame] = with_waits(frames[frame])
+            frames[frame] = with_stuck_columns(with_waits(frames[frame]))
     if jar is not None:
         detail += f", up to {most} partition{'s' if most > 1 else ''} per table"
     load = NodeLoad(

@@ -23,7 +23,16 @@ from persistence.analytics.checking import (
 )
 from persistence.analytics.evidence import known_flows
 from persistence.analytics.session_columns import counterpart_flow
-from persistence.analytics.waiting import RECEIVE, UNTIL, WAITS
+from persistence.analytics.waiting import (
+    IDLE_SINCE,
+    RECEIVE,
+    STUCK_COLUMNS,
+    UNTIL,
+    WAIT_ROWS,
+    WAIT_SINCE,
+    WAITS,
+    with_stuck_columns,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -48,8 +57,9 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
     Flows in the hospital are left to :func:`failed_flows`; flows an operator paused
     (``node_paused_flows``) are not judged but listed in ``extras["paused"]``. ``warn`` when
-    any is found. The findings are bounded: the counts are exact (observed in the one pass
-    over the checkpoints that ranks the flows, no join), the frame holds the
+    any is found. The findings are bounded: the counts are exact (observed in the pass
+    over every checkpoint's :data:`~persistence.analytics.waiting.STUCK_COLUMNS` that
+    finds the longest waits, no join), the frame holds the
     ``report_rows`` longest waits with their counterparts, and the full list (every row
     joined with the counterparts) is computed only when written (``--findings-dir``).
     """
@@ -64,11 +74,19 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
             F.col("node").alias("p_node"), F.col("flow_id").alias("p_flow"), "paused_at"
         )
     )
-    live = snapshot.checkpoints.select(
-        "node", "flow_id", "flow_class", "status", "suspended_on", WAITS, UNTIL, "updated_at"
+    live = with_stuck_columns(snapshot.checkpoints).select(
+        "node",
+        "flow_id",
+        "flow_class",
+        "status",
+        "suspended_on",
+        WAITS,
+        UNTIL,
+        "updated_at",
+        *STUCK_COLUMNS,
     )
     held_columns = ["node", "flow_id", "flow_class", "status", "suspended_on", "paused_at"]
-    checkpoints = live.where(F.col("status") != "HOSPITALIZED")
+    checkpoints = live  # (a flow in the hospital has no stuck time: see waiting.py)
     if any(load.rows.get("paused", 1) for load in snapshot.nodes):
         on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
         checkpoints = checkpoints.join(paused, on_hold, "left_anti")
@@ -79,22 +97,36 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     else:  # no flow paused: nothing to leave out, no join
         held = live.select(*held_columns[:-1], F.lit(None).cast("bigint").alias("paused_at"))
         held, on_pause = held.limit(0), 0
-    checkpoints = _slim(checkpoints)
-    base = _exploded(_stuck_branches(checkpoints, as_of, limit))
     order = [F.desc("waited_ms"), F.col("node"), F.col("flow_id")]
     # The first rows lie among the rows of the first flows ranked by their longest wait (a
-    # flow's rows sort with it, and a flow gives at least one row): the flows are ranked
-    # (one expression a row, no explode), then only those are exploded into their rows.
-    # The counts are observed as the ranking scans every row (no pass of their own). Both
-    # small frames are made at once (checkpointed): the counterparts' lookup below
-    # broadcasts them into a join with each table, and a lazily cached frame would be
-    # computed by each of those broadcasts side by side (six top-N scans at once).
+    # flow's rows sort with it, and a flow gives at least one row). A flow's longest wait
+    # began at the least of its two stuck times (each compared with the same limit), so
+    # one scan of those two numbers (and the rows a wait gives) finds when the
+    # report_rows-th longest wait began and counts every stuck row and flow on the way
+    # (observed: no pass of its own); a second reads the few flows that waited at least as
+    # long, whole, ranks them by the full order (ties by node and flow id) and keeps the
+    # first. Neither reads a status string or a `waits` array of the rest.
+    since = F.least(F.col(WAIT_SINCE), F.col(IDLE_SINCE))
     counts = Observation("stuck counts")
-    observed = checkpoints.observe(counts, *_stuck_counts(limit))
-    first_flows = first_rows(_stuck_flows(observed, as_of, limit), order, settings.report_rows)
-    first_flows = first_flows.drop("waited_ms").localCheckpoint(eager=True)
+    observed = checkpoints.select(WAIT_SINCE, WAIT_ROWS, IDLE_SINCE).observe(
+        counts, *_stuck_counts(limit)
+    )
+    ranked = first_rows(
+        observed.where(since <= limit).select(since.alias("since")), ["since"], settings.report_rows
+    )
+    latest = max((row["since"] for row in ranked.collect()), default=None)
     counted = counts.get
     rows, flows = int(counted.get("rows") or 0), int(counted.get("flows") or 0)
+    in_play = checkpoints.where(F.col("status") != "HOSPITALIZED")
+    base = _exploded(_stuck_branches(_slim(in_play), as_of, limit))
+    longest = _slim(in_play.where(since <= (limit if latest is None else latest)))
+    if latest is None:
+        longest = longest.limit(0)
+    # Both small frames are made at once (checkpointed): the counterparts' lookup below
+    # broadcasts them into a join with each table, and a lazily cached frame would be
+    # computed by each of those broadcasts side by side (a scan each).
+    first_flows = first_rows(_stuck_flows(longest, as_of, limit), order, settings.report_rows)
+    first_flows = first_flows.drop("waited_ms").localCheckpoint(eager=True)
     top = first_rows(
         _exploded(_stuck_branches(first_flows, as_of, limit)), order, settings.report_rows
     ).localCheckpoint(eager=True)
@@ -136,22 +168,18 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
 
 
 def _stuck_counts(limit: int) -> tuple[Column, Column]:
-    """(rows, flows) of :func:`_exploded` as aggregates of :func:`_slim` rows (no explode).
+    """(rows, flows) of :func:`_exploded`, from the :data:`STUCK_COLUMNS` of every row.
 
-    A flow waiting on a receive gives a row per session it waits on (the size of its
-    ``waits``) and counts once if it has one; each other condition gives one row and one
-    flow, as each is a branch of :func:`_stuck_branches`.
+    A flow waiting on a receive gives a row per session it waits on (its ``wait_rows``) and
+    counts once; a sleep, an external operation and a flow that should be running give one
+    row and one flow each, as each is a branch of :func:`_stuck_branches`.
     """
     from pyspark.sql import functions as F
 
-    conditions = _conditions(limit)
-    sessions = _sessions()
-    receiving = conditions.pop("receiving")
-    rows = F.sum(F.when(receiving, sessions).otherwise(0))
-    flows = F.count(F.when(receiving & (sessions > 0), True))
-    for condition in conditions.values():
-        rows = rows + F.count(F.when(condition, True))
-        flows = flows + F.count(F.when(condition, True))
+    waiting = F.col(WAIT_SINCE) <= limit
+    idle = F.col(IDLE_SINCE) <= limit
+    rows = F.sum(F.when(waiting, F.col(WAIT_ROWS)).otherwise(0)) + F.count(F.when(idle, True))
+    flows = F.count(F.when(waiting, True)) + F.count(F.when(idle, True))
     return rows.alias("rows"), flows.alias("flows")
 
 

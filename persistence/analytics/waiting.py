@@ -34,6 +34,22 @@ RECEIVE = "Receive"
 """The ``suspended_on`` of a flow waiting for messages."""
 WAITS_DDL = "array<struct<session:string,counterparty:string>>"
 """Spark's type of :data:`WAITS`."""
+WAIT_SINCE = "wait_since"
+"""Since when (epoch ms) a flow has waited on what it is suspended on, for the stuck check:
+the checkpoint's ``updated_at`` for a ``Receive`` of at least one session, the ``until`` of
+a ``Sleep``, the ``until`` (else ``updated_at``) of an ``Operation``; null for anything else,
+and for a flow in the hospital or of no status."""
+WAIT_ROWS = "wait_rows"
+"""The stuck check's rows for that wait: the sessions a ``Receive`` waits on, else 1."""
+IDLE_SINCE = "idle_since"
+"""Since when an ``UNSTARTED`` or ``RUNNABLE`` flow has had no checkpoint (its
+``updated_at``); null for any other status."""
+STUCK_COLUMNS = (WAIT_SINCE, WAIT_ROWS, IDLE_SINCE)
+"""What the stuck check ranks a checkpoint by: two times and a count, derived once per row
+(:func:`with_stuck_columns`, :func:`arrow_stuck_columns`), so that its scan of every
+checkpoint reads three numbers instead of the status strings and the ``waits`` arrays."""
+IDLE_STATES = ("UNSTARTED", "RUNNABLE")
+"""Statuses of a flow that should be running: stuck when it has no checkpoint for long."""
 
 
 def with_waits(checkpoints: DataFrame) -> DataFrame:
@@ -52,6 +68,87 @@ def with_waits(checkpoints: DataFrame) -> DataFrame:
             UNTIL: F.when(~receiving, F.get_json_object("waiting_for", "$.until").cast("bigint")),
         }
     )
+
+
+def with_stuck_columns(checkpoints: DataFrame) -> DataFrame:
+    """``checkpoints`` (with :data:`WAITS` and :data:`UNTIL`) and :data:`STUCK_COLUMNS`.
+
+    A frame that already has them (a Parquet export made by this version) is returned as is.
+    """
+    from pyspark.sql import functions as F
+
+    if all(name in checkpoints.columns for name in STUCK_COLUMNS):
+        return checkpoints
+    status, on, updated, until = (
+        F.col("status"),
+        F.col("suspended_on"),
+        F.col("updated_at"),
+        F.col(UNTIL),
+    )
+    none = F.lit(None).cast("bigint")
+    hospital = status.isNull() | (status == "HOSPITALIZED")
+    sessions = F.when(F.col(WAITS).isNull(), F.lit(0)).otherwise(F.size(F.col(WAITS)))
+    return checkpoints.withColumns(
+        {
+            WAIT_SINCE: F.when(hospital, none)
+            .when((on == RECEIVE) & (sessions > 0), updated)
+            .when(on == "Sleep", until)
+            .when(on == "Operation", F.coalesce(until, updated)),
+            WAIT_ROWS: F.when(on == RECEIVE, sessions).otherwise(F.lit(1)).cast("int"),
+            IDLE_SINCE: F.when(hospital, none).when(status.isin(*IDLE_STATES), updated),
+        }
+    )
+
+
+def stuck_values(
+    status: str | None,
+    suspended_on: str | None,
+    updated_at: int | None,
+    sessions: int,
+    until: int | None,
+) -> tuple[int | None, int, int | None]:
+    """A checkpoint row's :data:`STUCK_COLUMNS`, in Python (as :func:`with_stuck_columns`).
+
+    ``sessions``: how many sessions its :data:`WAITS` holds (0 when null).
+    """
+    rows = sessions if suspended_on == RECEIVE else 1
+    if status is None or status == "HOSPITALIZED":
+        return None, rows, None
+    since: int | None = None
+    if suspended_on == RECEIVE and sessions > 0:
+        since = updated_at
+    elif suspended_on == "Sleep":
+        since = until
+    elif suspended_on == "Operation":
+        since = until if until is not None else updated_at
+    return since, rows, updated_at if status in IDLE_STATES else None
+
+
+def arrow_stuck_columns(
+    status: Sequence[str | None],
+    suspended_on: Sequence[str | None],
+    updated_at: Sequence[int | None],
+    waits: pyarrow.Array,
+    until: pyarrow.Array,
+) -> list[pyarrow.Array]:
+    """The :data:`STUCK_COLUMNS` arrays of rows whose :func:`arrow_waits` gave ``waits``, ``until``.
+
+    As :func:`with_stuck_columns` derives them in Spark (:func:`stuck_values` a row).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sessions = pc.fill_null(pc.list_value_length(waits), 0).to_pylist()
+    values = [
+        stuck_values(*row)
+        for row in zip(status, suspended_on, updated_at, sessions, until.to_pylist(), strict=True)
+    ]
+    since, rows, idle = zip(*values, strict=True) if values else ((), (), ())
+    return [
+        pa.array(since, type=pa.int64()),
+        pa.array(rows, type=pa.int32()),
+        pa.array(idle, type=pa.int64()),
+    ]
 
 
 def arrow_waits(
