@@ -43,6 +43,10 @@ from typing import Any
 
 import attrs
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+
+from benchmarks.analytics_threads import descendants
+
 ACTIONS = ("collect", "count", "first", "head", "take", "localCheckpoint", "toArrow", "toPandas")
 """The DataFrame methods timed (each runs at least one Spark job)."""
 SITE_PATH = "persistence/analytics/"
@@ -118,26 +122,15 @@ def tree_cpu_seconds(pid: int) -> float:
     ended and was waited for still counts, in its parent.
     """
     ticks = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    used = 0.0
+    for member in (pid, *descendants(pid)):
         try:
-            stat = (entry / "stat").read_text()
+            stat = Path(f"/proc/{member}/stat").read_text()
         except OSError:  # the process ended meanwhile
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-        used[int(entry.name)] = sum(int(value) for value in fields[11:15]) / ticks
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, of in parents.items():
-            if of == parent and child not in tree:
-                tree.add(child)
-                frontier.append(child)
-    return sum(used.get(member, 0.0) for member in tree)
+        used += sum(int(value) for value in fields[11:15]) / ticks
+    return used
 
 
 class Recorder:

@@ -68,7 +68,7 @@ def _cpu_seconds(stat: str) -> tuple[str, float, float]:
     return name, (int(fields[11]) + int(fields[12])) / ticks, int(fields[12]) / ticks
 
 
-def _children(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every descendant of ``pid`` (from each process's parent in ``/proc``)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -89,7 +89,7 @@ def _children(pid: int) -> list[int]:
 
 def _driver_jvm(pid: int) -> int | None:
     """The Spark driver JVM among ``pid``'s descendants (its command line names SparkSubmit)."""
-    for child in _children(pid):
+    for child in descendants(pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
