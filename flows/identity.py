@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -206,12 +207,9 @@ class NetworkMapPeerKeys:
 
     def __init__(self, network_map: NetworkMap) -> None:
         self._map = network_map
-        self._keys: dict[str, tuple[bytes | None, bytes]] = {}
-        """By node name: its Ed25519 public key (None if absent or not hex), its agreement key."""
-        self._refusals: dict[str, str] = {}
-        self._loaded_at = -1e9
-        self._loaded_stamp: int | None = None
-        """The map directory's modification time at the last reading (publishing changes it)."""
+        self._reading = _MapReading(keys={}, refusals={}, loaded_at=-1e9, stamp=None)
+        """The last reading, replaced whole once a new one is complete: a thread that finds
+        it fresh also finds its keys (no reader sees a new time with the old keys)."""
         self._lock = threading.Lock()
 
     def public_key(self, name: str) -> bytes | None:
@@ -226,24 +224,24 @@ class NetworkMapPeerKeys:
 
     def refusal(self, name: str) -> str | None:
         """Why ``name``'s node-info was refused at the last reading, or None."""
-        return self._refusals.get(node_key(name))
+        return self._reading.refusals.get(node_key(name))
 
     def _lookup(self, name: str) -> tuple[bytes | None, bytes] | None:
-        keys = self._keys.get(name)
-        if self._stale(keys is None):
+        reading = self._reading
+        keys = reading.keys.get(name)
+        if self._stale(reading, keys is None):
             with self._lock:
-                if self._stale(keys is None):  # not read by another thread meanwhile
-                    self._reload()
-            keys = self._keys.get(name)
+                reading = self._reading  # perhaps read by another thread while this one waited
+                if self._stale(reading, keys is None):
+                    reading = self._reload(reading)
+            keys = reading.keys.get(name)
         return keys
 
-    def _stale(self, unknown: bool) -> bool:
-        age = time.monotonic() - self._loaded_at
+    def _stale(self, reading: _MapReading, unknown: bool) -> bool:
+        age = time.monotonic() - reading.loaded_at
         if age > self.REFRESH_SECONDS:
             return True
-        return unknown and (
-            age > self.RELOAD_SECONDS or self._directory_stamp() != self._loaded_stamp
-        )
+        return unknown and (age > self.RELOAD_SECONDS or self._directory_stamp() != reading.stamp)
 
     def _directory_stamp(self) -> int | None:
         try:
@@ -251,20 +249,37 @@ class NetworkMapPeerKeys:
         except OSError:
             return None
 
-    def _reload(self) -> None:
-        self._loaded_at = time.monotonic()
-        self._loaded_stamp = self._directory_stamp()
+    def _reload(self, previous: _MapReading) -> _MapReading:
+        started = time.monotonic()
+        stamp = self._directory_stamp()  # before the scan: a file published during it is seen
         try:
             scan = self._map.scan()
         except NetworkMapError:
-            return
-        keys: dict[str, tuple[bytes | None, bytes]] = {}
-        for _, info in scan.accepted:
-            agreement_key = info.agreement_key_bytes()
-            if agreement_key is not None:  # (an accepted node-info always has one)
-                keys[info.name] = (_hex_or_none(info.public_key), agreement_key)
-        self._keys = keys
-        self._refusals = {path.stem: reason for path, reason in scan.rejected}
+            reading = attrs.evolve(previous, loaded_at=started, stamp=stamp)
+        else:
+            keys: dict[str, tuple[bytes | None, bytes]] = {}
+            for _, info in scan.accepted:
+                agreement_key = info.agreement_key_bytes()
+                if agreement_key is not None:  # (an accepted node-info always has one)
+                    keys[info.name] = (_hex_or_none(info.public_key), agreement_key)
+            refusals = {path.stem: reason for path, reason in scan.rejected}
+            reading = _MapReading(keys=keys, refusals=refusals, loaded_at=started, stamp=stamp)
+        self._reading = reading
+        return reading
+
+
+@attrs.frozen
+class _MapReading:
+    """One complete reading of the network map by :class:`NetworkMapPeerKeys`."""
+
+    keys: dict[str, tuple[bytes | None, bytes]]
+    """By node name: its Ed25519 public key (None if absent or not hex), its agreement key."""
+    refusals: dict[str, str]
+    """By node key (the file's stem): why its node-info was refused."""
+    loaded_at: float
+    """``time.monotonic()`` when the reading began."""
+    stamp: int | None
+    """The map directory's modification time when the reading began (publishing changes it)."""
 
 
 def _hex_or_none(text: str | None) -> bytes | None:

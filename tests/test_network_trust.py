@@ -24,7 +24,7 @@ from flows.doorman import (
     certificate_request,
 )
 from flows.identity import NetworkMapPeerKeys, NodeIdentity, StaticPeerKeys
-from flows.network_map import NetworkMap, NodeInfo
+from flows.network_map import NetworkMap, NetworkMapScan, NodeInfo
 from flows.network_trust import (
     NetworkRoot,
     NetworkTrustError,
@@ -485,6 +485,47 @@ def test_peer_keys_over_a_rooted_map_know_no_node_whose_info_is_refused(
     assert MessageVerifier.of(alice, rooted_keys).problem(unknown) == (
         f"unknown sender {CAROL!r}: not in the network map"
     )
+
+
+class SlowScanMap(NetworkMap):
+    """A map whose every scan waits, once it has begun, until the test lets it finish."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.scanning = threading.Event()
+        self.finish = threading.Event()
+
+    def scan(self) -> NetworkMapScan:
+        self.scanning.set()
+        assert self.finish.wait(10)
+        return super().scan()
+
+
+def test_a_lookup_during_another_thread_s_first_reading_waits_for_it_and_finds_the_key(
+    tmp_path: Path,
+) -> None:
+    # A restarted node's relay thread began the first reading of the map while a restored
+    # flow looked its peer up: the flow must not be told the peer is off the map (its
+    # initiate_flow would fail for good) because the reading was not finished yet.
+    directory = tmp_path / "network-map"
+    bob = NodeIdentity.generate(BOB)
+    NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q"), bob)
+    slow = SlowScanMap(directory)
+    keys = NetworkMapPeerKeys(slow)
+    first = threading.Thread(target=keys.agreement_key, args=(BOB,))
+    first.start()
+    assert slow.scanning.wait(10)
+    found: list[bytes | None] = []
+    second = threading.Thread(target=lambda: found.append(keys.agreement_key(BOB)))
+    second.start()
+    second.join(0.3)
+    answered_early = not second.is_alive()
+    slow.finish.set()
+    first.join(10)
+    assert not answered_early, "the second lookup answered before the reading was complete"
+    second.join(10)
+    assert found == [bob.agreement_key]
+    assert keys.public_key(BOB) == bob.public_key
 
 
 def test_peer_keys_stop_trusting_a_key_whose_node_info_no_longer_verifies(
