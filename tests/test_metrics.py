@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flows.metrics import NodeMetrics, metrics_asgi_app
+from flows.metrics.probe import NodeProbe
 from flows.party import Party
 from flows.runtime import EXIT_REFUSED, NodeProcess
 from flows.runtime_config import ConfigError, MetricsSettings, load_config
@@ -122,6 +123,42 @@ def test_a_mock_network_counts_every_kind_of_flow_end_message_and_state(tmp_path
         assert value(a, "fiberflow_messages_received_total") == received_before
         assert value(a, "fiberflow_flows_live") == 1
         assert value(a, "fiberflow_flows_hospitalized") == 1
+
+
+def test_a_scrape_while_the_node_is_rebuilt_sees_the_counters_neither_drop_nor_jump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The metrics server scrapes on its own thread: one that lands while the replaced node's
+    # final counts are taken must see the old node's totals, not the new node's (about 0),
+    # which Prometheus would take for a counter reset.
+    with MockNetwork(["samples.pingpong"], directory=tmp_path) as net:
+        metrics = NodeMetrics(snapshot_seconds=0)
+        alice = net.create_node(ALICE, metrics=metrics)
+        bob = net.create_node(BOB)
+        pings = [alice.start_flow(PingFlow(bob.party)) for _ in range(3)]
+        net.run_network()
+        assert [p.result() for p in pings] == ["Pong"] * 3
+        names = ("fiberflow_messages_received_total", "fiberflow_messages_sent_total")
+
+        def totals() -> tuple[float, float]:
+            samples = scrape(metrics.exposition().decode())
+            return value(samples, names[0]), value(samples, names[1])
+
+        before = totals()
+        assert before[0] > 0 and before[1] > 0
+        during: list[tuple[float, float]] = []
+        final_counters = NodeProbe.final_counters
+
+        def scraped_meanwhile(probe: NodeProbe) -> tuple[int, int, int, int]:
+            during.append(totals())  # what a scrape at this moment answers
+            counters = final_counters(probe)
+            during.append(totals())
+            return counters
+
+        monkeypatch.setattr(NodeProbe, "final_counters", scraped_meanwhile)
+        alice.restart()
+        assert during == [before, before]
+        assert totals() == before
 
 
 def test_the_outbox_gauges_show_rows_a_peer_has_not_taken(tmp_path: Path) -> None:

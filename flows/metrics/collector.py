@@ -10,7 +10,7 @@ counted is carried in a base added to the current node's counts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -31,24 +31,40 @@ MESSAGE_COUNTERS = (
 class SnapshotCollector(Collector):
     """Gauges and message counters of the node a probe watches (see the module docstring)."""
 
-    def __init__(self, current: Callable[[], NodeProbe | None]) -> None:
-        """Read the node of the probe ``current()`` returns."""
-        self._current = current
-        self.base = (0, 0, 0, 0)
-        """What replaced nodes had counted (received, sent, duplicates, dead-lettered)."""
+    def __init__(self) -> None:
+        """Read no node until :meth:`follow` names one."""
+        self._watched: tuple[NodeProbe | None, tuple[int, int, int, int]] = (None, (0, 0, 0, 0))
+        """The probe of the node read now, and what replaced nodes had counted (received,
+        sent, duplicates, dead-lettered): one value, replaced whole, so that a scrape on
+        another thread never adds the old node's counts twice or leaves them out."""
 
-    def carry(self, counters: tuple[int, int, int, int]) -> None:
-        """Add a replaced node's final message counters to the base."""
-        self.base = (
-            self.base[0] + counters[0],
-            self.base[1] + counters[1],
-            self.base[2] + counters[2],
-            self.base[3] + counters[3],
+    @property
+    def probe(self) -> NodeProbe | None:
+        """The probe of the node the metrics read now (None before the first node)."""
+        return self._watched[0]
+
+    @property
+    def base(self) -> tuple[int, int, int, int]:
+        """What replaced nodes had counted (received, sent, duplicates, dead-lettered)."""
+        return self._watched[1]
+
+    def follow(self, probe: NodeProbe, carried: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+        """Read ``probe``'s node from now on.
+
+        Its predecessor's final ``carried`` counters are added to the base in the same step.
+        """
+        base = self._watched[1]
+        total = (
+            base[0] + carried[0],
+            base[1] + carried[1],
+            base[2] + carried[2],
+            base[3] + carried[3],
         )
+        self._watched = (probe, total)
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, as the node showed them at its latest snapshot."""
-        probe = self._current()
+        probe, base_counters = self._watched
         snapshot = None if probe is None else probe.snapshot
         node = None if probe is None else probe.node
         gauges = (
@@ -65,7 +81,7 @@ class SnapshotCollector(Collector):
         for (name, documentation), value in zip(gauges, values, strict=True):
             yield GaugeMetricFamily(name, documentation, value=value)
         for (name, documentation), base, value in zip(
-            MESSAGE_COUNTERS, self.base, counters, strict=True
+            MESSAGE_COUNTERS, base_counters, counters, strict=True
         ):
             yield CounterMetricFamily(name, documentation, value=base + value)
         depth, oldest = 0, None

@@ -34,8 +34,7 @@ class NodeMetrics:
         """The registry every metric of this node is in (scrape it, or serve it)."""
         self._snapshot_seconds = snapshot_seconds
         self._families = NodeFamilies(self.registry)
-        self._probe: NodeProbe | None = None
-        self._collector = SnapshotCollector(lambda: self._probe)
+        self._collector = SnapshotCollector()
         self.registry.register(self._collector)
 
     def instruments(self) -> NodeProbe:
@@ -43,15 +42,23 @@ class NodeMetrics:
         return NodeProbe(self._families, self._snapshot_seconds, self._bound)
 
     def _bound(self, probe: NodeProbe) -> None:
-        """A node was built with ``probe``: it replaces the one the metrics read."""
-        old, self._probe = self._probe, probe
-        if old is not None and old is not probe:
-            self._collector.carry(old.final_counters())
+        """A node was built with ``probe``: it replaces the one the metrics read.
+
+        The replaced node's final counts are taken first, while the metrics still read it,
+        then the new probe and the carried counts are put in place in one step: a scrape in
+        between sees the counters neither drop nor jump.
+        """
+        old = self._collector.probe
+        if old is probe:
+            return
+        carried = (0, 0, 0, 0) if old is None else old.final_counters()
+        self._collector.follow(probe, carried)
 
     def refresh(self) -> None:
         """Copy the node's counts now (call it on the node's thread, between rounds)."""
-        if self._probe is not None:
-            self._probe.take_snapshot()
+        probe = self._collector.probe
+        if probe is not None:
+            probe.take_snapshot()
 
     def exposition(self) -> bytes:
         """Every metric in Prometheus's text format (what ``/metrics`` answers)."""
