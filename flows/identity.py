@@ -229,19 +229,34 @@ class NetworkMapPeerKeys:
     def _lookup(self, name: str) -> tuple[bytes | None, bytes] | None:
         reading = self._reading
         keys = reading.keys.get(name)
-        if self._stale(reading, keys is None):
+        if self._stale(reading, name, keys is None):
             with self._lock:
                 reading = self._reading  # perhaps read by another thread while this one waited
-                if self._stale(reading, keys is None):
+                if self._stale(reading, name, keys is None):
                     reading = self._reload(reading)
             keys = reading.keys.get(name)
         return keys
 
-    def _stale(self, reading: _MapReading, unknown: bool) -> bool:
+    def _stale(self, reading: _MapReading, name: str, unknown: bool) -> bool:
         age = time.monotonic() - reading.loaded_at
         if age > self.REFRESH_SECONDS:
             return True
-        return unknown and (age > self.RELOAD_SECONDS or self._directory_stamp() != reading.stamp)
+        return unknown and (
+            age > self.RELOAD_SECONDS
+            or self._directory_stamp() != reading.stamp
+            or self._published_since(reading, name)
+        )
+
+    def _published_since(self, reading: _MapReading, name: str) -> bool:
+        """True if ``name``'s node-info file is there but ``reading`` neither took nor refused it.
+
+        Such a file was published after the reading listed the directory, within one tick of
+        the directory's clock (coarse timestamps, a network file system's cached attributes).
+        """
+        key = node_key(name)
+        if key in reading.refusals:
+            return False
+        return (self._map.directory / f"{key}.json").is_file()
 
     def _directory_stamp(self) -> int | None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import stat
 import threading
 from collections.abc import Callable
@@ -526,6 +527,46 @@ def test_a_lookup_during_another_thread_s_first_reading_waits_for_it_and_finds_t
     second.join(10)
     assert found == [bob.agreement_key]
     assert keys.public_key(BOB) == bob.public_key
+
+
+class PublishedDuringScanMap(NetworkMap):
+    """A map where a node-info is published once, just after a scan listed the directory,
+    and the directory's time is set back as a coarse clock would leave it."""
+
+    def __init__(self, directory: Path, late: Callable[[], object]) -> None:
+        super().__init__(directory)
+        self.late: Callable[[], object] | None = late
+
+    def scan(self) -> NetworkMapScan:
+        result = super().scan()
+        if self.late is not None:
+            stamp = self.directory.stat().st_mtime_ns
+            self.late()
+            os.utime(self.directory, ns=(stamp, stamp))  # the same tick of the clock
+            self.late = None
+        return result
+
+
+def test_a_node_info_published_during_a_reading_in_the_same_clock_tick_is_found_at_once(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "network-map"
+    alice, carol = NodeIdentity.generate(ALICE), NodeIdentity.generate(CAROL)
+    NetworkMap(directory).publish(NodeInfo(ALICE, ALICE, "q"), alice)
+    published = PublishedDuringScanMap(
+        directory, lambda: NetworkMap(directory).publish(NodeInfo(CAROL, CAROL, "q"), carol)
+    )
+    keys = NetworkMapPeerKeys(published)
+    assert keys.agreement_key(ALICE) == alice.agreement_key  # the reading Carol just missed
+    assert published.late is None
+    # Within RELOAD_SECONDS and with the directory's time unchanged, Carol's file tells.
+    assert keys.agreement_key(CAROL) == carol.agreement_key
+    # A name with no file does not make every lookup read the map again.
+    scans: list[int] = []
+    scan = published.scan
+    published.scan = lambda: scans.append(1) or scan()  # type: ignore[method-assign]
+    assert keys.agreement_key("O=Nobody,L=Oslo,C=NO") is None
+    assert scans == []
 
 
 def test_peer_keys_stop_trusting_a_key_whose_node_info_no_longer_verifies(
