@@ -390,9 +390,14 @@ class NodeProcess:
 
     def _run_holding_lease(self, lease: NodeLease) -> int:
         config = self.config
+        # The node-info first: the node's start re-sends its outbox, and a peer verifies
+        # those messages by the keys on the map (an older entry it refuses, say one published
+        # before an upgrade or with a lapsed certificate, would have them dead-lettered).
+        map_note = self._publish()
         node = self._build_node()
         log.info("%s", self._identity_note)
-        self._publish(node)
+        if map_note is not None:
+            log.info("%s", map_note)
         tune_collector()  # after start-up: what it built is frozen (flows/gc_tuning.py)
         log.info(
             "%s: started (pid %d, worker %s, lease epoch %d): %d flows restored from %s, %d "
@@ -634,23 +639,23 @@ class NodeProcess:
         )  # logged once the node has its database: a failed start stays one line
         return identity
 
-    def _publish(self, node: Node) -> None:
+    def _publish(self) -> str | None:
+        """Publish the node's node-info; returns what to log of the map once the node runs."""
         if self.config.network_map is None:
-            return
+            return None
+        identity = self._identity_cache
+        assert identity is not None
         network_map = NetworkMap(self.config.network_map, self.trust.root)
-        info = self.config.node_info(node.identity, self.trust.certificate)
-        network_map.publish(info, identity=node.identity)
+        info = self.config.node_info(identity, self.trust.certificate)
+        network_map.publish(info, identity=identity)
         try:
             peers = sorted(set(network_map.nodes()) - {self.config.name})
         except NetworkMapError as error:
             log.warning("%s: %s", self.config.name, error)
-            return
-        log.info(
-            "%s: network map %s lists %d peer(s): %s",
-            self.config.name,
-            network_map.directory,
-            len(peers),
-            "; ".join(peers) or "none yet",
+            return None
+        return (
+            f"{self.config.name}: network map {network_map.directory} lists {len(peers)} "
+            f"peer(s): {'; '.join(peers) or 'none yet'}"
         )
 
     def _serve(self) -> None:
