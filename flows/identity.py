@@ -183,6 +183,10 @@ class StaticPeerKeys:
         """Nothing is refused here: a name is known or not."""
         return None
 
+    def reread_if_changed(self) -> bool:
+        """Nothing to read again: the keys are what :meth:`add` was given."""
+        return False
+
 
 class NetworkMapPeerKeys:
     """Public keys from the network map directory.
@@ -225,6 +229,15 @@ class NetworkMapPeerKeys:
     def refusal(self, name: str) -> str | None:
         """Why ``name``'s node-info was refused at the last reading, or None."""
         return self._reading.refusals.get(node_key(name))
+
+    def reread_if_changed(self) -> bool:
+        """See :class:`PeerKeys`: the map is read again if its directory changed since."""
+        with self._lock:
+            reading = self._reading
+            if self._directory_stamp() == reading.stamp:
+                return False
+            self._reload(reading)
+            return True
 
     def _lookup(self, name: str) -> tuple[bytes | None, bytes] | None:
         reading = self._reading

@@ -24,7 +24,7 @@ import hmac
 
 import msgpack
 
-from messaging.pair_keys import AgreementIdentity, PairKeyCache, PeerKeys
+from messaging.pair_keys import AgreementIdentity, PairKey, PairKeyCache, PeerKeys
 from messaging.service import Message, TransportError
 
 __all__ = [
@@ -121,7 +121,12 @@ class MessageVerifier:
         return cls(PairKeyCache(identity, peers))
 
     def problem(self, message: Message) -> str | None:
-        """Why ``message`` must be refused, or None if it is genuine."""
+        """Why ``message`` must be refused, or None if it is genuine.
+
+        A tag that does not check is checked once more if the peers' keys changed since they
+        were last read (the sender published a new key: its messages are not refused while
+        this node still holds the old one).
+        """
         pair = self.pair_keys.lookup(message.sender)
         if pair is None:
             reason = self.pair_keys.unknown_reason(message.sender)
@@ -129,11 +134,22 @@ class MessageVerifier:
         if not message.tag:
             return f"message from {message.sender} is not authenticated: it carries no tag"
         covered = authenticated_bytes(message, self.receiver)
-        expected = hmac.digest(pair.receiving, covered, "sha256")
-        if not hmac.compare_digest(expected, message.tag):
-            return (
-                f"bad tag: the message is not what {message.sender} authenticated for "
-                f"{self.receiver} (forged sender, tampered contents or id, or meant for another "
-                "node)"
-            )
-        return None
+        if _tag_checks(pair, covered, message.tag):
+            return None
+        if self.pair_keys.peers.reread_if_changed():
+            pair = self.pair_keys.lookup(message.sender)
+            if pair is None:
+                reason = self.pair_keys.unknown_reason(message.sender)
+                return f"unknown sender {message.sender!r}: {reason}"
+            if _tag_checks(pair, covered, message.tag):
+                return None
+        return (
+            f"bad tag: the message is not what {message.sender} authenticated for "
+            f"{self.receiver} (forged sender, tampered contents or id, or meant for another "
+            "node)"
+        )
+
+
+def _tag_checks(pair: PairKey, covered: bytes, tag: bytes) -> bool:
+    """True if ``tag`` is the HMAC of ``covered`` under ``pair``'s receiving key."""
+    return hmac.compare_digest(hmac.digest(pair.receiving, covered, "sha256"), tag)

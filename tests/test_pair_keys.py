@@ -6,6 +6,7 @@ import json
 import struct
 from pathlib import Path
 
+import attrs
 import msgpack
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
@@ -226,6 +227,39 @@ def test_the_pair_key_follows_the_peer_s_node_info_changed_refused_and_back(
     publish(directory, authority, new_bob)
     assert verifier.problem(from_bob(new_bob, "N-d-0")) is None and at_alice.computed == 2
     assert "bad tag" in (verifier.problem(from_bob(bob, "N-d-1")) or "")
+
+
+def test_a_peer_s_new_key_is_followed_at_its_first_message_and_a_bad_tag_alone_reads_nothing(
+    tmp_path: Path, authority: RootAuthority
+) -> None:
+    directory = tmp_path / "network-map"
+    alice, bob = NodeIdentity.generate(ALICE), NodeIdentity.generate(BOB)
+    publish(directory, authority, alice)
+    publish(directory, authority, bob)
+    network_map = NetworkMap(directory, authority.network_root())
+    scans: list[int] = []
+    scan = network_map.scan
+    network_map.scan = lambda: scans.append(1) or scan()  # type: ignore[method-assign]
+    verifier = MessageVerifier.of(alice, NetworkMapPeerKeys(network_map))
+    bobs_view = keys_of(alice)
+
+    def from_bob(identity: NodeIdentity, message_id: str) -> Message:
+        return MessageAuthenticator.of(identity, bobs_view).authenticate(
+            hello(BOB, message_id), ALICE
+        )
+
+    assert verifier.problem(from_bob(bob, "N-a-0")) is None and len(scans) == 1
+    # Forged tags, the map unchanged: refused, and the map is not read again for them.
+    forged = [attrs.evolve(from_bob(bob, f"N-f-{n}"), tag=bytes(32)) for n in range(3)]
+    assert all("bad tag" in (verifier.problem(message) or "") for message in forged)
+    assert len(scans) == 1
+    # Bob starts with a new key file and publishes his new node-info: his first message,
+    # tagged with the new pair key, passes at once (not after REFRESH_SECONDS).
+    new_bob = NodeIdentity.generate(BOB)
+    publish(directory, authority, new_bob)
+    assert verifier.problem(from_bob(new_bob, "N-b-0")) is None and len(scans) == 2
+    assert "bad tag" in (verifier.problem(from_bob(bob, "N-b-1")) or "")  # the old key: no more
+    assert len(scans) == 2
 
 
 def test_a_peer_whose_node_info_has_no_agreement_key_is_refused_naming_the_field(
