@@ -518,6 +518,38 @@ def inject_misdirected_initiator_end(execute: Execute) -> Expected:
     return Expected("session_ownership", CHARLIE, echo, "misdirected")
 
 
+def inject_reused_id(data: NetworkData) -> tuple[str, str, str]:
+    """Bob's dedup table loses its primary key (a botched restore), and a record of another
+    conversation reuses the id of the first message of the echo session, which stays healthy.
+
+    Returns (the node, the reused id, the echo session as its initiator named it).
+    """
+    _, echo_session = _echo_session(sqlite_execute(data))
+    with sqlite3.connect(data.databases[BOB]) as bob:
+        bob.execute("CREATE TABLE dedup_copy AS SELECT * FROM node_message_ids")
+        bob.execute("DROP TABLE node_message_ids")
+        bob.execute("ALTER TABLE dedup_copy RENAME TO node_message_ids")
+        (reused,) = _one(
+            bob,
+            "SELECT message_id FROM node_message_ids WHERE session_id = ? AND sequence = 0",
+            f"{echo_session}.r",
+        )
+        other, top, at = _one(
+            bob,
+            "SELECT session_id, max(sequence), max(inserted_at) FROM node_message_ids "
+            "WHERE sender = ? AND session_id NOT LIKE ? GROUP BY session_id "
+            "ORDER BY session_id LIMIT 1",
+            ALICE,
+            f"{echo_session}%",
+        )
+        bob.execute(
+            "INSERT INTO node_message_ids VALUES (?, ?, ?, ?, ?)",
+            (reused, ALICE, other, int(str(top)) + 1, at),
+        )
+    bob.close()
+    return BOB, str(reused), echo_session
+
+
 def assert_same_findings(mine: Any, theirs: Any) -> None:
     """Two analyses (``AnalysisReport``) of the same nodes found the same: per check its
     status, summary, rows and every extra table's rows (e.g. from an export and from the

@@ -57,6 +57,7 @@ from tests.analytics_data import (
     corrupt,
     inject_misdirected_initiator_end,
     inject_misdirected_responder_end,
+    inject_reused_id,
     inject_unowned_initiator_end,
     inject_unowned_responder_end,
     sqlite_execute,
@@ -337,6 +338,34 @@ def test_the_screening_is_exact_for_each_ownership_injection(
     data = clean.copy_to(tmp_path)
     inject(sqlite_execute(data))
     assert_screening_is_exact(spark, data, NAMES)
+
+
+@pytest.mark.spark
+def test_an_id_reused_from_a_healthy_conversation_is_found_and_screened_exactly(
+    spark: Any, clean: NetworkData, tmp_path: Any
+) -> None:
+    """The record that reuses an id is a candidate; the one whose id it reuses is not."""
+    from pyspark.sql import functions as F
+
+    data = clean.copy_to(tmp_path)
+    node, reused, echo_session = inject_reused_id(data)
+    require_jdbc()
+    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
+    sources = [parse_node_argument(s) for s in data.sources(NAMES)]
+    with load_nodes(spark, sources) as snapshot:
+        for check, (screened, full) in judged_both_ways(snapshot, settings).items():
+            assert screened == full, check
+        found = screen(snapshot, settings)
+        assert found.candidates is not None
+        echo = found.candidates.where(F.col(CONVERSATION) == spark_xxhash64(echo_session))
+        assert echo.count() == 0  # the healthy side is only in the whole snapshot
+        audit = exactly_once_audit(snapshot, settings).frame
+        assert [
+            (row["node"], row["message_ids"], row["detail"])
+            for row in audit.where(F.col("kind") == "id_reused").collect()
+        ] == [(node, reused, "id recorded for 2 messages")]
+        mismatched = audit.where(F.col("kind") == "id_mismatch").collect()
+        assert [(row["node"], row["message_ids"]) for row in mismatched] == [(node, reused)]
 
 
 # --- the export's bucketed layout -------------------------------------------------------------
