@@ -15,6 +15,7 @@ key file others can read or write. The agreement key needs no file of its own.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import stat
@@ -28,8 +29,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from flows.errors import FiberflowError
-from flows.network_map import NetworkMap, NetworkMapError, node_key
+from flows.network_map import NetworkMap, node_key
 from messaging.pair_keys import PeerKeys, agreement_public_bytes, derive_agreement_key
+
+log = logging.getLogger("fiberflow.identity")
 
 __all__ = [
     "KeyFileError",
@@ -183,7 +186,7 @@ class StaticPeerKeys:
         """Nothing is refused here: a name is known or not."""
         return None
 
-    def reread_if_changed(self) -> bool:
+    def reread_if_changed(self, name: str) -> bool:
         """Nothing to read again: the keys are what :meth:`add` was given."""
         return False
 
@@ -191,9 +194,9 @@ class StaticPeerKeys:
 class NetworkMapPeerKeys:
     """Public keys from the network map directory.
 
-    The map is read again when a name is unknown and the map's directory changed since the
-    last reading (a node-info was published: one ``stat`` tells), or at most every
-    :attr:`RELOAD_SECONDS` when a name is unknown, and at least every
+    The map is read again when a name is unknown and the map's directory or that name's file
+    changed since the last reading (a node-info was published: a ``stat`` or two tell), or
+    at most every :attr:`RELOAD_SECONDS` when a name is unknown, and at least every
     :attr:`REFRESH_SECONDS` anyway, so that a key whose node-info no longer
     verifies (expired, replaced, removed) stops being trusted within seconds, and a changed
     agreement key is followed as soon (the node's
@@ -211,7 +214,7 @@ class NetworkMapPeerKeys:
 
     def __init__(self, network_map: NetworkMap) -> None:
         self._map = network_map
-        self._reading = _MapReading(keys={}, refusals={}, loaded_at=-1e9, stamp=None)
+        self._reading = _MapReading(keys={}, refusals={}, loaded_at=-1e9, stamp=None, files={})
         """The last reading, replaced whole once a new one is complete: a thread that finds
         it fresh also finds its keys (no reader sees a new time with the old keys)."""
         self._lock = threading.Lock()
@@ -230,11 +233,11 @@ class NetworkMapPeerKeys:
         """Why ``name``'s node-info was refused at the last reading, or None."""
         return self._reading.refusals.get(node_key(name))
 
-    def reread_if_changed(self) -> bool:
-        """See :class:`PeerKeys`: the map is read again if its directory changed since."""
+    def reread_if_changed(self, name: str) -> bool:
+        """See :class:`PeerKeys`: read again if the directory or ``name``'s file changed."""
         with self._lock:
             reading = self._reading
-            if self._directory_stamp() == reading.stamp:
+            if self._directory_stamp() == reading.stamp and not self._file_changed(reading, name):
                 return False
             self._reload(reading)
             return True
@@ -257,19 +260,38 @@ class NetworkMapPeerKeys:
         return unknown and (
             age > self.RELOAD_SECONDS
             or self._directory_stamp() != reading.stamp
-            or self._published_since(reading, name)
+            or self._file_changed(reading, name)
         )
 
-    def _published_since(self, reading: _MapReading, name: str) -> bool:
-        """True if ``name``'s node-info file is there but ``reading`` neither took nor refused it.
+    def _file_changed(self, reading: _MapReading, name: str) -> bool:
+        """True if ``name``'s node-info file is there and is not the one ``reading`` read.
 
-        Such a file was published after the reading listed the directory, within one tick of
-        the directory's clock (coarse timestamps, a network file system's cached attributes).
+        Publishing renames a new file into place (a new inode), so this holds for a file
+        published after the reading listed the directory even within one tick of the
+        directory's clock (coarse timestamps, a network file system's cached attributes),
+        and never for a file the reading took or refused as it is.
         """
         key = node_key(name)
-        if key in reading.refusals:
+        try:
+            found = (self._map.directory / f"{key}.json").stat()
+        except OSError:
             return False
-        return (self._map.directory / f"{key}.json").is_file()
+        return reading.files.get(key) != (found.st_ino, found.st_mtime_ns)
+
+    def _file_stamps(self) -> dict[str, tuple[int, int]]:
+        """Each node-info file's (inode, modification time), by node key (its stem)."""
+        stamps: dict[str, tuple[int, int]] = {}
+        try:
+            paths = list(self._map.directory.glob("*.json"))
+        except OSError:
+            return stamps
+        for path in paths:
+            try:
+                found = path.stat()
+            except OSError:
+                continue  # replaced or removed meanwhile: the next look sees it changed
+            stamps[path.stem] = (found.st_ino, found.st_mtime_ns)
+        return stamps
 
     def _directory_stamp(self) -> int | None:
         try:
@@ -279,11 +301,14 @@ class NetworkMapPeerKeys:
 
     def _reload(self, previous: _MapReading) -> _MapReading:
         started = time.monotonic()
-        stamp = self._directory_stamp()  # before the scan: a file published during it is seen
+        # before the scan: a file published during it is seen changed at the next look
+        stamp = self._directory_stamp()
+        files = self._file_stamps()
         try:
             scan = self._map.scan()
-        except NetworkMapError:
-            reading = attrs.evolve(previous, loaded_at=started, stamp=stamp)
+        except Exception as error:  # the previous keys stand until the next reading is due
+            log.warning("network map %s could not be read: %s", self._map.directory, error)
+            reading = attrs.evolve(previous, loaded_at=started, stamp=stamp, files=files)
         else:
             keys: dict[str, tuple[bytes | None, bytes]] = {}
             for _, info in scan.accepted:
@@ -291,7 +316,9 @@ class NetworkMapPeerKeys:
                 if agreement_key is not None:  # (an accepted node-info always has one)
                     keys[info.name] = (_hex_or_none(info.public_key), agreement_key)
             refusals = {path.stem: reason for path, reason in scan.rejected}
-            reading = _MapReading(keys=keys, refusals=refusals, loaded_at=started, stamp=stamp)
+            reading = _MapReading(
+                keys=keys, refusals=refusals, loaded_at=started, stamp=stamp, files=files
+            )
         self._reading = reading
         return reading
 
@@ -308,6 +335,8 @@ class _MapReading:
     """``time.monotonic()`` when the reading began."""
     stamp: int | None
     """The map directory's modification time when the reading began (publishing changes it)."""
+    files: dict[str, tuple[int, int]]
+    """Each node-info file's (inode, modification time) when the reading began, by node key."""
 
 
 def _hex_or_none(text: str | None) -> bytes | None:

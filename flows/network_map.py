@@ -332,7 +332,7 @@ class NetworkMap:
 def _read(path: Path) -> NodeInfo:
     try:
         document = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # (nested too deep: RecursionError)
         raise NetworkMapError(f"network map file {path}: {error}") from error
     if not isinstance(document, dict):
         raise NetworkMapError(f"network map file {path}: not a JSON object")

@@ -136,7 +136,7 @@ class MessageVerifier:
         covered = authenticated_bytes(message, self.receiver)
         if _tag_checks(pair, covered, message.tag):
             return None
-        if self.pair_keys.peers.reread_if_changed():
+        if self.pair_keys.peers.reread_if_changed(message.sender):
             pair = self.pair_keys.lookup(message.sender)
             if pair is None:
                 reason = self.pair_keys.unknown_reason(message.sender)

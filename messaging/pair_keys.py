@@ -69,8 +69,8 @@ class PeerKeys(Protocol):
     def refusal(self, name: str) -> str | None:
         """Why node ``name``'s entry was refused (its node-info did not verify), or None."""
 
-    def reread_if_changed(self) -> bool:
-        """Read the keys again now if their source changed since the last reading.
+    def reread_if_changed(self, name: str) -> bool:
+        """Read the keys again now if their source or node ``name``'s entry changed since.
 
         True if it did (a key may have changed: a message that failed its check may pass
         now). Asked when a known peer's message fails its check, so a peer that rotated its

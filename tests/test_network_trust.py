@@ -569,6 +569,82 @@ def test_a_node_info_published_during_a_reading_in_the_same_clock_tick_is_found_
     assert scans == []
 
 
+def republished_in_the_same_tick(directory: Path, publish: Callable[[], object]) -> None:
+    """``publish`` a node-info, the directory's time set back as a coarse clock leaves it."""
+    stamp = directory.stat().st_mtime_ns
+    publish()
+    os.utime(directory, ns=(stamp, stamp))
+
+
+def test_a_refused_entry_replaced_in_the_same_clock_tick_is_taken_at_the_next_lookup(
+    tmp_path: Path,
+) -> None:
+    # Bob's entry is refused (an older fiberflow's: no agreement key); he starts with this
+    # version and publishes a good one in the same tick of the directory's clock. His first
+    # messages follow within milliseconds: they must not be refused for RELOAD_SECONDS.
+    directory = tmp_path / "network-map"
+    bob = NodeIdentity.generate(BOB)
+    path = NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q"), bob)
+    old = json.loads(path.read_text())
+    del old["agreement_key"]
+    path.write_text(json.dumps(old))
+    keys = NetworkMapPeerKeys(NetworkMap(directory))
+    assert keys.agreement_key(BOB) is None and keys.refusal(BOB) is not None
+    republished_in_the_same_tick(
+        directory, lambda: NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q"), bob)
+    )
+    assert keys.agreement_key(BOB) == bob.agreement_key and keys.refusal(BOB) is None
+
+
+def test_a_key_replaced_in_the_same_clock_tick_is_read_again_when_asked(tmp_path: Path) -> None:
+    directory = tmp_path / "network-map"
+    bob, new_bob = NodeIdentity.generate(BOB), NodeIdentity.generate(BOB)
+    NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q"), bob)
+    keys = NetworkMapPeerKeys(NetworkMap(directory))
+    assert keys.agreement_key(BOB) == bob.agreement_key
+    assert not keys.reread_if_changed(BOB)  # nothing changed: nothing read
+    republished_in_the_same_tick(
+        directory, lambda: NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q"), new_bob)
+    )
+    assert keys.agreement_key(BOB) == bob.agreement_key  # known: kept until asked
+    assert keys.reread_if_changed(BOB)
+    assert keys.agreement_key(BOB) == new_bob.agreement_key
+    assert not keys.reread_if_changed(BOB)
+
+
+def test_a_map_that_cannot_be_read_keeps_the_keys_and_is_not_read_at_every_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "network-map"
+    bob = NodeIdentity.generate(BOB)
+    NetworkMap(directory).publish(NodeInfo(BOB, BOB, "q"), bob)
+    # A file nested too deep for Python's JSON reader is refused like any unreadable one.
+    (directory / ("0" * 32 + ".json")).write_text("[" * 200_000)
+    network_map = NetworkMap(directory)
+    ((_, reason),) = network_map.rejected()
+    assert "recursion" in reason
+    keys = NetworkMapPeerKeys(network_map)
+    assert keys.agreement_key(BOB) == bob.agreement_key
+    # Whatever else a reading raises: the keys read before stand, and the map is read again
+    # when a reading is due (not at every lookup of an unknown name).
+    scans: list[int] = []
+
+    def failing_scan() -> NetworkMapScan:
+        scans.append(1)
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(network_map, "scan", failing_scan)
+    monkeypatch.setattr(NetworkMapPeerKeys, "REFRESH_SECONDS", 0.0)
+    with caplog.at_level(logging.WARNING, logger="fiberflow.identity"):
+        assert keys.agreement_key(BOB) == bob.agreement_key
+    assert scans == [1] and "disk on fire" in caplog.text
+    monkeypatch.setattr(NetworkMapPeerKeys, "REFRESH_SECONDS", 5.0)
+    for _ in range(5):
+        assert keys.agreement_key("O=Nobody,L=Oslo,C=NO") is None
+        assert keys.agreement_key(BOB) == bob.agreement_key
+    assert scans == [1]
+
+
 def test_peer_keys_stop_trusting_a_key_whose_node_info_no_longer_verifies(
     tmp_path: Path, authority: RootAuthority, root: NetworkRoot, monkeypatch: pytest.MonkeyPatch
 ) -> None:

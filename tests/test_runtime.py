@@ -218,15 +218,19 @@ def running(configs: list[RuntimeConfig]) -> Iterator[list[NodeProcess]]:
     for thread in threads:
         thread.start()
     try:
-        # Serving once each node published its node-info: a flow started for a party the
-        # network map does not know yet fails at once (UnknownPartyError).
+        # Serving once each node published its node-info (a flow started for a party the
+        # network map does not know yet fails at once: UnknownPartyError) and built its node
+        # (it publishes first, then starts).
         wait_until(
             lambda: (
                 errors
-                or all(_published(config) for config in configs)
+                or all(
+                    _published(config) and process.node is not None
+                    for config, process in zip(configs, processes, strict=True)
+                )
                 or not all(thread.is_alive() for thread in threads)
             ),
-            "every node to publish its node-info",
+            "every node to publish its node-info and start",
             60,
         )
         yield processes
