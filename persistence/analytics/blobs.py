@@ -37,6 +37,7 @@ from persistence.analytics.checking import (
     as_of_ms,
     count_with_first_rows,
     keep,
+    keep_in_order,
 )
 from persistence.analytics.session_columns import counterpart_flow, message_session, peer_session
 
@@ -107,9 +108,8 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         .unionByName(_behind_dedup_ids(snapshot, facts.sessions, unsent))
         .unionByName(_missing_last(snapshot, facts.sessions))
         .unionByName(_missing_last_by_sender(snapshot, facts.sessions, settings))
-        .orderBy("kind", "node", "flow_id", "session_id", "sequence")
     )
-    frame = keep(snapshot, frame)
+    frame = keep_in_order(snapshot, frame, "kind", "node", "flow_id", "session_id", "sequence")
     counts, first = count_with_first_rows(frame, "kind", settings.report_rows)
     found = sum(counts.values())
     blobs = sum(facts.blobs.values())

@@ -140,6 +140,17 @@ def keep(snapshot: Snapshot, frame: DataFrame) -> DataFrame:
     return cached
 
 
+def keep_in_order(snapshot: Snapshot, frame: DataFrame, *order: Column | str) -> DataFrame:
+    """Cache a check's (small) result frame as it comes, and hand it back sorted by ``order``.
+
+    The rows are cached unsorted, in the one pass that computes them; each read sorts the
+    cached rows. So the first rows (a ``limit``, see :func:`take_first_rows`) are a top-N
+    of the cache, where caching the sorted frame would first run a job to sample the
+    rows for a range partitioning and a shuffle of every row to sort them.
+    """
+    return keep(snapshot, frame).orderBy(*order)
+
+
 def shared(snapshot: Snapshot, name: str, build: Callable[[], DataFrame]) -> DataFrame:
     """A frame several checks use, built and cached once per snapshot (released on close).
 

@@ -25,6 +25,7 @@ from persistence.analytics.checking import (
     as_of_ms,
     is_analyzed,
     keep,
+    keep_in_order,
     small_frame,
 )
 from persistence.analytics.evidence import judged_session_ends
@@ -265,24 +266,20 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
             )
         )
     )
-    orphans = (
-        ends.where(F.col("outcome").isin(ORPHAN, NOT_DELIVERED, UNCONFIRMED))
-        .select(
-            "node",
-            "session_id",
-            "outcome",
-            "counterparty",
-            "counterpart_flow_id",
-            "role",
-            F.array_join("evidence", ",").alias("evidence"),
-            "since_ms",
-            (F.lit(as_of) - F.col("since_ms")).alias("waited_ms"),
-            "last_alive_ms",
-            problem.alias("problem"),
-        )
-        .orderBy(F.col("outcome") != ORPHAN, "node", "session_id")
+    orphans = ends.where(F.col("outcome").isin(ORPHAN, NOT_DELIVERED, UNCONFIRMED)).select(
+        "node",
+        "session_id",
+        "outcome",
+        "counterparty",
+        "counterpart_flow_id",
+        "role",
+        F.array_join("evidence", ",").alias("evidence"),
+        "since_ms",
+        (F.lit(as_of) - F.col("since_ms")).alias("waited_ms"),
+        "last_alive_ms",
+        problem.alias("problem"),
     )
-    orphans = keep(snapshot, orphans)
+    orphans = keep_in_order(snapshot, orphans, F.col("outcome") != ORPHAN, "node", "session_id")
     judged = ends.groupBy("outcome").agg(F.count("*").alias("sessions"))
     counted = judged.unionByName(resolved).groupBy("outcome").agg(F.sum("sessions").alias("n"))
     return orphans, {row["outcome"]: int(row["n"]) for row in counted.collect()}

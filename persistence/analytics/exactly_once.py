@@ -25,6 +25,7 @@ from persistence.analytics.checking import (
     duration,
     is_analyzed,
     keep,
+    keep_in_order,
 )
 from persistence.analytics.session_columns import (
     expected_message_id,
@@ -39,7 +40,7 @@ the message ids are filtered by them through a broadcast (a scan, no shuffle); m
 plain join."""
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from persistence.analytics.snapshot import Snapshot
 
@@ -68,39 +69,27 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
 
 
 def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
-    """The audit's full rules on ``snapshot`` (a reused id is looked for in every record)."""
+    """The audit's full rules on ``snapshot`` (a reused id is looked for in every record).
+
+    The snapshot is small (the screening's candidates, or a snapshot too small to screen),
+    so the rules are few queries of few stages: what a session consumed is grouped once by
+    session (one shuffle, which both groupings by session share), and the ids only the
+    irregular ones can share are looked for only when there is one.
+    """
     from pyspark.sql import functions as F
 
-    whole = snapshot.whole
     as_of = as_of_ms(snapshot, settings)
     ids = snapshot.message_ids
-    # one shuffle by session serves both groupings by session (consumed twice, and the gaps);
-    # each counts first (a code-generated hash aggregation) and gathers the ids and sequence
-    # numbers only for the few groups that are findings or may be
     by_session = ids.repartition("node", "session_id")
-    repeated = keep(
-        snapshot,
-        by_session.groupBy("node", "session_id", "sequence")
-        .agg(F.count("*").alias("times"))
-        .where(F.col("times") > 1)
-        .select(F.col("node").alias("r_node"), F.col("session_id").alias("r_session"), "sequence"),
-    )
-    few = _narrow(repeated)
-    twice_rows = ids.join(
-        few(repeated),
-        (ids.node == repeated.r_node)
-        & ids.session_id.eqNullSafe(repeated.r_session)
-        & ids.sequence.eqNullSafe(repeated.sequence),
-        "left_semi",
-    )
     twice = (
-        twice_rows.groupBy("node", "session_id", "sequence")
+        by_session.groupBy("node", "session_id", "sequence")
         .agg(
             F.count("*").alias("times"),
             F.sort_array(F.collect_list("message_id")).alias("ids"),
             F.first("sender").alias("counterparty"),
             F.max("inserted_at").alias("at"),
         )
+        .where(F.col("times") > 1)
         .select(
             "node",
             F.lit("consumed_twice").alias("kind"),
@@ -118,10 +107,53 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
             ).alias("detail"),
         )
     )
-    # an id recorded for two (session, sequence) pairs: a row whose id is the one its pair
-    # gives (N-<peer session>-<sequence>, sequence >= 0) shares its id only with rows of the
-    # same pair, since the id spells the pair out; so only ids of other rows can be reused
     expected = expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
+    mismatch = ids.where(F.col("message_id") != expected).select(
+        "node",
+        F.lit("id_mismatch").alias("kind"),
+        "session_id",
+        "sequence",
+        F.col("sender").alias("counterparty"),
+        F.col("message_id").alias("message_ids"),
+        F.col("inserted_at").alias("at"),
+        F.concat(F.lit("expected "), expected).alias("detail"),
+    )
+    parts = [twice, mismatch, _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)]
+    reused = _reused_ids(snapshot, expected)
+    if reused is not None:
+        parts.append(reused)
+    parts.append(_undelivered(snapshot, as_of, settings.outbox_after_ms))
+    frame = parts[0]
+    for part in parts[1:]:
+        frame = frame.unionByName(part)
+    frame = keep_in_order(snapshot, frame, "kind", "node", "session_id", "sequence")
+    counts, first = count_with_first_rows(frame, "kind", settings.report_rows)
+    found = sum(counts.values())
+    if found:
+        listed = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        verdict = Verdict(
+            FAIL, f"{found} exactly-once finding{'s' if found != 1 else ''}: {listed}", found
+        )
+    else:
+        verdict = Verdict(
+            OK,
+            "no message consumed twice, no malformed id, no sequence gap, no outbox message "
+            f"older than {duration(settings.outbox_after_ms)}",
+        )
+    return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict, first=first)
+
+
+def _reused_ids(snapshot: Snapshot, expected: Column) -> DataFrame | None:
+    """An id recorded for two (session, sequence) pairs; None when no id can be (no query).
+
+    A row whose id is the one its pair gives (``N-<peer session>-<sequence>``, sequence >= 0)
+    shares its id only with rows of the same pair, since the id spells the pair out; so only
+    an irregular id can be reused, and the row it shares it with may be anywhere in the whole
+    snapshot (not only among the candidates).
+    """
+    from pyspark.sql import functions as F
+
+    ids = snapshot.message_ids
     regular = F.coalesce((F.col("message_id") == expected) & (F.col("sequence") >= 0), F.lit(False))
     irregular = keep(
         snapshot,
@@ -129,18 +161,22 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
         .select(F.col("node").alias("d_node"), F.col("message_id").alias("d_id"))
         .distinct(),
     )
-    # an irregular id is among the candidates; the row it may share its id with need not be
-    narrow = _narrow(irregular)
-    every = whole.message_ids if irregular.count() else ids
+    if not irregular.count():
+        return None
+    every = snapshot.whole.message_ids
     suspects = every.join(
-        narrow(irregular),
+        _narrow(irregular)(irregular),
         (every.node == irregular.d_node) & (every.message_id == irregular.d_id),
         "left_semi",
     )
-    reused = (
+    pair = F.when(
+        F.col("session_id").isNotNull() & F.col("sequence").isNotNull(),
+        F.struct("session_id", "sequence"),
+    )
+    return (
         suspects.groupBy("node", "message_id")
         .agg(
-            F.countDistinct("session_id", "sequence").alias("pairs"),
+            F.size(F.collect_set(pair)).alias("pairs"),
             F.first("session_id").alias("session_id"),
             F.first("sender").alias("counterparty"),
             F.max("inserted_at").alias("at"),
@@ -159,32 +195,23 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
             ).alias("detail"),
         )
     )
-    mismatch = ids.where(F.col("message_id") != expected).select(
-        "node",
-        F.lit("id_mismatch").alias("kind"),
-        "session_id",
-        "sequence",
-        F.col("sender").alias("counterparty"),
-        F.col("message_id").alias("message_ids"),
-        F.col("inserted_at").alias("at"),
-        F.concat(F.lit("expected "), expected).alias("detail"),
-    )
-    gaps = _sequence_gaps(snapshot, by_session, repeated, as_of - settings.grace_ms)
-    old = snapshot.outbox.where(F.col("created_at") <= as_of - settings.outbox_after_ms)
-    wanted = F.broadcast(
-        old.select(F.col("target").alias("w_node"), F.col("message_id").alias("w_id"))
-    )
-    targets = (
-        ids.join(wanted, (ids.node == wanted.w_node) & (ids.message_id == wanted.w_id), "left_semi")
-        .select(F.col("node").alias("t_node"), F.col("message_id").alias("t_id"))
-        .distinct()
+
+
+def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int) -> DataFrame:
+    """Outbox messages older than ``after_ms``, saying whether their target consumed them."""
+    from pyspark.sql import functions as F
+
+    ids = snapshot.message_ids
+    old = snapshot.outbox.where(F.col("created_at") <= as_of - after_ms)
+    consumed = ids.select(F.col("node").alias("t_node"), F.col("message_id").alias("t_id"))
+    taken = (consumed.t_node == old.target) & (consumed.t_id == old.message_id)
+    old = (
+        old.join(consumed, taken, "left_semi")
         .withColumn("delivered", F.lit(True))
-    )
-    old = old.join(
-        targets, (targets.t_node == old.target) & (targets.t_id == old.message_id), "left"
+        .unionByName(old.join(consumed, taken, "left_anti").withColumn("delivered", F.lit(False)))
     )
     analyzed = is_analyzed(snapshot, F.col("target"))
-    undelivered = old.select(
+    return old.select(
         "node",
         F.lit("undelivered").alias("kind"),
         message_session(F.col("message_id")).alias("session_id"),
@@ -198,7 +225,7 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
             F.lit(" s; "),
             F.when(~analyzed, F.concat(F.col("target"), F.lit(" not analyzed")))
             .when(
-                F.col("delivered").isNotNull(),
+                F.col("delivered"),
                 F.concat(
                     F.lit("already consumed by "),
                     F.col("target"),
@@ -208,78 +235,26 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
             .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
         ).alias("detail"),
     )
-    frame = (
-        twice.unionByName(reused).unionByName(mismatch).unionByName(gaps).unionByName(undelivered)
-    )
-    frame = keep(snapshot, frame.orderBy("kind", "node", "session_id", "sequence"))
-    counts, first = count_with_first_rows(frame, "kind", settings.report_rows)
-    found = sum(counts.values())
-    if found:
-        parts = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-        verdict = Verdict(
-            FAIL, f"{found} exactly-once finding{'s' if found != 1 else ''}: {parts}", found
-        )
-    else:
-        verdict = Verdict(
-            OK,
-            "no message consumed twice, no malformed id, no sequence gap, no outbox message "
-            f"older than {duration(settings.outbox_after_ms)}",
-        )
-    return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict, first=first)
 
 
-def _sequence_gaps(
-    snapshot: Snapshot, by_session: DataFrame, repeated: DataFrame, judged_before: int
-) -> DataFrame:
+def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int) -> DataFrame:
     """Sequence numbers never consumed below the highest one consumed in a session.
 
     A session (node, session, sender) has a gap when its highest sequence number + 1 is more
-    than the distinct numbers it consumed. Counting rows instead of distinct numbers gives
-    the same answer where no number was consumed twice (``repeated``: few), so the distinct
-    numbers are gathered only for sessions that fail the count or have a number twice.
+    than the distinct numbers it consumed; grouped on the shuffle by session the records
+    already had, each number missing below the highest is a finding, unless the sender's
+    outbox still holds that message (not judged within the grace either).
     """
     from pyspark.sql import functions as F
 
-    counted = by_session.groupBy("node", "session_id", "sender").agg(
-        F.max("sequence").alias("top"),
-        F.count("*").alias("rows"),
-        F.max("inserted_at").alias("at"),
-    )
-    twice = repeated.select(
-        F.col("r_node").alias("t_node"), F.col("r_session").alias("t_session")
-    ).distinct()
-    counted = counted.join(
-        F.broadcast(twice.withColumn("twice", F.lit(True))),
-        (counted.node == twice.t_node) & counted.session_id.eqNullSafe(twice.t_session),
-        "left",
-    )
-    candidates = keep(
-        snapshot,
-        counted.where(
-            ((F.col("top") + 1 > F.col("rows")) | F.col("twice").isNotNull())
-            & (F.col("at") <= judged_before)
-        ).select(
-            F.col("node").alias("c_node"),
-            F.col("session_id").alias("c_session"),
-            F.col("sender").alias("c_sender"),
-        ),
-    )
-    rows = by_session.join(
-        _narrow(candidates)(candidates),
-        (by_session.node == candidates.c_node)
-        & by_session.session_id.eqNullSafe(candidates.c_session)
-        & by_session.sender.eqNullSafe(candidates.c_sender),
-        "left_semi",
-    )
     sessions = (
-        rows.groupBy("node", "session_id", "sender")
+        by_session.groupBy("node", "session_id", "sender")
         .agg(
             F.max("sequence").alias("top"),
-            F.countDistinct("sequence").alias("seen"),
             F.collect_set("sequence").alias("sequences"),
             F.max("inserted_at").alias("at"),
         )
-        .where((F.col("top") + 1 > F.col("seen")) & (F.col("at") <= judged_before))
+        .where((F.col("top") + 1 > F.size("sequences")) & (F.col("at") <= judged_before))
     )
     missing = sessions.select(
         "node",

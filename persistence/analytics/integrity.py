@@ -37,6 +37,7 @@ from persistence.analytics.checking import (
     Verdict,
     count_with_first_rows,
     keep,
+    keep_in_order,
 )
 from persistence.analytics.layout import BLOB, FAILED, FINISHED, FLOWS, LIVE
 from persistence.analytics.screening import screen
@@ -248,9 +249,8 @@ def node_integrity(snapshot: Snapshot, settings: CheckSettings | None = None) ->
             "at",
             reason.alias("reason"),
         )
-        .orderBy("node", "kind", "flow_id")
     )
-    findings = keep(snapshot, findings)
+    findings = keep_in_order(snapshot, findings, "node", "kind", "flow_id")
     counts, first = count_with_first_rows(findings, "kind", settings.report_rows)
     found = sum(counts.values())
     if found:

@@ -27,6 +27,7 @@ from persistence.analytics.checking import (
     duration,
     first_rows,
     keep,
+    keep_in_order,
     take_first_rows,
 )
 from persistence.analytics.screening import screen
@@ -123,12 +124,14 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     low, high = (span["low"], span["high"]) if span is not None else (None, None)
     snapshot.shared_value(("event span",), lambda: (low, high))
     snapshot.shared_value(("events by hour",), lambda: groups)
-    frame = keep(
+    frame = keep_in_order(
         snapshot,
         groups.where("counted")
         .groupBy("node", "flow_class", "status")
-        .agg(F.sum("flows").alias("flows"))
-        .orderBy("node", "flow_class", "status"),
+        .agg(F.sum("flows").alias("flows")),
+        "node",
+        "flow_class",
+        "status",
     )
     totals, first = count_with_first_rows(frame, "status", settings.report_rows, weight="flows")
     total = sum(totals.values())
@@ -198,9 +201,8 @@ def flows_over_time(snapshot: Snapshot, settings: CheckSettings | None = None) -
             F.date_format(F.timestamp_millis("bucket_start_ms"), "yyyy-MM-dd HH:mm:ss"),
         )
         .select("bucket", "bucket_start_ms", "status", "flows", F.lit(bucket).alias("bucket_ms"))
-        .orderBy("bucket_start_ms", "status")
     )
-    frame = keep(snapshot, frame)
+    frame = keep_in_order(snapshot, frame, "bucket_start_ms", "status")
     first = take_first_rows(frame, settings.report_rows)
     if first.complete:
         buckets = len({row["bucket_start_ms"] for row in first.rows})
@@ -255,9 +257,8 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
             "p99_journal",
             "max_journal",
         )
-        .orderBy(F.desc("total_bytes"), "flow_class")
     )
-    frame = keep(snapshot, frame)
+    frame = keep_in_order(snapshot, frame, F.desc("total_bytes"), "flow_class")
     columns = ["node", "flow_id", "flow_class", "status", "checkpoint_bytes", "journal_length"]
     ranked = []
     for measure, table in (("checkpoint_bytes", sizes), ("journal_length", journals)):
@@ -275,7 +276,7 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
                 *columns,
             )
         )
-    offenders = keep(snapshot, ranked[0].unionByName(ranked[1]).orderBy("ranked_by", "rank"))
+    offenders = keep_in_order(snapshot, ranked[0].unionByName(ranked[1]), "ranked_by", "rank")
     exponent = F.when(F.col("v") > 0, F.floor(F.log2("v"))).otherwise(0).cast("int")
     histogram = (
         sizes.groupBy(exponent.alias("exponent"))
@@ -285,9 +286,8 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
             F.pow(F.lit(2), F.col("exponent") + 1).cast("bigint").alias("to_bytes"),
             "flows",
         )
-        .orderBy("from_bytes")
     )
-    histogram = keep(snapshot, histogram)
+    histogram = keep_in_order(snapshot, histogram, "from_bytes")
     # a row per flow class: summed up here from the rows the report shows, when they are all
     first = take_first_rows(frame, settings.report_rows)
     if first.complete:
@@ -403,9 +403,8 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
             F.max("at").alias("latest_ms"),
             F.min("message").alias("example"),
         )
-        .orderBy(F.desc("flows"), "node", "flow_class", "outcome")
     )
-    frame = keep(snapshot, frame)
+    frame = keep_in_order(snapshot, frame, F.desc("flows"), "node", "flow_class", "outcome")
     # the first of them by node and flow (a top-N, no sort of every row); the count is exact
     settings = settings or CheckSettings()
     listed = keep(

@@ -39,6 +39,7 @@ from persistence.analytics.checking import (
     CheckSettings,
     Verdict,
     keep,
+    keep_in_order,
     small_frame,
 )
 from persistence.analytics.evidence import judged_session_ends, known_flows
@@ -257,11 +258,12 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
         snapshot,
         consumed.select("outcome", F.when(is_finding, F.struct(*columns)).alias("finding")),
     )
-    findings = keep(
+    findings = keep_in_order(
         snapshot,
-        judged.where(F.col("finding").isNotNull())
-        .select("finding.*")
-        .orderBy("node", "session_id", "sender"),
+        judged.where(F.col("finding").isNotNull()).select("finding.*"),
+        "node",
+        "session_id",
+        "sender",
     )
     counted = judged.groupBy("outcome").agg(F.count("*").alias("n")).collect()
     return findings, {row["outcome"]: int(row["n"]) for row in counted}

@@ -20,6 +20,7 @@ from persistence.analytics.checking import (
     first_rows,
     is_analyzed,
     keep,
+    keep_in_order,
 )
 from persistence.analytics.evidence import known_flows
 from persistence.analytics.session_columns import counterpart_flow
@@ -90,8 +91,8 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     if any(load.rows.get("paused", 1) for load in snapshot.nodes):
         on_hold = (live.node == paused.p_node) & (live.flow_id == paused.p_flow)
         checkpoints = checkpoints.join(paused, on_hold, "left_anti")
-        held = keep(
-            snapshot, live.join(paused, on_hold).select(*held_columns).orderBy("node", "flow_id")
+        held = keep_in_order(
+            snapshot, live.join(paused, on_hold).select(*held_columns), "node", "flow_id"
         )
         on_pause = held.count()
     else:  # no flow paused: nothing to leave out, no join
@@ -137,7 +138,7 @@ def stuck_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
     # the counterparts of the rows kept only (a broadcast of their keys); of every row only
     # for the full list, when it is written
     wanted = known_flows(snapshot, only=keep(snapshot, keys))
-    frame = keep(snapshot, _with_counterparts(snapshot, top, wanted).orderBy(*order))
+    frame = keep_in_order(snapshot, _with_counterparts(snapshot, top, wanted), *order)
 
     def full() -> DataFrame:
         # built only when written (--findings-dir): every known flow's status is a query of
