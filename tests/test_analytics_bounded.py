@@ -150,3 +150,60 @@ def test_the_series_from_flow_counts_hours_equals_a_pass_of_its_own(
         assert shared.verdict.summary == alone.verdict.summary
     assert len({row["bucket_start_ms"] for row in expected}) > 2  # spread, not one bucket
     assert sum(row["flows"] for row in expected) > 0
+
+
+class _Releases:
+    """A stand-in snapshot for ``keep``: it only collects what to release on close."""
+
+    def __init__(self) -> None:
+        self.releases: list[Any] = []
+
+    def on_close(self, release: Any) -> None:
+        self.releases.append(release)
+
+
+@pytest.mark.spark
+def test_a_kept_frames_first_rows_are_a_top_n_of_its_cache_not_a_sort_of_every_row(
+    spark: Any,
+) -> None:
+    """keep_in_order: the same first rows as caching the sorted frame, in fewer Spark jobs.
+
+    Caching a sorted frame sorts every row as the cache fills (a job sampling the rows for a
+    range partitioning, a shuffle of every row); a frame cached as it comes and sorted when
+    read gives its first rows as a top-N of the cache.
+    """
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.checking import keep, keep_in_order, take_first_rows
+
+    def frame() -> Any:
+        return spark.range(0, 5_000, numPartitions=4).select(
+            ((F.col("id") * 7_919) % 5_000).alias("v"), (F.col("id") % 7).alias("kind")
+        )
+
+    groups = iter(range(1_000))
+
+    def jobs_of(run: Any) -> tuple[Any, int]:
+        group = f"kept-{next(groups)}"
+        context = spark.sparkContext
+        context.setJobGroup(group, "test")
+        try:
+            result = run()
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)
+        return result, len(context.statusTracker().getJobIdsForGroup(group))
+
+    stand_in: Any = _Releases()
+    kept = keep_in_order(stand_in, frame(), "kind", "v")
+    kept_first, kept_jobs = jobs_of(lambda: take_first_rows(kept, 10))
+    sorted_first, sorted_jobs = jobs_of(
+        lambda: take_first_rows(keep(stand_in, frame().orderBy("kind", "v")), 10)
+    )
+    assert kept_first == sorted_first
+    expected = sorted((i % 7, i * 7_919 % 5_000) for i in range(5_000))[:10]
+    assert [(row["kind"], row["v"]) for row in kept_first.rows] == expected
+    assert kept_jobs == 1 < sorted_jobs, (kept_jobs, sorted_jobs)
+    again, jobs_again = jobs_of(lambda: kept.count())  # the cache filled: read, not recomputed
+    assert again == 5_000 and jobs_again <= 2
+    for release in stand_in.releases:
+        release()
