@@ -564,13 +564,15 @@ def test_failed_and_hospitalized_flows_are_listed_with_their_errors(
 def test_checkpoint_costs_rank_the_largest_checkpoints(
     clean_cli: dict[str, Any], clean: NetworkData
 ) -> None:
-    sizes = []
+    sizes, journals = [], []
     for path in clean.databases.values():
         with sqlite3.connect(path) as connection:
-            sizes += [
-                r[0] for r in connection.execute("SELECT checkpoint_bytes FROM node_checkpoints")
-            ]
+            measured = connection.execute(
+                "SELECT checkpoint_bytes, journal_length FROM node_checkpoints"
+            ).fetchall()
         connection.close()
+        sizes += [size for size, _ in measured]
+        journals += [journal for _, journal in measured]
     (costs,) = [c for c in clean_cli["json"]["checks"] if c["name"] == "checkpoint_costs"]
     per_class = json_rows(clean_cli["json"], "checkpoint_costs")
     assert sum(r["flows"] for r in per_class) == len(sizes)
@@ -578,6 +580,10 @@ def test_checkpoint_costs_rank_the_largest_checkpoints(
     offenders = costs["extras"]["offenders"]
     by_size = [r[6] for r in offenders["rows"] if r[0] == "checkpoint_bytes"]
     assert by_size == sorted(sizes, reverse=True)[:10]
+    # the longest journals, from the same scan of the checkpoints as the largest sizes
+    by_journal = [r[7] for r in offenders["rows"] if r[0] == "journal_length"]
+    assert by_journal == sorted(journals, reverse=True)[:10]
+    assert [r[1] for r in offenders["rows"]] == [*range(1, 11), *range(1, 11)]
     histogram = costs["extras"]["size_histogram"]["rows"]
     assert sum(r[2] for r in histogram) == len(sizes)
     assert all(low <= size < high for low, high, _ in histogram for size in [low])

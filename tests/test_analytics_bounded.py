@@ -207,3 +207,46 @@ def test_a_kept_frames_first_rows_are_a_top_n_of_its_cache_not_a_sort_of_every_r
     assert again == 5_000 and jobs_again <= 2
     for release in stand_in.releases:
         release()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("journals_follow_sizes", [False, True])
+def test_checkpoint_costs_rank_both_measures_from_one_scan(
+    spark: Any, journals_follow_sizes: bool
+) -> None:
+    """The largest checkpoints and the longest journals, when they are different flows too.
+
+    The offenders come from one filtered scan of the checkpoints for both measures (rows at
+    or above either measure's bound): a scan by the size bound alone would miss the longest
+    journals of small checkpoints.
+    """
+    from persistence.analytics.inventory import checkpoint_costs
+    from persistence.analytics.snapshot import Snapshot
+
+    rows = [
+        (
+            "O=Alice,L=London,C=GB",
+            f"flow-{i:03d}",
+            "samples.Ping",
+            "RUNNABLE",
+            1_000 + 37 * i,
+            (5 + 3 * i) if journals_follow_sizes else (500 - 7 * i),
+        )
+        for i in range(60)
+    ]
+    checkpoints = spark.createDataFrame(
+        rows,
+        "node string, flow_id string, flow_class string, status string, "
+        "checkpoint_bytes bigint, journal_length bigint",
+    )
+    snapshot = Snapshot(spark=spark, nodes=[], frames={"checkpoints": checkpoints})
+    try:
+        result = checkpoint_costs(snapshot, CheckSettings(top=10))
+        offenders = result.extras["offenders"].collect()
+    finally:
+        snapshot.close()
+    for measure, column in (("checkpoint_bytes", 4), ("journal_length", 5)):
+        ranked = [row for row in offenders if row["ranked_by"] == measure]
+        expected = sorted(rows, key=lambda row: (-row[column], row[0], row[1]))[:10]
+        assert [row["flow_id"] for row in ranked] == [row[1] for row in expected]
+        assert [row["rank"] for row in ranked] == list(range(1, 11))

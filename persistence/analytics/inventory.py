@@ -260,13 +260,20 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
     )
     frame = keep_in_order(snapshot, frame, F.desc("total_bytes"), "flow_class")
     columns = ["node", "flow_id", "flow_class", "status", "checkpoint_bytes", "journal_length"]
+    measures = (("checkpoint_bytes", sizes), ("journal_length", journals))
+    bounds = {measure: _top_bound(table, settings.top) for measure, table in measures}
+    # the rows at or above the least of either measure's top values, in one filtered scan
+    # of the checkpoints (cached: few rows), then ranked by each; every row when a measure
+    # has no value at all
+    found = {measure: bound for measure, bound in bounds.items() if bound is not None}
+    rows = cp
+    if len(found) == len(bounds):
+        wanted = [F.col(measure) >= bound for measure, bound in found.items()]
+        rows = keep(snapshot, cp.where(wanted[0] | wanted[1]).select(*columns))
     ranked = []
-    for measure, table in (("checkpoint_bytes", sizes), ("journal_length", journals)):
-        # the rows at or above the least of the top values (a filtered scan), then ranked
-        least = table.where(F.col("v").isNotNull()).orderBy(F.desc("v")).limit(settings.top)
-        floor = least.agg(F.min("v")).first()
-        bound = floor[0] if floor is not None and floor[0] is not None else None
-        candidates = cp if bound is None else cp.where(F.col(measure) >= bound)
+    for measure, _ in measures:
+        bound = bounds[measure]
+        candidates = rows if bound is None else rows.where(F.col(measure) >= bound)
         order: list[Column | str] = [F.desc(measure), "node", "flow_id"]
         best = candidates.orderBy(*order).limit(settings.top)
         ranked.append(
@@ -313,6 +320,15 @@ def checkpoint_costs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         extras={"offenders": offenders, "size_histogram": histogram},
         first=first,
     )
+
+
+def _top_bound(frequencies: DataFrame, top: int) -> int | None:
+    """The least of the ``top`` greatest values of a frequency table (None: it has none)."""
+    from pyspark.sql import functions as F
+
+    least = frequencies.where(F.col("v").isNotNull()).orderBy(F.desc("v")).limit(top)
+    floor = least.agg(F.min("v")).first()
+    return floor[0] if floor is not None and floor[0] is not None else None
 
 
 PERCENTILES = (50, 90, 99)
