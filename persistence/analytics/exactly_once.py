@@ -10,7 +10,6 @@ behind.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from persistence.analytics.candidates import candidate_snapshot
@@ -35,9 +34,8 @@ from persistence.analytics.session_columns import (
 )
 
 BROADCAST_ROWS = 200_000
-"""Up to this many keys (pairs consumed twice, irregular ids, sessions that may have a gap),
-the message ids are filtered by them through a broadcast (a scan, no shuffle); more use a
-plain join."""
+"""Up to this many irregular ids, every record is filtered by them through a broadcast (a
+scan, no shuffle) when the audit looks for reused ids; more use a plain join."""
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -161,11 +159,12 @@ def _reused_ids(snapshot: Snapshot, expected: Column) -> DataFrame | None:
         .select(F.col("node").alias("d_node"), F.col("message_id").alias("d_id"))
         .distinct(),
     )
-    if not irregular.count():
+    found = irregular.count()
+    if not found:
         return None
     every = snapshot.whole.message_ids
     suspects = every.join(
-        _narrow(irregular)(irregular),
+        F.broadcast(irregular) if found <= BROADCAST_ROWS else irregular,
         (every.node == irregular.d_node) & (every.message_id == irregular.d_id),
         "left_semi",
     )
@@ -287,12 +286,3 @@ def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int
             F.lit(" never consumed, later ones were"),
         ).alias("detail"),
     )
-
-
-def _narrow(frame: DataFrame) -> Callable[[DataFrame], DataFrame]:
-    """Broadcast a (cached) frame of keys when it is small, else join it plainly."""
-    from pyspark.sql import functions as F
-
-    if frame.count() <= BROADCAST_ROWS:
-        return F.broadcast
-    return lambda keys: keys
