@@ -88,33 +88,27 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
             F.max("inserted_at").alias("at"),
         )
         .where(F.col("times") > 1)
-        .select(
-            "node",
-            F.lit("consumed_twice").alias("kind"),
-            "session_id",
-            "sequence",
-            "counterparty",
-            F.array_join("ids", " ").alias("message_ids"),
-            "at",
-            F.concat(
-                F.lit("message "),
-                F.col("sequence").cast("string"),
-                F.lit(" consumed "),
-                F.col("times").cast("string"),
-                F.lit(" times"),
-            ).alias("detail"),
-        )
+    )
+    twice = _findings(
+        twice,
+        "consumed_twice",
+        message_ids=F.array_join("ids", " "),
+        detail=F.concat(
+            F.lit("message "),
+            F.col("sequence").cast("string"),
+            F.lit(" consumed "),
+            F.col("times").cast("string"),
+            F.lit(" times"),
+        ),
     )
     expected = expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
-    mismatch = ids.where(F.col("message_id") != expected).select(
-        "node",
-        F.lit("id_mismatch").alias("kind"),
-        "session_id",
-        "sequence",
-        F.col("sender").alias("counterparty"),
-        F.col("message_id").alias("message_ids"),
-        F.col("inserted_at").alias("at"),
-        F.concat(F.lit("expected "), expected).alias("detail"),
+    mismatch = _findings(
+        ids.where(F.col("message_id") != expected),
+        "id_mismatch",
+        counterparty=F.col("sender"),
+        message_ids=F.col("message_id"),
+        at=F.col("inserted_at"),
+        detail=F.concat(F.lit("expected "), expected),
     )
     parts = [twice, mismatch, _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)]
     reused = _reused_ids(snapshot, expected)
@@ -172,7 +166,7 @@ def _reused_ids(snapshot: Snapshot, expected: Column) -> DataFrame | None:
         F.col("session_id").isNotNull() & F.col("sequence").isNotNull(),
         F.struct("session_id", "sequence"),
     )
-    return (
+    reused = (
         suspects.groupBy("node", "message_id")
         .agg(
             F.size(F.collect_set(pair)).alias("pairs"),
@@ -181,18 +175,15 @@ def _reused_ids(snapshot: Snapshot, expected: Column) -> DataFrame | None:
             F.max("inserted_at").alias("at"),
         )
         .where(F.col("pairs") > 1)
-        .select(
-            "node",
-            F.lit("id_reused").alias("kind"),
-            "session_id",
-            F.lit(None).cast("bigint").alias("sequence"),
-            "counterparty",
-            F.col("message_id").alias("message_ids"),
-            "at",
-            F.concat(
-                F.lit("id recorded for "), F.col("pairs").cast("string"), F.lit(" messages")
-            ).alias("detail"),
-        )
+    )
+    return _findings(
+        reused,
+        "id_reused",
+        sequence=F.lit(None).cast("bigint"),
+        message_ids=F.col("message_id"),
+        detail=F.concat(
+            F.lit("id recorded for "), F.col("pairs").cast("string"), F.lit(" messages")
+        ),
     )
 
 
@@ -210,15 +201,15 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int) -> DataFrame:
         .unionByName(old.join(consumed, taken, "left_anti").withColumn("delivered", F.lit(False)))
     )
     analyzed = is_analyzed(snapshot, F.col("target"))
-    return old.select(
-        "node",
-        F.lit("undelivered").alias("kind"),
-        message_session(F.col("message_id")).alias("session_id"),
-        message_sequence(F.col("message_id")).alias("sequence"),
-        F.col("target").alias("counterparty"),
-        F.col("message_id").alias("message_ids"),
-        F.col("created_at").alias("at"),
-        F.concat(
+    return _findings(
+        old,
+        "undelivered",
+        session_id=message_session(F.col("message_id")),
+        sequence=message_sequence(F.col("message_id")),
+        counterparty=F.col("target"),
+        message_ids=F.col("message_id"),
+        at=F.col("created_at"),
+        detail=F.concat(
             F.lit("in the outbox for "),
             ((F.lit(as_of) - F.col("created_at")) / 1000).cast("bigint").cast("string"),
             F.lit(" s; "),
@@ -232,7 +223,7 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int) -> DataFrame:
                 ),
             )
             .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
-        ).alias("detail"),
+        ),
     )
 
 
@@ -272,17 +263,49 @@ def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int
     missing = missing.join(
         queued, (queued.q_node == missing.sender) & (queued.q_id == missing.missing_id), "left_anti"
     )
-    return missing.select(
-        "node",
-        F.lit("sequence_gap").alias("kind"),
-        "session_id",
-        "sequence",
-        F.col("sender").alias("counterparty"),
-        F.col("missing_id").alias("message_ids"),
-        "at",
-        F.concat(
+    return _findings(
+        missing,
+        "sequence_gap",
+        counterparty=F.col("sender"),
+        message_ids=F.col("missing_id"),
+        detail=F.concat(
             F.lit("message "),
             F.col("sequence").cast("string"),
             F.lit(" never consumed, later ones were"),
-        ).alias("detail"),
+        ),
+    )
+
+
+def _findings(
+    frame: DataFrame,
+    kind: str,
+    *,
+    message_ids: Column,
+    detail: Column,
+    session_id: Column | None = None,
+    sequence: Column | None = None,
+    counterparty: Column | None = None,
+    at: Column | None = None,
+) -> DataFrame:
+    """``frame``'s rows as audit findings of ``kind``, in the columns every kind has.
+
+    The kinds are united by name into one frame, so this is the one place their columns
+    are named: ``node``, ``kind``, ``session_id``, ``sequence``, ``counterparty``,
+    ``message_ids``, ``at`` and ``detail``. A column not given is ``frame``'s own of that
+    name.
+    """
+    from pyspark.sql import functions as F
+
+    def own(column: Column | None, name: str) -> Column:
+        return (F.col(name) if column is None else column).alias(name)
+
+    return frame.select(
+        "node",
+        F.lit(kind).alias("kind"),
+        own(session_id, "session_id"),
+        own(sequence, "sequence"),
+        own(counterparty, "counterparty"),
+        message_ids.alias("message_ids"),
+        own(at, "at"),
+        detail.alias("detail"),
     )
