@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 
 from persistence.analytics import (
     CheckSettings,
-    candidates,
     find_jdbc_jars,
     load_nodes,
     parse_node_argument,
@@ -312,16 +311,13 @@ def test_the_screening_of_the_clean_network_is_exact(spark: Any, clean: NetworkD
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("way", ["keys in sets", "missing keys joined", "every wait exploded"])
+@pytest.mark.parametrize("joined", [False, True], ids=["missing keys in a set", "joined"])
 def test_the_screening_of_the_corrupted_network_is_exact(
-    spark: Any, broken: tuple[NetworkData, Injected], monkeypatch: pytest.MonkeyPatch, way: str
+    spark: Any, broken: tuple[NetworkData, Injected], monkeypatch: pytest.MonkeyPatch, joined: bool
 ) -> None:
-    """Each way of marking the conversations whose needed flows no table holds, and both
-    ways of finding the flows that wait on a candidate conversation."""
-    if way == "missing keys joined":
+    """Both ways of marking the conversations whose needed flows no table holds."""
+    if joined:
         monkeypatch.setattr(screening, "MISSING_IN_DRIVER", 0)
-    if way == "every wait exploded":
-        monkeypatch.setattr(candidates, "KEYS_IN_DRIVER", 0)
     data, injected = broken
     assert assert_screening_is_exact(spark, data, injected.nodes) >= 4
 

@@ -20,7 +20,6 @@ another conversation) read :attr:`Snapshot.whole`, the snapshot it was cut from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from persistence.analytics.checking import CheckSettings, as_of_ms
@@ -56,9 +55,6 @@ check's would no longer match ``waits`` once cut to the candidate sessions)."""
 BROADCAST_ROWS = 200_000
 """Up to this many candidate conversations (and flows), the big tables are filtered through a
 broadcast (a scan, no shuffle); more use plain joins."""
-KEYS_IN_DRIVER = 10_000
-"""Up to this many candidate conversations, the flows waiting on one are found from the
-conversation keys of their waits alone (:func:`_waiting_on`), the keys a set of literals."""
 
 
 def candidate_snapshot(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
@@ -102,15 +98,12 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         key = F.col(CONVERSATION) if stored else conversation_key(F.col("session_id"))
         return of_candidates(part, key).select(*snapshot.message_ids.columns)
 
-    def every_wait(part: DataFrame, stored: bool) -> DataFrame:
+    def waiting(part: DataFrame, stored: bool) -> DataFrame:
         exploded = part.where(F.col("suspended_on") == RECEIVE).select(
             "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
         )
         key = F.col(f"w.{CONVERSATION}") if stored else conversation_key(F.col("w.session"))
         return of_candidates(exploded, key)
-
-    few_candidates = found.candidate_count <= KEYS_IN_DRIVER
-    waiting = _waiting_on(snapshot, found.candidates, kept) if few_candidates else every_wait
 
     ids = kept(by_node(snapshot, snapshot.message_ids, records))
     outbox_session = message_session(F.col("message_id"))
@@ -164,51 +157,6 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         blobs=kept(of_flows(snapshot.blobs)),
     )
     return Snapshot(spark=snapshot.spark, nodes=snapshot.nodes, frames=frames, parent=snapshot)
-
-
-def _waiting_on(
-    snapshot: Snapshot, candidates: DataFrame, kept: Callable[[DataFrame], DataFrame]
-) -> Callable[[DataFrame, bool], DataFrame]:
-    """The waits on candidate conversations, as ``waiting`` builds them, found in two steps.
-
-    Exploding the ``waits`` of every flow waiting on a receive (9 M of 10 M stress rows) to
-    pick the few on a candidate copies every field of every wait. Instead, a first scan reads
-    only the conversation key of each wait (a nested column: Spark reads that field alone)
-    and keeps the flows with a wait whose key is among the candidates' (a set of literals:
-    a hash set in the generated code); a second takes those flows' rows by their 64-bit key
-    (:data:`~persistence.analytics.session_flows.FLOW_KEY`, matched before any other column
-    is read) and explodes their waits. The same rows as the one-step way.
-    """
-    from pyspark.sql import functions as F
-
-    keys = [row["conversation"] for row in candidates.collect()]
-
-    def conversations(stored: bool) -> Column:
-        if stored:
-            return F.col(f"{WAITS}.{CONVERSATION}")
-        return F.transform(WAITS, lambda wait: conversation_key(wait["session"]))
-
-    def flows(part: DataFrame, stored: bool) -> DataFrame:
-        receiving = part.where(F.col("suspended_on") == RECEIVE)
-        key = F.col(FLOW_KEY) if stored else F.xxhash64("node", "flow_id")
-        return receiving.where(
-            F.exists(conversations(stored), lambda conversation: conversation.isin(keys))
-        ).select(key.alias("w_key"))
-
-    wanted = F.broadcast(kept(by_node(snapshot, snapshot.checkpoints, flows)))
-
-    def waiting(part: DataFrame, stored: bool) -> DataFrame:
-        key = F.col(FLOW_KEY) if stored else F.xxhash64("node", "flow_id")
-        rows = part.join(wanted, key == F.col("w_key"), "left_semi")
-        exploded = rows.where(F.col("suspended_on") == RECEIVE).select(
-            "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
-        )
-        conversation = (
-            F.col(f"w.{CONVERSATION}") if stored else conversation_key(F.col("w.session"))
-        )
-        return exploded.where(conversation.isin(keys))
-
-    return waiting
 
 
 def _flows_looked_up(ids: DataFrame, outbox: DataFrame, waited: DataFrame) -> DataFrame:
