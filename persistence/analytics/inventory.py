@@ -394,7 +394,14 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
     """
     from pyspark.sql import functions as F
 
-    kept = snapshot.checkpoints.where(F.col("status") == "HOSPITALIZED")
+    # the hospitalized rows read once, cached as the grouping reads them: the list of the
+    # first of them reads the cache, not every checkpoint's status again
+    kept = keep(
+        snapshot,
+        snapshot.checkpoints.where(F.col("status") == "HOSPITALIZED").select(
+            "node", "flow_id", "flow_class", "error_message", "updated_at"
+        ),
+    )
     hospitalized = kept.select(
         "node",
         "flow_class",
@@ -425,11 +432,7 @@ def failed_flows(snapshot: Snapshot, settings: CheckSettings | None = None) -> C
     settings = settings or CheckSettings()
     listed = keep(
         snapshot,
-        first_rows(
-            kept.select("node", "flow_id", "flow_class", "error_message", "updated_at"),
-            ["node", "flow_id"],
-            settings.report_rows,
-        ),
+        first_rows(kept, ["node", "flow_id"], settings.report_rows),
     )
     by_outcome, first = count_with_first_rows(
         frame, "outcome", settings.report_rows, weight="flows"
