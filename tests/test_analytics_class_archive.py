@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from persistence.analytics import class_archive
@@ -15,9 +16,10 @@ from persistence.analytics.class_archive import (
     CACHE_VARIABLE,
     SWITCH,
     archive_name,
-    exit_seconds,
+    discard,
     finish,
     java_release,
+    with_java_command,
 )
 from tests.conftest import require_service, spark_test_problem
 
@@ -101,31 +103,59 @@ def test_the_release_is_read_from_the_runtimes_release_file(tmp_path: Path) -> N
     assert java_release(bare) is None  # no release file: the class archive, as on Java 17
 
 
-def test_java_25_writes_and_then_reads_an_ahead_of_time_cache(
+def test_java_25_records_then_makes_and_later_maps_an_ahead_of_time_cache(
     cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     java = _runtime(tmp_path / "jdk-25", "25.0.2")
     monkeypatch.setenv("JAVA_HOME", str(java.parent.parent))
     first = class_archive.class_archive(jvm_options="-XX:+UseParallelGC")
-    assert first is not None and first.writing is not None and first.path.suffix == ".aot"
-    assert f"-XX:AOTCacheOutput={first.writing}" in first.options
+    assert first is not None and first.writing is not None and first.recording is not None
+    assert first.path.suffix == ".aot" and first.recording.suffix == ".aotconf"
+    assert f"-XX:AOTMode=record -XX:AOTConfiguration={first.recording}" in first.options
     assert "-Xlog:aot*=off" in first.options and "-Xlog:cds*=off" in first.options
     assert "ArchiveClassesAtExit" not in first.options
-    assert exit_seconds(first) == 300.0  # a child JVM assembles the cache at exit
-    first.writing.write_bytes(b"a cache")
-    finish(first)
+    # the JVM that makes the cache: the recording JVM's options, without the recording's own
+    known = with_java_command(
+        first,
+        "/jdk/bin/java",
+        ["-Xmx1g", "-XX:AOTMode=record", f"-XX:AOTConfiguration={first.recording}"],
+        "/a.jar:/b.jar",
+    )
+    assert known.java_command == ("/jdk/bin/java", "-Xmx1g", "-cp", "/a.jar:/b.jar")
+    # a stand-in "java" that writes the cache it is asked for, as the real one does
+    maker = tmp_path / "maker"
+    maker.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in -XX:AOTCache=*) printf cache > "${a#-XX:AOTCache=}";; '
+        "esac; done\n"
+        'echo "noise on the terminal" >&2\n'
+    )
+    maker.chmod(0o755)
+    first.recording.write_text("what the JVM loaded and ran")
+    finish(attrs.evolve(known, java_command=(str(maker), *known.java_command[1:])))
+    assert first.path.read_bytes() == b"cache"
+    assert not first.recording.exists() and not first.writing.exists()
     later = class_archive.class_archive(jvm_options="-XX:+UseParallelGC")
     assert later is not None and later.writing is None and later.path == first.path
-    assert f"-XX:AOTCache={first.path}" in later.options and exit_seconds(later) == 30.0
+    assert f"-XX:AOTCache={first.path}" in later.options and later.recording is None
     # a cache made under other JVM options (another collector) is another file
     other = class_archive.class_archive(jvm_options="-XX:+UseG1GC")
     assert other is not None and other.writing is not None and other.path != first.path
+    # a JVM killed while recording leaves nothing behind
+    assert other.recording is not None
+    other.recording.write_text("half a recording")
+    discard(other)
+    assert not other.recording.exists() and not other.path.exists()
+    # no recording (the JVM died before its exit): no cache, nothing left
+    empty = class_archive.class_archive(jvm_options="-XX:+UseG1GC")
+    assert empty is not None
+    finish(with_java_command(empty, str(maker), [], "/a.jar"))
+    assert not empty.path.exists() and list(cache.glob("*.tmp")) == []
     # Java 17 keeps the class archive
     monkeypatch.setenv("JAVA_HOME", str(_runtime(tmp_path / "jdk-17", "17.0.15").parent.parent))
     older = class_archive.class_archive(jvm_options="-XX:+UseParallelGC")
-    assert older is not None and older.path.suffix == ".jsa"
+    assert older is not None and older.path.suffix == ".jsa" and older.recording is None
     assert "-XX:ArchiveClassesAtExit=" in older.options and "aot" not in older.options
-    assert exit_seconds(older) == 60.0
 
 
 SESSION = """
@@ -136,7 +166,7 @@ jvm = spark.sparkContext._jvm
 arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
 assert spark.range(10).count() == 10
 stop_spark(spark)
-print(json.dumps([a for a in arguments if "Archive" in a or "AOTCache" in a]))
+print(json.dumps([a for a in arguments if "Archive" in a or "AOTC" in a]))
 """
 
 
@@ -201,12 +231,14 @@ def test_a_real_java_25_driver_writes_its_ahead_of_time_cache_and_the_next_one_m
             check=False,
         )
         assert done.returncode == 0, done.stderr[-3000:]
+        # the JVM kept quiet, the one that made the cache too
+        assert "AOT" not in done.stderr and "Picked up" not in done.stderr, done.stderr[-3000:]
         options: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
         return options
 
     folder = tmp_path / "cache" / "spark-classes"
     written = session()
-    assert any(option.startswith("-XX:AOTCacheOutput=") for option in written), written
+    assert any(option.startswith("-XX:AOTConfiguration=") for option in written), written
     caches = list(folder.iterdir())
     assert [path.suffix for path in caches] == [".aot"] and caches[0].stat().st_size > 0
     read = session()

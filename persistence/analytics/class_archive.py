@@ -18,13 +18,16 @@ session on a machine writes the archive, and every later one starts from it:
   written. The JVM's own messages about the archive are off (``-Xlog:cds*=off``).
 
 On Java 25 and later the same file is the JVM's **ahead-of-time cache** instead (project
-Leyden: JEP 483, 514 and 515; ``-XX:AOTCacheOutput`` writes it as the JVM exits,
-``-XX:AOTCache`` maps it at start): besides the parsed classes it keeps them loaded and linked,
-and the profiles of the methods the first run called, so that a later JVM compiles its hot
-methods sooner. Its name ends in ``.aot``, and it depends on the JVM's other options as well
-(a cache made under one garbage collector is refused under another), which the name digests
-too. Writing it takes a child JVM at exit: tens of seconds, once (measured on 10 M rows:
-docs/analytics.md, *Benchmark*).
+Leyden: JEP 483 and 515; ``-XX:AOTCache`` maps it at start): besides the parsed classes it
+keeps them loaded and linked, and the profiles of the methods the first run called, so that a
+later JVM compiles its hot methods sooner. Its name ends in ``.aot``, and it depends on the
+JVM's other options as well (a cache made under one garbage collector is refused under
+another), which the name digests too. It is made in two steps: the first driver JVM records
+what it loaded and ran (``-XX:AOTMode=record``) into a configuration file as it exits, then
+:func:`finish` has another JVM, with the same class path and options, turn that into the
+cache (``-XX:AOTMode=create``), its output captured: tens of seconds, once (measured on 10 M
+rows: docs/analytics.md, *Benchmark*). (The JVM's one-step ``-XX:AOTCacheOutput`` starts that
+second JVM itself, which prints the whole class path on the terminal.)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,8 +49,10 @@ CACHE_VARIABLE = "FIBERFLOW_CACHE_DIR"
 QUIET = "-Xlog:cds*=off"
 """The JVM's messages about class sharing, off (classes it cannot archive, a stale archive)."""
 AHEAD_OF_TIME_FROM = 25
-"""The first Java release whose JVM writes an ahead-of-time cache in one run
-(``-XX:AOTCacheOutput``, JEP 514)."""
+"""The first Java release whose JVM keeps method profiles in its ahead-of-time cache
+(JEP 515; JEP 483's cache of loaded classes came in Java 24)."""
+CREATE_SECONDS = 600.0
+"""The longest the JVM that makes an ahead-of-time cache may take (then none is made)."""
 QUIET_AHEAD_OF_TIME = f"{QUIET} -Xlog:aot*=off"
 """The JVM's messages about class sharing and its ahead-of-time cache, off."""
 
@@ -61,6 +67,11 @@ class ClassArchive:
     """The archive in the cache folder."""
     writing: Path | None
     """The file this JVM writes the archive to at exit (None: it reads an existing one)."""
+    recording: Path | None = None
+    """Java 25+: the configuration file the JVM records at exit, to make the cache from."""
+    java_command: tuple[str, ...] = ()
+    """Java 25+: the running driver JVM's ``java``, options and class path (see
+    :func:`with_java_command`), which the JVM that makes the cache must share."""
 
 
 def cache_folder() -> Path:
@@ -148,26 +159,49 @@ def class_archive(jars: Sequence[Path] = (), jvm_options: str = "") -> ClassArch
         return None
     writing = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     if ahead:
-        return ClassArchive(f"{QUIET_AHEAD_OF_TIME} -XX:AOTCacheOutput={writing}", path, writing)
+        recording = path.with_name(f"{path.name}.{os.getpid()}.aotconf")
+        options = f"{QUIET_AHEAD_OF_TIME} -XX:AOTMode=record -XX:AOTConfiguration={recording}"
+        return ClassArchive(options, path, writing, recording)
     return ClassArchive(f"{QUIET} -XX:ArchiveClassesAtExit={writing}", path, writing)
 
 
-def exit_seconds(archive: ClassArchive | None) -> float:
-    """How long to wait for the driver JVM to exit before ending it.
+def with_java_command(
+    archive: ClassArchive, java: str, options: Sequence[str], class_path: str
+) -> ClassArchive:
+    """``archive`` knowing the running driver JVM's ``java``, options and class path.
 
-    30 s; 60 s when it writes a class archive as it exits; 300 s when it writes an
-    ahead-of-time cache (a child JVM assembles it: about 35 s for 10 M rows on two cores,
-    docs/analytics.md).
+    For a JVM recording an ahead-of-time configuration: the JVM that makes the cache from
+    it must run with the same class path and options (the recording's own left out).
     """
-    if archive is None or archive.writing is None:
-        return 30.0
-    return 300.0 if archive.path.suffix == ".aot" else 60.0
+    if archive.recording is None:
+        return archive
+    kept = tuple(
+        option
+        for option in options
+        if not option.startswith(("-XX:AOTMode=", "-XX:AOTConfiguration=", "-XX:AOTCache"))
+    )
+    return attrs.evolve(archive, java_command=(java, *kept, "-cp", class_path))
+
+
+def discard(archive: ClassArchive | None) -> None:
+    """After the JVM was killed: remove what it may have begun writing (nothing is kept)."""
+    if archive is None:
+        return
+    for path in (archive.writing, archive.recording):
+        if path is not None:
+            path.unlink(missing_ok=True)
 
 
 def finish(archive: ClassArchive | None) -> None:
-    """After the JVM exited: put the archive it wrote in place (if it wrote one)."""
+    """After the JVM exited: put the archive it wrote in place (if it wrote one).
+
+    On Java 25+, first make the ahead-of-time cache from the configuration the JVM recorded
+    (:func:`make_cache`).
+    """
     if archive is None or archive.writing is None:
         return
+    if archive.recording is not None:
+        make_cache(archive)
     try:
         if archive.writing.exists() and archive.writing.stat().st_size > 0:
             os.replace(archive.writing, archive.path)
@@ -175,3 +209,36 @@ def finish(archive: ClassArchive | None) -> None:
             archive.writing.unlink(missing_ok=True)
     except OSError:
         archive.writing.unlink(missing_ok=True)
+
+
+def make_cache(archive: ClassArchive) -> None:
+    """Make the ahead-of-time cache at ``archive.writing`` from the recorded configuration.
+
+    A JVM with the recording JVM's class path and options, ``-XX:AOTMode=create``; what it
+    prints is captured (nothing reaches the terminal). The configuration is removed whatever
+    happens; a cache that could not be made is simply not there (the next run records again).
+    """
+    recording, writing = archive.recording, archive.writing
+    if recording is None or writing is None:
+        return
+    try:
+        if archive.java_command and recording.exists() and recording.stat().st_size > 0:
+            java, *rest = archive.java_command
+            subprocess.run(
+                [
+                    java,
+                    "-XX:AOTMode=create",
+                    f"-XX:AOTConfiguration={recording}",
+                    f"-XX:AOTCache={writing}",
+                    *rest,
+                ],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=CREATE_SECONDS,
+                check=False,
+                env={k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"},
+            )
+    except (OSError, subprocess.SubprocessError):
+        writing.unlink(missing_ok=True)
+    finally:
+        recording.unlink(missing_ok=True)

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 from persistence.analytics.class_archive import (
     ClassArchive,
     class_archive,
-    exit_seconds,
+    discard,
     finish,
+    with_java_command,
 )
 
 if TYPE_CHECKING:
@@ -161,9 +162,26 @@ def spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if archive is not None:
-        _archive = archive
+        _archive = _knowing_the_jvm(archive, spark)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _knowing_the_jvm(archive: ClassArchive, spark: SparkSession) -> ClassArchive:
+    """``archive`` with the driver JVM's command, when it records an ahead-of-time cache."""
+    if archive.recording is None:
+        return archive
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    system = jvm.java.lang.System
+    runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    java = str(Path(str(system.getProperty("java.home"))) / "bin" / "java")
+    return with_java_command(
+        archive,
+        java,
+        [str(option) for option in runtime.getInputArguments()],
+        str(system.getProperty("java.class.path")),
+    )
 
 
 def driver_java_options(master: str, log_option: str, archive: ClassArchive | None) -> str:
@@ -219,11 +237,11 @@ def stop_spark(spark: SparkSession) -> None:
             if process.stdin is not None:
                 process.stdin.close()
             try:
-                # the first JVM of a machine writes its class archive as it exits (an
-                # ahead-of-time cache, on Java 25+, is assembled by a child JVM: longer)
-                process.wait(timeout=exit_seconds(archive))
+                # the first JVM of a machine writes its class archive as it exits
+                process.wait(timeout=60 if archive is not None else 30)
             except Exception:  # the JVM did not exit on its own: end it
                 process.kill()
                 process.wait(timeout=30)
-                archive = None  # what it was writing is not whole
+                discard(archive)  # what it was writing is not whole
+                archive = None
             finish(archive)
