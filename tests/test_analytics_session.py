@@ -81,3 +81,26 @@ def test_a_setting_given_overrides_a_local_masters_own(monkeypatch: pytest.Monke
     with pytest.raises(_Stop):
         session.spark_session("spark://host:7077")
     assert "spark.sql.inMemoryColumnarStorage.compressed" not in given
+
+
+def test_stopping_a_jvm_that_records_javas_cache_is_a_step_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The first analysis on Java 25+ makes the cache as Spark stops: the operator sees why."""
+    import io
+
+    from persistence.analytics import command, session
+
+    stopped: list[object] = []
+    monkeypatch.setattr(command, "_stop_quietly", stopped.append)
+    recording = ClassArchive(
+        "-XX:AOTMode=record", tmp_path / "a.aot", tmp_path / "a.tmp", tmp_path / "a.aotconf"
+    )
+    archive_only = ClassArchive("-XX:ArchiveClassesAtExit=x", tmp_path / "a.jsa", tmp_path / "x")
+    for archive, shown in ((recording, True), (archive_only, False), (None, False)):
+        monkeypatch.setattr(session, "_archive", archive)
+        assert session.makes_cache_at_stop() is shown
+        stream = io.StringIO()
+        command._stop("spark", command.Progress(stream=stream))  # type: ignore[arg-type]
+        assert stopped.pop() == "spark"
+        assert ("make Java's ahead-of-time cache (once)" in stream.getvalue()) is shown

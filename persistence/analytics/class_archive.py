@@ -224,7 +224,7 @@ def make_cache(archive: ClassArchive) -> None:
     try:
         if archive.java_command and recording.exists() and recording.stat().st_size > 0:
             java, *rest = archive.java_command
-            subprocess.run(
+            made = subprocess.run(
                 [
                     java,
                     "-XX:AOTMode=create",
@@ -238,6 +238,8 @@ def make_cache(archive: ClassArchive) -> None:
                 check=False,
                 env={k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"},
             )
+            if made.returncode != 0:  # what it left is not a whole cache
+                writing.unlink(missing_ok=True)
     except (OSError, subprocess.SubprocessError):
         writing.unlink(missing_ok=True)
     finally:

@@ -167,6 +167,15 @@ def spark_session(
     return spark
 
 
+def makes_cache_at_stop() -> bool:
+    """Whether stopping the running driver JVM makes Java's ahead-of-time cache.
+
+    Tens of seconds, once: the first JVM on Java 25+ records what the cache is made from (see
+    :mod:`persistence.analytics.class_archive`).
+    """
+    return _archive is not None and _archive.recording is not None
+
+
 def _knowing_the_jvm(archive: ClassArchive, spark: SparkSession) -> ClassArchive:
     """``archive`` with the driver JVM's command, when it records an ahead-of-time cache."""
     if archive.recording is None:
