@@ -170,6 +170,27 @@ print(json.dumps([a for a in arguments if "Archive" in a or "AOTC" in a]))
 """
 
 
+def _session(environment: dict[str, str], quiet_about: tuple[str, ...]) -> list[str]:
+    """Run :data:`SESSION` in a process of its own: the driver JVM's archive options.
+
+    Nothing in ``quiet_about`` may appear on its standard error (the JVM kept quiet).
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for mark in quiet_about:
+        assert mark not in done.stderr, done.stderr[-3000:]
+    options: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return options
+
+
 @pytest.mark.spark
 def test_a_real_driver_jvm_writes_the_archive_at_exit_and_the_next_one_starts_from_it(
     tmp_path: Path,
@@ -178,22 +199,9 @@ def test_a_real_driver_jvm_writes_the_archive_at_exit_and_the_next_one_starts_fr
     require_service("Spark", spark_test_problem())
     environment = {**os.environ, CACHE_VARIABLE: str(tmp_path / "cache")}
     environment.pop(SWITCH, None)
-    root = Path(__file__).resolve().parent.parent
 
     def session() -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-c", SESSION],
-            cwd=root,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "[cds" not in done.stderr, done.stderr[-3000:]  # the JVM kept quiet
-        options: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
-        return options
+        return _session(environment, quiet_about=("[cds",))
 
     folder = tmp_path / "cache" / "spark-classes"
     written = session()
@@ -218,23 +226,10 @@ def test_a_real_java_25_driver_writes_its_ahead_of_time_cache_and_the_next_one_m
     assert java_release(home / "bin" / "java") == 25
     environment = {**os.environ, CACHE_VARIABLE: str(tmp_path / "cache"), "JAVA_HOME": str(home)}
     environment.pop(SWITCH, None)
-    root = Path(__file__).resolve().parent.parent
 
     def session() -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-c", SESSION],
-            cwd=root,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
         # the JVM kept quiet, the one that made the cache too
-        assert "AOT" not in done.stderr and "Picked up" not in done.stderr, done.stderr[-3000:]
-        options: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
-        return options
+        return _session(environment, quiet_about=("AOT", "Picked up"))
 
     folder = tmp_path / "cache" / "spark-classes"
     written = session()
