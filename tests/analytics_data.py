@@ -11,6 +11,7 @@ held to flag that and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -27,6 +28,7 @@ from flows import (
     FlowLogic,
     FlowSession,
     Party,
+    UnexpectedFlowEndException,
     initiated_by,
     initiating_flow,
 )
@@ -71,6 +73,26 @@ class LingeringResponder(FlowLogic[str]):
         goodbye = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
         self.session.send("see you")
         return f"{hello} {goodbye}"
+
+
+@initiating_flow
+class RefusalCaughtFlow(FlowLogic[str]):
+    """Asks a peer that has no responder for it, catches the refusal and sleeps a day.
+
+    ``docs/writing-flows.md`` allows it: a flow may catch ``UnexpectedFlowEndException`` and
+    go on without the session. Both nodes' tables then agree: the peer consumed the opening
+    message and holds no flow for it, and the live flow no longer waits on the session.
+    """
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        with contextlib.suppress(UnexpectedFlowEndException):
+            session.send_and_receive(str, "anyone there?").unwrap(lambda m: m)
+        self.sleep(DAY)
+        return "asked nobody else"
 
 
 CORDAPPS = ["samples.pingpong", "samples.trade", "tests.cordapp", "tests.analytics_data"]

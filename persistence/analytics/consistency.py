@@ -5,9 +5,11 @@ needs the flow that holds the other end on the counterparty's node: the initiati
 a responder end, the responder flow the node started (its id derived from the initiator's
 session, :func:`~persistence.analytics.session_columns.responder_flow_id`) for an initiator
 end. One missing is an orphan (a conversation one side believes open and the other never
-had, or lost) when the counterparty demonstrably had the chance to create it; otherwise the
-opening message may still wait in the transport to a node that is down ("not delivered
-yet", or "unconfirmed" when the evidence says neither).
+had, or lost) when the counterparty demonstrably had the opening message in hand (it
+consumed it, or it is the responder's end); otherwise the opening message may still wait
+in the transport: to a node that is down ("not delivered yet"), or to one that runs but has
+not taken it in yet, a backlog after a restart say ("unconfirmed"). The node tables cannot
+tell a message waiting in the transport from one lost there, so neither is a failure.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ NOT_DELIVERED = "not delivered yet"
 """An initiator end whose responder is missing on a counterparty that has not run since the
 send (its lease was last renewed before it) and recorded nothing from us since (``warn``)."""
 UNCONFIRMED = "unconfirmed"
-"""An initiator end whose responder is missing, with no evidence either way that the
-counterparty ran since the send (no lease row, or renewed just around it): ``warn``."""
+"""An initiator end whose responder is missing on a counterparty that did not consume the
+opening message, but may have run since the send (no lease row, or one renewed since):
+the message waits in the transport or was lost there (``warn``)."""
 
 
 def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
@@ -67,19 +70,21 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
 
     * a responder end ``X.r`` needs the initiating flow (``X`` without ``.sN``);
     * an initiator end ``X`` needs the responder flow (UUID5 of ``"<node>|X"``), unless the
-      peer consumed the initial message and our flow has ended (the peer refused the
-      session), or the initial message still waits in our outbox (in flight).
+      peer consumed the initial message and our flow has ended or took the peer's answer in
+      and no longer waits on the session (the peer refused the session), or the initial
+      message still waits in our outbox (in flight).
 
     Ends whose earliest evidence is newer than ``grace_ms`` before ``as_of`` are not judged
     (messages may be in the transport). An end without its counterpart is an orphan when the
-    counterparty had the chance to create it: a responder end, an initiator end whose
-    opening message the counterparty consumed, or one whose counterparty recorded a message
-    from us, or renewed its lease (``node_workers``), more than ``grace_ms`` after the end's
-    earliest evidence. An initiator end whose counterparty's lease was last renewed before
-    it, and which recorded nothing from us since, is ``not delivered yet``; with no evidence
-    either way, ``unconfirmed``. The frame lists the orphans, then the other two, with both
-    node names; ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan
-    is found, ``warn`` when only ends not delivered yet or unconfirmed.
+    counterparty had the opening message in hand: a responder end, or an initiator end whose
+    opening message the counterparty consumed (unless it refused the session: our flow
+    ended, or took the refusal in and no longer waits on the session). An initiator end
+    whose counterparty's lease (``node_workers``) was last renewed before it, and which
+    recorded nothing from us since, is ``not delivered yet``; otherwise ``unconfirmed`` (it
+    may have run since: running is not receiving, a node catching up on a backlog runs).
+    The frame lists the orphans, then the other two, with both node names;
+    ``extras["summary"]`` counts every end by outcome. ``fail`` when any orphan is found,
+    ``warn`` when only ends not delivered yet or unconfirmed.
     """
     settings = settings or CheckSettings()
     found = screen(snapshot, settings)
@@ -106,8 +111,8 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     elif waiting:
         verdict = Verdict(
             WARN,
-            f"{waiting} session end{'s' if waiting != 1 else ''} not delivered yet to a node "
-            f"that has not run since ({detail})",
+            f"{waiting} session end{'s' if waiting != 1 else ''} whose opening message the "
+            f"counterparty has not consumed yet ({detail})",
             waiting,
         )
     else:
@@ -189,6 +194,15 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     ends = ends.join(
         queued, (queued.q_node == ends.node) & (queued.q_id == initial_id), "left"
     ).drop("q_node", "q_id")
+    # the highest number our node consumed on the end: a refusal is one message (number 0)
+    answered = snapshot.message_ids.groupBy(
+        F.col("node").alias("r_node"), F.col("session_id").alias("r_session")
+    ).agg(F.max("sequence").alias("received_top"))
+    ends = ends.join(
+        narrow(answered),
+        (answered.r_node == ends.node) & (answered.r_session == ends.session_id),
+        "left",
+    ).drop("r_node", "r_session")
     # what the counterparty's own tables say of it: when its lease was last renewed, and
     # when it last recorded a message from this node (small: one row per node, per pair)
     alive = snapshot.workers.groupBy("node").agg(F.max("renewed_at").alias("a_last"))
@@ -213,19 +227,28 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     initiator = F.col("role") == "initiator"
     since, grace = F.col("since_ms"), settings.grace_ms
     heard_since = F.coalesce(F.col("last_from_us_ms") > since, F.lit(False))
+    # the counterparty refused the session (it consumed our opening message, has no flow
+    # for it and answered so, with one message): our flow ended, or took the answer in and
+    # went on without the session (it caught the refusal: it no longer waits on it). More
+    # than one message taken in from it: its responder ran, and is gone
+    evidence = F.col("evidence")
+    handled = F.array_contains(evidence, "received") & ~F.array_contains(evidence, "waiting")
+    refused = (
+        F.col("initial_consumed").isNotNull()
+        & (F.coalesce(F.col("received_top"), F.lit(0)) == 0)
+        & (F.col("own_live").isNull() | handled)
+    )
     outcome = (
-        F.when(
-            initiator & F.col("initial_consumed").isNotNull() & F.col("own_live").isNull(),
-            "ok (refused)",
-        )
+        F.when(initiator & refused, "ok (refused)")
         .when(initiator & F.col("initial_queued").isNotNull(), "in flight")
         .when(since > as_of - grace, "too recent")
-        # a responder end: the initiator had to run to open it; the counterparty consumed our
-        # opening message; it consumed later traffic of ours; it ran well after the send
+        # the counterparty had the opening message in hand: a responder end (the initiator
+        # had to run to open it), or an initiator end whose opening message it consumed
         .when(~initiator | F.col("initial_consumed").isNotNull(), ORPHAN)
-        .when(F.col("last_from_us_ms") > since + grace, ORPHAN)
-        .when(F.col("last_alive_ms") > since + grace, ORPHAN)
-        # its lease was last renewed before the send and it recorded nothing from us since
+        # not consumed: it waits in the transport (or was lost there), which the node tables
+        # cannot tell apart; a node that runs may still be behind (a backlog after a restart,
+        # a partitioned queue, a message held for a retry), so running is no proof of loss.
+        # Its lease was last renewed before the send and it recorded nothing from us since:
         .when((F.col("last_alive_ms") < since) & ~heard_since, NOT_DELIVERED)
         .otherwise(UNCONFIRMED)
     )
@@ -252,6 +275,28 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
                 F.lit(", nothing recorded from "),
                 F.col("node"),
                 F.lit(" since)"),
+            ),
+        )
+        .when(
+            (F.col("last_alive_ms") > since) | heard_since,
+            F.concat(
+                F.lit("not consumed by "),
+                F.col("counterparty"),
+                F.lit(", which ran since the send ("),
+                F.when(
+                    F.col("last_alive_ms") > since, F.concat(F.lit("last alive at "), last_alive)
+                ).otherwise(
+                    F.concat(
+                        F.lit("recorded a message from "),
+                        F.col("node"),
+                        F.lit(" at "),
+                        F.date_format(
+                            F.timestamp_millis(F.col("last_from_us_ms")), "yyyy-MM-dd HH:mm:ss'Z'"
+                        ),
+                    )
+                ),
+                F.lit("): the opening message waits in the transport (a backlog, a message "),
+                F.lit("held for a retry) or was lost there; the transport's queues tell"),
             ),
         )
         .otherwise(

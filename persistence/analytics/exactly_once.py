@@ -1,11 +1,13 @@
-"""The exactly-once audit of the dedup ids and the outbox (``fail``).
+"""The exactly-once audit of the dedup ids and the outbox (``fail``; ``warn`` for old outbox rows).
 
 Each consumed message is recorded (``node_message_ids``) with its deterministic id, its
 session and its sequence number, in the transaction that consumed it; each sent one waits
 in the outbox until the transport took it. The audit looks for what the primary key cannot
 stop: a message consumed twice (under two ids, or where the key is gone), an id reused or
 not of the grammar, a sequence number never consumed below later ones, and outbox rows left
-behind.
+behind. An old outbox row alone is a warning: the message waits, durable, for a sender that
+is down, a target it cannot reach yet or shares no key with yet, and nothing is lost or done
+twice (a row left behind after its target consumed it is sent again and dropped by id).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from persistence.analytics.candidates import candidate_snapshot
 from persistence.analytics.checking import (
     FAIL,
     OK,
+    WARN,
     CheckResult,
     CheckSettings,
     Verdict,
@@ -56,11 +59,14 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
       session (not judged within ``grace_ms``, nor while the message waits in the sender's
       outbox);
     * ``undelivered``: an outbox message older than ``outbox_after_ms`` (the detail says
-      whether the target already consumed it, i.e. only the row was left behind).
+      whether the target already consumed it, i.e. only the row was left behind, and when
+      the sender was last alive).
 
-    ``fail`` when any is found. Only the screening's candidate conversations can have a
-    finding (:mod:`persistence.analytics.screening`): the rules run on the snapshot restricted
-    to them (:func:`audit_records`).
+    ``fail`` when any but ``undelivered`` is found; ``warn`` when only ``undelivered`` is: the
+    message waits in the sender's outbox, durable, which breaks no promise. Only the
+    screening's candidate conversations can have a finding
+    (:mod:`persistence.analytics.screening`): the rules run on the snapshot restricted to
+    them (:func:`audit_records`).
     """
     settings = settings or CheckSettings()
     return audit_records(candidate_snapshot(snapshot, settings), settings)
@@ -114,7 +120,7 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
     reused = _reused_ids(snapshot, expected)
     if reused is not None:
         parts.append(reused)
-    parts.append(_undelivered(snapshot, as_of, settings.outbox_after_ms))
+    parts.append(_undelivered(snapshot, as_of, settings.outbox_after_ms, settings.grace_ms))
     frame = parts[0]
     for part in parts[1:]:
         frame = frame.unionByName(part)
@@ -123,8 +129,12 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
     found = sum(counts.values())
     if found:
         listed = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        broken = found - counts.get("undelivered", 0)
         verdict = Verdict(
-            FAIL, f"{found} exactly-once finding{'s' if found != 1 else ''}: {listed}", found
+            FAIL if broken else WARN,
+            f"{found} exactly-once finding{'s' if found != 1 else ''}: {listed}"
+            + ("" if broken else " (the messages wait in their sender's outbox)"),
+            found,
         )
     else:
         verdict = Verdict(
@@ -187,8 +197,12 @@ def _reused_ids(snapshot: Snapshot, expected: Column) -> DataFrame | None:
     )
 
 
-def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int) -> DataFrame:
-    """Outbox messages older than ``after_ms``, saying whether their target consumed them."""
+def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int, grace_ms: int) -> DataFrame:
+    """Outbox messages older than ``after_ms``, whether their target consumed them.
+
+    The detail also says when their sender was last alive: down since the row was written
+    when its lease was last renewed no later than ``grace_ms`` after it.
+    """
     from pyspark.sql import functions as F
 
     ids = snapshot.message_ids
@@ -199,6 +213,23 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int) -> DataFrame:
         old.join(consumed, taken, "left_semi")
         .withColumn("delivered", F.lit(True))
         .unionByName(old.join(consumed, taken, "left_anti").withColumn("delivered", F.lit(False)))
+    )
+    alive = snapshot.whole.workers.groupBy(F.col("node").alias("a_node")).agg(
+        F.max("renewed_at").alias("last_alive_ms")
+    )
+    old = old.join(F.broadcast(alive), old.node == alive.a_node, "left")
+    sender_alive = F.when(
+        F.col("last_alive_ms").isNull(),
+        F.lit("; the sender has no lease row (stopped cleanly, or not started)"),
+    ).otherwise(
+        F.concat(
+            F.lit("; the sender was last alive at "),
+            F.date_format(F.timestamp_millis(F.col("last_alive_ms")), "yyyy-MM-dd HH:mm:ss'Z'"),
+            F.when(
+                F.col("last_alive_ms") <= F.col("created_at") + grace_ms,
+                F.lit(" (down since it wrote the row: sent again at its next start)"),
+            ).otherwise(F.lit("")),
+        )
     )
     analyzed = is_analyzed(snapshot, F.col("target"))
     return _findings(
@@ -223,6 +254,7 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int) -> DataFrame:
                 ),
             )
             .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
+            sender_alive,
         ),
     )
 
