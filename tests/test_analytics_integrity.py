@@ -32,6 +32,7 @@ from persistence.analytics import (
     session_consistency,
     session_ownership,
 )
+from persistence.analytics.exactly_once import GAPS_LISTED
 from persistence.analytics.sources import NodeSource
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
@@ -291,6 +292,58 @@ def test_a_responder_that_answered_and_lost_its_result_is_an_orphan_not_a_refusa
     assert result.verdict.status == "fail", result.verdict.summary
     found = [(r["node"], r["outcome"], r["counterparty"], r["counterpart_flow_id"]) for r in rows]
     assert found == [(ALICE, "orphan", BOB, responder)]
+
+
+@pytest.mark.spark
+def test_records_numbered_below_zero_or_near_2_63_are_findings_not_a_crash(
+    spark: Any, clean: NetworkData, tmp_path: Path
+) -> None:
+    """Three corrupt records on Bob, each of a session Alice opened with him.
+
+    Message 1 of the echo session rewritten as number -1 (its id to match): a bad number,
+    and the gap it leaves is still found. A record numbered 3,000,000,000 and one numbered
+    2**63 - 1 on two lingering sessions: gaps, listed up to GAPS_LISTED a session, not an
+    array of billions nor an overflow that stopped the whole analysis.
+    """
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "copy")
+    first, second = [
+        one for one in data.lingering if (one.initiator_node, one.responder_node) == (ALICE, BOB)
+    ][:2]
+    echo = data.echo_session
+    at = data.now_ms - 10 * MINUTE_MS
+    with sqlite3.connect(data.databases[BOB]) as bob:
+        bob.execute(
+            "UPDATE node_message_ids SET message_id = ?, sequence = -1 "
+            "WHERE session_id = ? AND sequence = 1",
+            (f"N-{echo}--1", f"{echo}.r"),
+        )
+        for lingering, number in ((first, 3_000_000_000), (second, 2**63 - 1)):
+            bob.execute(
+                "INSERT INTO node_message_ids VALUES (?, ?, ?, ?, ?)",
+                (f"N-{lingering.session}-{number}", ALICE, f"{lingering.session}.r", number, at),
+            )
+    bob.close()
+    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
+    with load_nodes(spark, sqlite_sources(data)) as snapshot:
+        results = {result.name: result for result in run_checks(snapshot, settings)}
+        audit = results["exactly_once_audit"]
+        rows = [row.asDict() for row in audit.frame.collect()]
+        total = audit.verdict.findings
+    assert audit.verdict.status == "fail"
+    assert [
+        (r["kind"], r["session_id"], r["sequence"]) for r in rows if r["kind"] != "sequence_gap"
+    ] == [("bad_sequence", f"{echo}.r", -1)]
+    gaps = {}
+    for row in rows:
+        if row["kind"] == "sequence_gap":
+            gaps.setdefault(row["session_id"], []).append(row)
+    assert [r["sequence"] for r in gaps[f"{echo}.r"]] == [1]
+    for lingering in (first, second):
+        listed = gaps[f"{lingering.session}.r"]
+        assert [r["sequence"] for r in listed] == list(range(1, GAPS_LISTED + 1))
+        assert " missing in the session; the first 1000 are listed" in listed[0]["detail"]
+    assert total == 1 + 1 + 2 * GAPS_LISTED
 
 
 # --- a sender that is down: its old outbox rows wait (warn), nothing is broken --------------

@@ -40,9 +40,10 @@ from persistence.analytics.checking import (
     keep_in_order,
 )
 from persistence.analytics.session_columns import counterpart_flow, message_session, peer_session
+from persistence.analytics.session_flows import MAX_SEQUENCE
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from persistence.analytics.snapshot import Snapshot
 
@@ -226,6 +227,13 @@ def _behind_dedup_ids(snapshot: Snapshot, sessions: DataFrame, unsent: DataFrame
     )
 
 
+def _after(top: Column) -> Column:
+    """The number after ``top``; ``top`` itself for the largest (a corrupt record: no error)."""
+    from pyspark.sql import functions as F
+
+    return F.when(top < MAX_SEQUENCE, top + 1).otherwise(top)
+
+
 def _missing_last(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
     """Messages a live checkpoint took in, above its node's last dedup id, without one."""
     from pyspark.sql import functions as F
@@ -236,7 +244,7 @@ def _missing_last(snapshot: Snapshot, sessions: DataFrame) -> DataFrame:
     )
     with_top = sessions.join(
         top, (top.t_node == sessions.node) & (top.t_session == sessions.session_id), "left"
-    ).withColumn("first", F.coalesce(F.col("top") + 1, F.lit(0).cast("bigint")))
+    ).withColumn("first", F.coalesce(_after(F.col("top")), F.lit(0).cast("bigint")))
     in_order = F.when(
         F.col("received") > F.col("first"),
         F.sequence(F.col("first"), F.col("received") - 1),
@@ -341,7 +349,7 @@ def _missing_last_by_sender(
     )
     ended = ended.join(
         top, (top.t_node == ended.node) & (top.t_session == ended.session_id), "left"
-    ).withColumn("first", F.coalesce(F.col("top") + 1, F.lit(0).cast("bigint")))
+    ).withColumn("first", F.coalesce(_after(F.col("top")), F.lit(0).cast("bigint")))
     missing = ended.where(F.col("sent") > F.col("first")).select(
         "node",
         "flow_id",

@@ -36,6 +36,10 @@ from persistence.analytics.session_columns import (
     peer_session,
 )
 
+GAPS_LISTED = 1_000
+"""At most this many missing numbers of one session are findings (the detail says how
+many are missing in all): a corrupt record numbered near 2**63 must not list billions."""
+
 BROADCAST_ROWS = 200_000
 """Up to this many irregular ids, every record is filtered by them through a broadcast (a
 scan, no shuffle) when the audit looks for reused ids; more use a plain join."""
@@ -57,7 +61,8 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     * ``id_mismatch``: a recorded id that is not ``N-<sender's session>-<sequence>``;
     * ``sequence_gap``: a sequence number missing below the highest one consumed in a
       session (not judged within ``grace_ms``, nor while the message waits in the sender's
-      outbox);
+      outbox; at most :data:`GAPS_LISTED` a session);
+    * ``bad_sequence``: a record numbered below 0;
     * ``undelivered``: an outbox message older than ``outbox_after_ms`` (the detail says
       whether the target already consumed it, i.e. only the row was left behind, and when
       the sender was last alive).
@@ -116,7 +121,8 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
         at=F.col("inserted_at"),
         detail=F.concat(F.lit("expected "), expected),
     )
-    parts = [twice, mismatch, _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)]
+    gaps = _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)
+    parts = [twice, mismatch, gaps, _bad_sequences(snapshot)]
     reused = _reused_ids(snapshot, expected)
     if reused is not None:
         parts.append(reused)
@@ -270,22 +276,27 @@ def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int
     from pyspark.sql import functions as F
 
     sessions = (
-        by_session.groupBy("node", "session_id", "sender")
+        by_session.where(F.col("sequence") >= 0)  # a number below 0 is a bad_sequence
+        .groupBy("node", "session_id", "sender")
         .agg(
             F.max("sequence").alias("top"),
             F.collect_set("sequence").alias("sequences"),
             F.max("inserted_at").alias("at"),
         )
-        .where((F.col("top") + 1 > F.size("sequences")) & (F.col("at") <= judged_before))
+        .where((F.col("top") >= F.size("sequences")) & (F.col("at") <= judged_before))
     )
+    # the first GAPS_LISTED missing numbers all lie below size + GAPS_LISTED: a corrupt
+    # number near 2**63 lists that many, not billions (nor overflows)
+    last = F.least(F.col("top"), F.size("sequences").cast("bigint") + GAPS_LISTED - 1)
+    absent = F.array_except(F.sequence(F.lit(0).cast("bigint"), last), F.col("sequences"))
     missing = sessions.select(
         "node",
         "session_id",
         "sender",
         "at",
-        "sequences",
-        F.explode(F.sequence(F.lit(0).cast("bigint"), F.col("top"))).alias("sequence"),
-    ).where(~F.array_contains(F.col("sequences"), F.col("sequence")))
+        (F.col("top") - F.size("sequences") + 1).alias("missing_count"),
+        F.explode(F.slice(absent, 1, GAPS_LISTED)).alias("sequence"),
+    )
     missing = missing.withColumn(
         "missing_id", expected_message_id(peer_session(F.col("session_id")), F.col("sequence"))
     )
@@ -304,7 +315,29 @@ def _sequence_gaps(snapshot: Snapshot, by_session: DataFrame, judged_before: int
             F.lit("message "),
             F.col("sequence").cast("string"),
             F.lit(" never consumed, later ones were"),
+            F.when(
+                F.col("missing_count") > GAPS_LISTED,
+                F.concat(
+                    F.lit(" ("),
+                    F.col("missing_count").cast("string"),
+                    F.lit(f" missing in the session; the first {GAPS_LISTED} are listed)"),
+                ),
+            ).otherwise(F.lit("")),
         ),
+    )
+
+
+def _bad_sequences(snapshot: Snapshot) -> DataFrame:
+    """Records of a sequence number below 0: no sender numbers a message so."""
+    from pyspark.sql import functions as F
+
+    return _findings(
+        snapshot.message_ids.where(F.col("sequence") < 0),
+        "bad_sequence",
+        counterparty=F.col("sender"),
+        message_ids=F.col("message_id"),
+        at=F.col("inserted_at"),
+        detail=F.lit("sequence number below 0: no sender numbers a message so"),
     )
 
 
