@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from persistence.analytics import CheckSettings
 from persistence.analytics.checks import CHECKS
+from persistence.analytics.exactly_once import GAPS_LISTED
 from persistence.store import NodeDatabase
 from statemachine.session_ids import (
     MESSAGE_ID_PREFIX,
@@ -321,8 +322,15 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                   AND NOT (NOT {responder}
                            AND EXISTS (SELECT 1 FROM ids i WHERE i.node = e.counterparty
                                        AND i.message_id = {initial})
-                           AND NOT EXISTS (SELECT 1 FROM cp WHERE cp.node = e.node
-                                           AND cp.flow_id = {own}))
+                           AND NOT EXISTS (SELECT 1 FROM ids r WHERE r.node = e.node
+                                           AND r.session_id = e.session_id AND r.sequence > 0)
+                           AND (NOT EXISTS (SELECT 1 FROM cp WHERE cp.node = e.node
+                                            AND cp.flow_id = {own})
+                                OR (EXISTS (SELECT 1 FROM ids r WHERE r.node = e.node
+                                            AND r.session_id = e.session_id)
+                                    AND NOT EXISTS (SELECT 1 FROM ({WAITS}) w
+                                                    WHERE w.node = e.node
+                                                    AND w.session_id = e.session_id))))
                   AND NOT (NOT {responder}
                            AND EXISTS (SELECT 1 FROM outb o WHERE o.node = e.node
                                        AND o.message_id = {initial}))
@@ -342,13 +350,17 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                 SELECT node, message_id, sequence FROM ids
                 WHERE message_id != {expected}
                 UNION ALL
+                SELECT node, message_id, sequence FROM ids WHERE sequence < 0
+                UNION ALL
                 SELECT * FROM (
                   WITH RECURSIVE gaps AS (
                     SELECT node, session_id, sender, max(sequence) AS top,
-                           max(inserted_at) AS at FROM ids
-                    GROUP BY 1, 2, 3 HAVING max(sequence) + 1 > count(DISTINCT sequence)
+                           count(DISTINCT sequence) AS size, max(inserted_at) AS at FROM ids
+                    WHERE sequence >= 0
+                    GROUP BY 1, 2, 3 HAVING max(sequence) >= count(DISTINCT sequence)
                   ), numbers(node, session_id, sender, n, top) AS (
-                    SELECT node, session_id, sender, 0, top FROM gaps WHERE at <= :grace
+                    SELECT node, session_id, sender, 0,
+                           min(top, size + {GAPS_LISTED} - 1) FROM gaps WHERE at <= :grace
                     UNION ALL SELECT node, session_id, sender, n + 1, top FROM numbers
                     WHERE n < top)
                   SELECT n.node, n.session_id, n.n FROM numbers n
