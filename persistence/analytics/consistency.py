@@ -195,9 +195,18 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
         queued, (queued.q_node == ends.node) & (queued.q_id == initial_id), "left"
     ).drop("q_node", "q_id")
     # the highest number our node consumed on the end: a refusal is one message (number 0)
-    answered = snapshot.message_ids.groupBy(
-        F.col("node").alias("r_node"), F.col("session_id").alias("r_session")
-    ).agg(F.max("sequence").alias("received_top"))
+    open_keys = narrow(
+        open_ends.select(F.col("node").alias("w_node"), F.col("session_id").alias("w"))
+    )
+    answered = (
+        snapshot.message_ids.join(
+            open_keys,
+            (F.col("node") == F.col("w_node")) & (F.col("session_id") == F.col("w")),
+            "left_semi",
+        )
+        .groupBy(F.col("node").alias("r_node"), F.col("session_id").alias("r_session"))
+        .agg(F.max("sequence").alias("received_top"))
+    )
     ends = ends.join(
         narrow(answered),
         (answered.r_node == ends.node) & (answered.r_session == ends.session_id),
