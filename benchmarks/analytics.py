@@ -324,13 +324,8 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                                        AND i.message_id = {initial})
                            AND NOT EXISTS (SELECT 1 FROM ids r WHERE r.node = e.node
                                            AND r.session_id = e.session_id AND r.sequence > 0)
-                           AND (NOT EXISTS (SELECT 1 FROM cp WHERE cp.node = e.node
-                                            AND cp.flow_id = {own})
-                                OR (EXISTS (SELECT 1 FROM ids r WHERE r.node = e.node
-                                            AND r.session_id = e.session_id)
-                                    AND NOT EXISTS (SELECT 1 FROM ({WAITS}) w
-                                                    WHERE w.node = e.node
-                                                    AND w.session_id = e.session_id))))
+                           AND NOT EXISTS (SELECT 1 FROM cp WHERE cp.node = e.node
+                                           AND cp.flow_id = {own}))
                   AND NOT (NOT {responder}
                            AND EXISTS (SELECT 1 FROM outb o WHERE o.node = e.node
                                        AND o.message_id = {initial}))

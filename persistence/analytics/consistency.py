@@ -60,6 +60,12 @@ UNCONFIRMED = "unconfirmed"
 opening message, but may have run since the send (no lease row, or one renewed since):
 the message waits in the transport or was lost there (``warn``)."""
 
+REFUSED_OR_LOST = "refused or lost"
+"""An initiator end whose opening message the counterparty consumed without holding a flow
+for it, while our flow, live, took one message in from it and no longer waits on the
+session: a refusal the flow caught and went on from, or a responder that answered once and
+lost its rows; the tables alone cannot tell (``warn``)."""
+
 
 def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
     """Cross-node session consistency: every session seen has its counterpart.
@@ -70,15 +76,16 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
 
     * a responder end ``X.r`` needs the initiating flow (``X`` without ``.sN``);
     * an initiator end ``X`` needs the responder flow (UUID5 of ``"<node>|X"``), unless the
-      peer consumed the initial message and our flow has ended or took the peer's answer in
-      and no longer waits on the session (the peer refused the session), or the initial
-      message still waits in our outbox (in flight).
+      peer consumed the initial message, our node took in at most one message on the end
+      and our flow has ended (the peer refused the session), or the initial message still
+      waits in our outbox (in flight).
 
     Ends whose earliest evidence is newer than ``grace_ms`` before ``as_of`` are not judged
     (messages may be in the transport). An end without its counterpart is an orphan when the
     counterparty had the opening message in hand: a responder end, or an initiator end whose
-    opening message the counterparty consumed (unless it refused the session: our flow
-    ended, or took the refusal in and no longer waits on the session). An initiator end
+    opening message the counterparty consumed (unless it refused the session and our flow
+    ended; while our flow lives on, having taken one message in, and no longer waits on the
+    session, ``refused or lost``: a warning). An initiator end
     whose counterparty's lease (``node_workers``) was last renewed before it, and which
     recorded nothing from us since, is ``not delivered yet``; otherwise ``unconfirmed`` (it
     may have run since: running is not receiving, a node catching up on a backlog runs).
@@ -99,7 +106,8 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
         ),
     )
     found_orphans = counts.get(ORPHAN, 0)
-    waiting = counts.get(NOT_DELIVERED, 0) + counts.get(UNCONFIRMED, 0)
+    waiting = sum(counts.get(outcome, 0) for outcome in (NOT_DELIVERED, UNCONFIRMED))
+    waiting += counts.get(REFUSED_OR_LOST, 0)
     detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
     if found_orphans:
         verdict = Verdict(
@@ -111,8 +119,8 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     elif waiting:
         verdict = Verdict(
             WARN,
-            f"{waiting} session end{'s' if waiting != 1 else ''} whose opening message the "
-            f"counterparty has not consumed yet ({detail})",
+            f"{waiting} session end{'s' if waiting != 1 else ''} without a counterpart "
+            f"the tables cannot call lost ({detail})",
             waiting,
         )
     else:
@@ -237,20 +245,20 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     since, grace = F.col("since_ms"), settings.grace_ms
     heard_since = F.coalesce(F.col("last_from_us_ms") > since, F.lit(False))
     # the counterparty refused the session (it consumed our opening message, has no flow
-    # for it and answered so, with one message): our flow ended, or took the answer in and
-    # went on without the session (it caught the refusal: it no longer waits on it). More
-    # than one message taken in from it: its responder ran, and is gone
+    # for it and answered so, with one message) and our flow ended. More than one message
+    # taken in from it: its responder ran, and is gone
     evidence = F.col("evidence")
     handled = F.array_contains(evidence, "received") & ~F.array_contains(evidence, "waiting")
-    refused = (
-        F.col("initial_consumed").isNotNull()
-        & (F.coalesce(F.col("received_top"), F.lit(0)) == 0)
-        & (F.col("own_live").isNull() | handled)
+    answered_once = F.col("initial_consumed").isNotNull() & (
+        F.coalesce(F.col("received_top"), F.lit(0)) == 0
     )
     outcome = (
-        F.when(initiator & refused, "ok (refused)")
+        F.when(initiator & answered_once & F.col("own_live").isNull(), "ok (refused)")
         .when(initiator & F.col("initial_queued").isNotNull(), "in flight")
         .when(since > as_of - grace, "too recent")
+        # a live flow that took one message in and went on: a refusal it caught, or a
+        # responder that answered once and whose rows were lost (only the blob tells)
+        .when(initiator & answered_once & handled, REFUSED_OR_LOST)
         # the counterparty had the opening message in hand: a responder end (the initiator
         # had to run to open it), or an initiator end whose opening message it consumed
         .when(~initiator | F.col("initial_consumed").isNotNull(), ORPHAN)
@@ -287,6 +295,17 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
             ),
         )
         .when(
+            F.col("outcome") == REFUSED_OR_LOST,
+            F.concat(
+                F.col("counterparty"),
+                F.lit(" consumed the opening message and holds no flow "),
+                F.col("counterpart_flow_id"),
+                F.lit("; our flow took one message in from it and went on: a refusal it "),
+                F.lit("caught, or a responder that answered once and lost its rows (the "),
+                F.lit("initiator's checkpoint blob tells)"),
+            ),
+        )
+        .when(
             (F.col("last_alive_ms") > since) | heard_since,
             F.concat(
                 F.lit("not consumed by "),
@@ -320,7 +339,8 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
             )
         )
     )
-    orphans = ends.where(F.col("outcome").isin(ORPHAN, NOT_DELIVERED, UNCONFIRMED)).select(
+    listed = (ORPHAN, NOT_DELIVERED, UNCONFIRMED, REFUSED_OR_LOST)
+    orphans = ends.where(F.col("outcome").isin(*listed)).select(
         "node",
         "session_id",
         "outcome",
