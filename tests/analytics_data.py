@@ -198,7 +198,8 @@ def _consumed_sessions(path: Path, flow_id: str) -> set[str]:
     return {session for session in sessions if first_session_of(flow_id, session)}
 
 
-def _copy_database(source: Path, target: Path) -> None:
+def copy_database(source: Path, target: Path) -> None:
+    """A consistent copy of a live SQLite node database (SQLite's backup API, as analyze)."""
     live, copy = sqlite3.connect(source), sqlite3.connect(target)
     try:
         live.backup(copy)
@@ -239,7 +240,7 @@ def build_clean_network(directory: Path) -> NetworkData:
         for mock in network.nodes:
             source = Path(mock.config.database_url.removeprefix("sqlite:///"))
             databases[mock.name] = copies / source.name
-            _copy_database(source, databases[mock.name])
+            copy_database(source, databases[mock.name])
     finally:
         network.stop_nodes()
     finished, live, waiting = {}, {}, {}

@@ -48,6 +48,7 @@ from tests.analytics_data import (
     NetworkData,
     RefusalCaughtFlow,
     build_clean_network,
+    copy_database,
     inject_blob_without_checkpoint,
     inject_checkpoint_without_blob,
     inject_finished_and_live,
@@ -543,12 +544,7 @@ def test_a_refusal_the_initiating_flow_caught_is_a_warning_not_an_orphan(
         for mock in network.nodes:
             source = Path(mock.config.database_url.removeprefix("sqlite:///"))
             copy = tmp_path / source.name
-            backup, live = sqlite3.connect(copy), sqlite3.connect(source)
-            try:
-                live.backup(backup)
-            finally:
-                live.close()
-                backup.close()
+            copy_database(source, copy)
             sources.append(parse_node_argument(f"{mock.name}=sqlite:///{copy}"))
     settings = CheckSettings(as_of_ms=now_ms + 10 * MINUTE_MS, grace_ms=30_000)
     with load_nodes(spark, sources) as snapshot:
