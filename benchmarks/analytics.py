@@ -436,13 +436,22 @@ def sql_checks(names: list[str]) -> dict[str, Callable[[sqlite3.Connection], int
                 ends AS (
                   SELECT node, session_id, counterparty FROM ({WAITS})
                   UNION SELECT node, session_id, sender FROM ids
-                  UNION SELECT node, {session}, target FROM outb)
-                SELECT g.* FROM g
-                WHERE EXISTS (SELECT 1 FROM ends e WHERE e.node = g.sender
-                              AND e.session_id = {peer} AND e.counterparty != g.node)
-                   OR (NOT EXISTS (SELECT 1 FROM known k WHERE k.node = g.node
-                                   AND k.flow_id = {owner})
-                       AND NOT ({responder} AND g.last = 0))""",
+                  UNION SELECT node, {session}, target FROM outb),
+                o AS (
+                  SELECT g.*, {responder} AS responder,
+                    EXISTS (SELECT 1 FROM ends e WHERE e.node = g.sender
+                            AND e.session_id = {peer} AND e.counterparty != g.node) AS ev,
+                    EXISTS (SELECT 1 FROM known k WHERE k.node = g.node
+                            AND k.flow_id = {owner}) AS own
+                  FROM g),
+                s AS (
+                  SELECT session_id, sender, count(*) AS n, sum(own) AS owners, max(ev) AS anyev
+                  FROM o WHERE responder GROUP BY 1, 2 HAVING count(*) > 1)
+                SELECT o.* FROM o LEFT JOIN s USING (session_id, sender)
+                WHERE o.ev
+                   OR (NOT o.own AND NOT (o.responder AND o.last = 0))
+                   OR (o.responder AND s.n IS NOT NULL AND NOT s.anyev
+                       AND NOT (o.own AND s.owners = 1))""",
         )
 
     return {

@@ -534,6 +534,33 @@ def inject_misdirected_responder_end(execute: Execute) -> Expected:
     return Expected("session_ownership", CHARLIE, flow, "misdirected")
 
 
+def unanswered_session(execute: Execute) -> tuple[str, str]:
+    """(Alice's failed UnansweredFlow, its session as Bob recorded it, without ``.r``)."""
+    (row,) = execute(
+        ALICE,
+        "SELECT flow_id FROM {t}node_flow_exceptions WHERE flow_class LIKE :c",
+        {"c": "%.UnansweredFlow"},
+    )
+    flow = str(row[0])
+    (session,) = {
+        str(r[0])[: -len(".r")]
+        for r in execute(BOB, "SELECT session_id FROM {t}node_message_ids", {})
+        if first_session_of(flow, str(r[0])[: -len(".r")])
+    }
+    return flow, session
+
+
+def inject_opening_recorded_twice(execute: Execute, refused: bool) -> str:
+    """Charlie records, besides Bob, the opening message of a session Alice opened to Bob.
+
+    The echo session (Bob holds its responder flow) or, with ``refused``, the session of
+    UnansweredFlow (which Bob refused: neither holds a flow). Returns the session id.
+    """
+    _, session = unanswered_session(execute) if refused else _echo_session(execute)
+    _copy_record(execute, BOB, CHARLIE, f"{session}.r", 0)
+    return session
+
+
 def inject_misdirected_initiator_end(execute: Execute) -> Expected:
     """Charlie records Bob's first echo to Alice: an initiator end tagged with Alice's tag."""
     echo, session = _echo_session(execute)

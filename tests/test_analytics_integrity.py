@@ -36,6 +36,7 @@ from persistence.analytics.exactly_once import GAPS_LISTED
 from persistence.analytics.sources import NodeSource
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
+from statemachine import session_ids
 from tests.analytics_data import (
     ALICE,
     BOB,
@@ -54,6 +55,7 @@ from tests.analytics_data import (
     inject_finished_and_live,
     inject_misdirected_initiator_end,
     inject_misdirected_responder_end,
+    inject_opening_recorded_twice,
     inject_unowned_initiator_end,
     inject_unowned_responder_end,
     sqlite_execute,
@@ -149,6 +151,47 @@ def test_each_injected_inconsistency_is_found_alone_on_sqlite(
     }
     if expected.check == "node_integrity":
         assert row["flow_class"] == classes[case]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("refused", "analyzed", "expected"),
+    [
+        # Bob holds the echo responder: Charlie took what was meant for him
+        (False, (BOB, CHARLIE), {CHARLIE: ("misdirected", BOB)}),
+        # Bob refused: neither holds a flow, and without Alice nothing says which was meant
+        (True, (BOB, CHARLIE), {BOB: ("contested", CHARLIE), CHARLIE: ("contested", BOB)}),
+        # Alice's tables name Bob (she consumed his rejection): Charlie alone is wrong
+        (True, (ALICE, BOB, CHARLIE), {CHARLIE: ("misdirected", BOB)}),
+    ],
+    ids=["held-by-bob", "refused-sender-not-analyzed", "refused-sender-names-bob"],
+)
+def test_an_opening_message_consumed_by_two_nodes_is_a_finding_without_the_senders_tables(
+    spark: Any,
+    clean: NetworkData,
+    tmp_path: Path,
+    refused: bool,
+    analyzed: tuple[str, ...],
+    expected: dict[str, tuple[str, str]],
+) -> None:
+    """A session has one responder: two nodes recording its opening message is a broken
+    promise even when the sender is down (its tables not analyzed) and the wrong node's
+    record looks like a refusal."""
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "copy")
+    session = inject_opening_recorded_twice(sqlite_execute(data), refused)
+    sources = [parse_node_argument(s) for s in data.sources(analyzed)]
+    found, details = findings(spark, sources, data.now_ms)
+    flow = session_ids.responder_flow_id(ALICE, session)
+    assert found == {
+        ("session_ownership", node, flow, kind) for node, (kind, _) in expected.items()
+    }
+    rows = details["session_ownership"]["rows"]
+    assert {r["node"]: (r["kind"], r["target"]) for r in rows} == expected
+    assert all(r["session_id"] == f"{session}.r" and r["sender"] == ALICE for r in rows)
+    assert details["session_ownership"]["status"] == "fail"
+    if refused and ALICE not in analyzed:
+        assert "at most one of them was its target" in rows[0]["reason"]
 
 
 @pytest.mark.spark

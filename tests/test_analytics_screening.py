@@ -49,6 +49,7 @@ from statemachine.session_ids import identity_tag, responder_flow_id
 from tests.analytics_data import (
     ALICE,
     BOB,
+    CHARLIE,
     NAMES,
     Injected,
     NetworkData,
@@ -57,6 +58,7 @@ from tests.analytics_data import (
     corrupt,
     inject_misdirected_initiator_end,
     inject_misdirected_responder_end,
+    inject_opening_recorded_twice,
     inject_reused_id,
     inject_unowned_initiator_end,
     inject_unowned_responder_end,
@@ -286,8 +288,13 @@ def judged_both_ways(snapshot: Any, settings: CheckSettings) -> dict[str, Any]:
     }
 
 
-def assert_screening_is_exact(spark: Any, data: NetworkData, names: tuple[str, ...]) -> int:
-    """The screened checks equal the full rules; returns the candidate conversations."""
+def assert_screening_is_exact(
+    spark: Any, data: NetworkData, names: tuple[str, ...], missing_flows: bool = False
+) -> int:
+    """The screened checks equal the full rules; returns the candidate conversations.
+
+    ``missing_flows``: the data lost a flow other rows need, which the screening must see.
+    """
     require_jdbc()
     settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
     sources = [parse_node_argument(s) for s in data.sources(names)]
@@ -296,7 +303,7 @@ def assert_screening_is_exact(spark: Any, data: NetworkData, names: tuple[str, .
         for check, (screened, full) in both.items():
             assert screened == full, check
         found = screen(snapshot, settings)
-        if names != NAMES:  # the corrupted network: a deleted flow others need
+        if missing_flows:
             assert found.missing_flows >= 1
         restricted = candidate_snapshot(snapshot, settings)
         assert restricted.parent is snapshot and restricted.whole is snapshot
@@ -319,7 +326,7 @@ def test_the_screening_of_the_corrupted_network_is_exact(
     if joined:
         monkeypatch.setattr(screening, "MISSING_IN_DRIVER", 0)
     data, injected = broken
-    assert assert_screening_is_exact(spark, data, injected.nodes) >= 4
+    assert assert_screening_is_exact(spark, data, injected.nodes, missing_flows=True) >= 4
 
 
 @pytest.mark.spark
@@ -338,6 +345,17 @@ def test_the_screening_is_exact_for_each_ownership_injection(
     data = clean.copy_to(tmp_path)
     inject(sqlite_execute(data))
     assert_screening_is_exact(spark, data, NAMES)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("refused", [False, True], ids=["held", "refused"])
+def test_the_screening_is_exact_for_an_opening_message_consumed_by_two_nodes(
+    spark: Any, clean: NetworkData, tmp_path: Any, refused: bool
+) -> None:
+    """The sender not analyzed: only the two consuming nodes tell the session apart."""
+    data = clean.copy_to(tmp_path)
+    inject_opening_recorded_twice(sqlite_execute(data), refused)
+    assert_screening_is_exact(spark, data, (BOB, CHARLIE))
 
 
 @pytest.mark.spark

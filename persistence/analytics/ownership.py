@@ -25,6 +25,13 @@ a message of it, or queues one for it: :func:`~persistence.analytics.evidence.se
 with another counterparty, or the consumed end is an initiator end whose session id carries
 the identity tag of another node (a node only opens sessions tagged with its own name's
 tag; judged only for nodes whose name is known, not a URL standing in for it).
+
+A session has one responder, so a responder end (its session and sender) consumed on two or
+more nodes is judged too, where no evidence above already names the wrong ones: a node that
+holds no flow for the end while another does is ``misdirected`` (the holder was the target);
+when none of them holds the responder flow (each looks like a refusal), or more than one
+does, each is ``contested``: at most one of them was the target, and the tables do not say
+which.
 """
 
 from __future__ import annotations
@@ -62,6 +69,10 @@ UNOWNED = "unowned"
 """Messages consumed in a session end the node holds no flow for."""
 MISDIRECTED = "misdirected"
 """Messages consumed by a node that evidence shows was not their target."""
+CONTESTED = "contested"
+"""Messages of one responder end consumed by two or more nodes, none of them (or more than
+one) holding its responder flow and no evidence naming the wrong ones: at most one of them
+was the target."""
 BROADCAST_ROWS = 200_000
 """Up to this many consumed session ends with evidence of another target, they are joined
 to the others through a broadcast (no shuffle); more use a plain join."""
@@ -78,12 +89,14 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
     """Session ownership: every consumed message's session end has its flow on that node.
 
     One row per (node, session end, sender) with a finding: ``kind`` ``misdirected`` (the
-    sender's tables or the session's tag name another target, listed in ``target``) or
+    sender's tables, the session's tag or the node holding the responder flow name another
+    target, listed in ``target``), ``contested`` (a responder end consumed on several nodes,
+    none or more than one of them holding its flow: the others in ``target``) or
     ``unowned`` (no flow for the end, live or finished, and not a refused session), the
     flow that should hold the end (``flow_id``), how many messages were consumed and their
     sequence numbers, and a one-line ``reason``. ``extras["summary"]`` counts the consumed
-    session ends by outcome (``owned``, ``refused``, ``unowned``, ``misdirected``). ``fail``
-    when any finding.
+    session ends by outcome (``owned``, ``refused``, ``unowned``, ``misdirected``,
+    ``contested``). ``fail`` when any finding.
     """
     settings = settings or CheckSettings()
     found = screen(snapshot, settings)
@@ -96,7 +109,7 @@ def session_ownership(snapshot: Snapshot, settings: CheckSettings | None = None)
             snapshot, (("outcome", "string"), ("session_ends", "bigint")), sorted(counts.items())
         ),
     )
-    unowned = counts.get(UNOWNED, 0) + counts.get(MISDIRECTED, 0)
+    unowned = sum(counts.get(kind, 0) for kind in (UNOWNED, MISDIRECTED, CONTESTED))
     detail = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
     if unowned:
         verdict = Verdict(
@@ -124,6 +137,7 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
     ``snapshot`` is the candidates' (:mod:`persistence.analytics.candidates`); the counts are
     of consumed session ends by outcome.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     consumed = (
@@ -182,6 +196,22 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
     consumed = consumed.withColumn(
         "targets", F.coalesce(F.col("m_targets"), F.array().cast("array<string>"))
     ).drop("m_node", "m_session", "m_sender", "m_targets")
+    # a responder end has one responder: the same end (session and sender) consumed on two or
+    # more nodes, where the sender's evidence names none of them as wrong, is judged by who
+    # holds the responder flow: the others took what was meant for its holder, and when no
+    # node or more than one holds it, the end is contested (at most one was its target)
+    end = Window.partitionBy("session_id", "sender")
+    owns = F.col("owner_status").isNotNull()
+    consumed = (
+        consumed.withColumn("g_consumers", F.collect_set("node").over(end))
+        .withColumn("g_owners", F.collect_set(F.when(owns, F.col("node"))).over(end))
+        .withColumn("g_evidence", F.max(F.size("targets")).over(end))
+    )
+    others = F.array_remove(F.col("g_consumers"), F.col("node"))
+    other_owners = F.array_remove(F.col("g_owners"), F.col("node"))
+    shared = (F.col("role") == "responder") & (F.size(others) > 0) & (F.col("g_evidence") == 0)
+    taken = shared & ~owns & (F.size(other_owners) > 0)
+    contested = shared & ~taken & (~owns | (F.size(other_owners) > 0))
     # a named node's initiator ends carry its own tag: another analyzed node's tag names it
     named = [n.name for n in snapshot.nodes if n.named_by != "unknown"]
     tags = {identity_tag(name): name for name in snapshot.node_names}
@@ -197,45 +227,73 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
         & (tag != "")
         & (tag != F.substring(F.sha2(F.col("node"), 256), 1, TAG_LENGTH))
     )
-    target = F.when(
-        wrong_tag,
-        F.array_distinct(
-            F.concat(
-                F.array(F.coalesce(tag_target, F.concat(F.lit("the node tagged "), tag))),
-                F.col("targets"),
-            )
-        ),
-    ).otherwise(F.col("targets"))
-    consumed = consumed.withColumn("target", F.array_join(target, ", "))
+    target = (
+        F.when(
+            wrong_tag,
+            F.array_distinct(
+                F.concat(
+                    F.array(F.coalesce(tag_target, F.concat(F.lit("the node tagged "), tag))),
+                    F.col("targets"),
+                )
+            ),
+        )
+        .when(taken, other_owners)
+        .when(contested & owns, other_owners)
+        .when(contested, others)
+    )
+    target = target.otherwise(F.col("targets"))
+    consumed = consumed.withColumn("target", F.array_join(target, ", ")).withColumn(
+        "contested", contested
+    )
     outcome = (
-        F.when(F.col("target") != "", MISDIRECTED)
+        F.when(F.col("contested"), CONTESTED)
+        .when(F.col("target") != "", MISDIRECTED)
         .when(F.col("owner_status").isNotNull(), "owned")
         .when((F.col("role") == "responder") & (F.col("last_sequence") == 0), "refused")
         .otherwise(UNOWNED)
     )
     consumed = consumed.withColumn("outcome", outcome)
     which = F.when(F.col("role") == "responder", "responder").otherwise("initiating")
-    reason = F.when(
-        F.col("outcome") == MISDIRECTED,
-        F.concat(
-            F.lit("consumed "),
-            F.col("messages").cast("string"),
-            F.lit(" message(s) of "),
-            F.col("sender"),
-            F.lit("'s session meant for "),
-            F.col("target"),
-        ),
-    ).otherwise(
-        F.concat(
-            F.lit("consumed "),
-            F.col("messages").cast("string"),
-            F.lit(" message(s) from "),
-            F.col("sender"),
-            F.lit(" but holds no "),
-            which,
-            F.lit(" flow "),
-            F.col("flow_id"),
-            F.lit(" (live or finished)"),
+    reason = (
+        F.when(
+            F.col("outcome") == CONTESTED,
+            F.concat(
+                F.lit("consumed "),
+                F.col("messages").cast("string"),
+                F.lit(" message(s) of "),
+                F.col("sender"),
+                F.lit("'s session, "),
+                F.when(
+                    F.col("owner_status").isNotNull(), F.lit("holding its responder flow, ")
+                ).otherwise(F.lit("holding no flow for it, ")),
+                F.lit("as did "),
+                F.col("target"),
+                F.lit(": a session has one responder, so at most one of them was its target"),
+            ),
+        )
+        .when(
+            F.col("outcome") == MISDIRECTED,
+            F.concat(
+                F.lit("consumed "),
+                F.col("messages").cast("string"),
+                F.lit(" message(s) of "),
+                F.col("sender"),
+                F.lit("'s session meant for "),
+                F.col("target"),
+            ),
+        )
+        .otherwise(
+            F.concat(
+                F.lit("consumed "),
+                F.col("messages").cast("string"),
+                F.lit(" message(s) from "),
+                F.col("sender"),
+                F.lit(" but holds no "),
+                which,
+                F.lit(" flow "),
+                F.col("flow_id"),
+                F.lit(" (live or finished)"),
+            )
         )
     )
     columns: list[Column | str] = [
@@ -253,7 +311,7 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
         reason.alias("reason"),
     ]
     # cached narrow: every end's outcome, and the finding's columns only where it is one
-    is_finding = F.col("outcome").isin(UNOWNED, MISDIRECTED)
+    is_finding = F.col("outcome").isin(UNOWNED, MISDIRECTED, CONTESTED)
     judged = keep(
         snapshot,
         consumed.select("outcome", F.when(is_finding, F.struct(*columns)).alias("finding")),
