@@ -4,6 +4,9 @@
 of that conversation, by its own count), then, a minute later, asks the same peer again on a
 second session, takes the answer and sleeps for a day: its checkpoint, which holds both
 sessions, stays in the database while the responder of the first conversation has finished.
+
+:class:`NappingFlow` leaves a confirmed session in a live checkpoint that waits only on
+time.
 """
 
 from __future__ import annotations
@@ -51,3 +54,39 @@ class ClosingResponder(FlowLogic[str]):
         except UnexpectedFlowEndException:  # the initiator's end, taken in
             return f"{first} {second}"
         raise AssertionError("the initiator sends nothing after two")
+
+
+@initiating_flow
+class NappingFlow(FlowLogic[str]):
+    """Says hello, naps a second, then sleeps for a day without waiting on the session.
+
+    The responder's confirmation arrives during the nap and is taken in (in memory: a
+    sleeping flow commits nothing); the flow's next suspension, the day's sleep, commits it
+    with its dedup id. So the checkpoint holds a confirmed session and its node one record of
+    it, message 0, while the flow waits on nothing but time: what a refusal it caught would
+    leave in the tables, but a confirmation in the blob.
+    """
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        session.send("hello")
+        self.sleep(1)
+        self.sleep(DAY)
+        return session.send_and_receive(str, "goodbye").unwrap(lambda m: m)
+
+
+@initiated_by(NappingFlow)
+class NappingResponder(FlowLogic[str]):
+    """Waits for the hello and then for the goodbye (a day later), and answers."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        hello = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        goodbye = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        self.session.send("see you")
+        return f"{hello} {goodbye}"

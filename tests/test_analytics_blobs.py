@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ import attrs
 import pytest
 from sqlalchemy import create_engine, text
 
+from flows import Party
 from flows.cli import main as cli_main
 from flows.testing import MockNetwork
-from persistence.analytics import load_nodes, parse_node_argument
+from persistence.analytics import load_nodes, parse_node_argument, session_consistency
 from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.checking import CheckResult, CheckSettings
 from persistence.analytics.command import add_analyze_arguments, run_analyze
@@ -41,7 +43,7 @@ from persistence.checkpoint_trust import CheckpointSeal
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
 from statemachine.values import replace
-from tests.analytics_blob_flows import ClosingFlow
+from tests.analytics_blob_flows import ClosingFlow, NappingFlow
 from tests.analytics_data import (
     ALICE,
     BOB,
@@ -50,7 +52,9 @@ from tests.analytics_data import (
     NAMES,
     LingeringFlow,
     NetworkData,
+    RefusalCaughtFlow,
     build_clean_network,
+    copy_database,
     write_key_file,
 )
 from tests.conftest import POSTGRES_URL, database_for
@@ -133,8 +137,9 @@ def blob_check(
         result = checkpoint_blobs(snapshot, settings or settings_for(data))
         found = [row.asDict() for row in result.frame.collect()]
         if "sessions" in result.extras:  # collected while the snapshot is open
-            sessions = result.extras["sessions"].collect()
-            result.extras["sessions"] = snapshot.spark.createDataFrame(sessions)
+            frame = result.extras["sessions"]
+            sessions = frame.collect()
+            result.extras["sessions"] = snapshot.spark.createDataFrame(sessions, frame.schema)
     return result, found
 
 
@@ -322,6 +327,99 @@ def test_a_message_recorded_past_what_the_sender_sent_is_consumed_unsent(
     # responder's checkpoint is behind a dedup id on its session (he would refuse it as stale)
     _, found = blob_check(spark, data, keyed=(BOB, CHARLIE))
     assert where(found) == [(BOB, "stale_checkpoint", responder, f"{session}.r", 1)]
+
+
+def two_node_network(directory: Path, flow: Callable[[Party], Any]) -> tuple[NetworkData, str]:
+    """Alice runs ``flow`` against Bob (with a nap's worth of clock between two runs); the
+    copied databases and keys, and Alice's flow id (still live)."""
+    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
+    with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
+        handle = alice.start_flow(flow(bob.party))
+        network.run_network(advance_clock=False)
+        network.clock.advance(2)
+        network.run_network(advance_clock=False)
+        assert not handle.done()
+        now_ms = round(network.clock.now() * 1000)
+        databases = {}
+        for mock in network.nodes:
+            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
+            databases[mock.name] = directory / source.name
+            copy_database(source, databases[mock.name])
+    data = NetworkData(
+        directory=directory,
+        databases=databases,
+        now_ms=now_ms,
+        finished={},
+        live={},
+        lingering=[],
+        echo_session="",
+        hospitalized="",
+        paused=(BOB, ""),
+        keys=keys,
+    )
+    return data, handle.flow_id
+
+
+def consistency_rows(spark: Any, data: NetworkData) -> list[tuple[str, str, str]]:
+    """(node, session, outcome) of session consistency's listed ends."""
+    sources = [parse_node_argument(s) for s in data.sources((ALICE, BOB))]
+    with load_nodes(spark, sources) as snapshot:
+        frame = session_consistency(snapshot, settings_for(data)).frame
+        return [(r["node"], r["session_id"], r["outcome"]) for r in frame.collect()]
+
+
+@pytest.mark.spark
+def test_a_responder_lost_after_it_confirmed_is_found_from_the_initiators_blob(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Bob's waiting responder loses its checkpoint row and blob while Alice's flow, which
+    took in his confirmation, sleeps without waiting on the session.
+
+    From the tables it looks the same as a refusal Alice caught (session consistency's
+    ``refused or lost``, a warning); Alice's blob says Bob's responder had confirmed the
+    session, so with her key it is a finding, and without it none.
+    """
+    require_jdbc()
+    data, initiator = two_node_network(tmp_path / "napping", NappingFlow)
+    result, found = blob_check(spark, data, keyed=(ALICE, BOB), names=(ALICE, BOB))
+    assert found == [] and result.verdict.status == "ok", result.verdict
+    assert consistency_rows(spark, data) == []
+    with sqlite3.connect(data.databases[BOB]) as connection:
+        ((responder, session),) = connection.execute(
+            "SELECT flow_id, json_extract(waiting_for, '$[0].session') FROM node_checkpoints"
+        ).fetchall()
+        for table in ("node_checkpoints", "node_checkpoint_blobs"):
+            connection.execute(f"DELETE FROM {table} WHERE flow_id = ?", (responder,))
+    connection.close()
+    session = session.removesuffix(".r")
+    result, found = blob_check(spark, data, keyed=(ALICE, BOB), names=(ALICE, BOB))
+    assert where(found) == [(ALICE, "responder_lost", initiator, session, 0)]
+    assert found[0]["counterparty"] == BOB
+    assert f"(its responder {responder} had started)" in found[0]["detail"]
+    assert result.verdict.status == "fail"
+    assert "1 responder_lost" in result.verdict.summary
+    assert consistency_rows(spark, data) == [(ALICE, session, "refused or lost")]
+    _, found = blob_check(spark, data, keyed=(BOB,), names=(ALICE, BOB))
+    # without Alice's key her blob is not opened; Bob, keyed, has no live checkpoint left
+    # (no blob to open is no finding, and no crash)
+    assert found == []
+
+
+@pytest.mark.spark
+def test_a_refusal_the_initiator_caught_is_no_responder_lost(spark: Any, tmp_path: Path) -> None:
+    """Bob has no responder: Alice's flow catches the refusal and sleeps; her blob says the
+    session was never confirmed, so the blob check finds nothing where the tables alone say
+    ``refused or lost``."""
+    require_jdbc()
+    data, _ = two_node_network(tmp_path / "refusal", RefusalCaughtFlow)
+    result, found = blob_check(spark, data, keyed=(ALICE, BOB), names=(ALICE, BOB))
+    assert found == []
+    assert result.verdict.status == "ok", result.verdict
+    sessions = {r["node"]: r["sessions"] for r in result.extras["sessions"].collect()}
+    assert sessions == {ALICE: 1}  # the refused session is in her blob, unconfirmed
+    assert [outcome for *_, outcome in consistency_rows(spark, data)] == ["refused or lost"]
 
 
 @pytest.mark.spark

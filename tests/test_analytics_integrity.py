@@ -599,4 +599,5 @@ def test_a_refusal_the_initiating_flow_caught_is_a_warning_not_an_orphan(
     assert result.verdict.status == "warn", result.verdict.summary
     assert summary == {"refused or lost": 1, "ok": 1}  # Bob's end: her flow is known
     assert (row["node"], row["outcome"], row["counterparty"]) == (ALICE, "refused or lost", BOB)
-    assert "a refusal it caught, or a responder that answered once" in row["problem"]
+    assert "a refusal it caught, or a responder that confirmed" in row["problem"]
+    assert "checkpoint_blobs tells: responder_lost" in row["problem"]

@@ -11,9 +11,11 @@ it, and keeps only small facts, per blob and per session:
   (``mac_mismatch``, ``stale_checkpoint``, ``undecodable_checkpoint``,
   ``foreign_checkpoint``), with the reason :class:`CheckpointSeal` gives;
 * ``sessions``: ``(node, flow_id, session_id, peer_session_id, counterparty,
-  initiated_by_us, sent, received, early, closed_by_us, peer_finished)``, one row per session
-  of every trusted checkpoint: how many messages the flow sent on it (``next_send_sequence``)
-  and took in (``next_receive_sequence``, plus the ``early`` ones taken in out of order).
+  initiated_by_us, sent, received, early, closed_by_us, peer_finished, confirmed)``, one row
+  per session of every trusted checkpoint: how many messages the flow sent on it
+  (``next_send_sequence``) and took in (``next_receive_sequence``, plus the ``early`` ones
+  taken in out of order), and whether the peer's responder confirmed it (``confirmed``: its
+  first message, which a responder sends as it starts and a refusal never is, taken in).
 
 Decoding is Python (msgpack and HMAC), so it runs in the driver, in batches of
 :data:`BATCH_ROWS` rows streamed from the snapshot connection; the key never leaves this
@@ -58,6 +60,7 @@ SESSION_COLUMNS = (
     ("early", "list<int64>"),
     ("closed_by_us", "bool"),
     ("peer_finished", "bool"),
+    ("confirmed", "bool"),
 )
 """The columns of the sessions frame and their Arrow types."""
 
@@ -111,6 +114,7 @@ def decode_rows(
             columns["early"].append([early.sequence for early in session.early])
             columns["closed_by_us"].append(session.closed_by_us)
             columns["peer_finished"].append(session.peer_finished())
+            columns["confirmed"].append(session.confirmed)
     return problems, columns
 
 
@@ -213,5 +217,9 @@ def _frame(spark: Any, table: pyarrow.Table) -> DataFrame:
     that reads the frame. The chunks are merged first, so the frame has one partition per
     ``maxRecordsPerBatch`` rows at most (a local relation below the threshold).
     """
-    frame: DataFrame = spark.createDataFrame(table.combine_chunks())
+    # no batch at all (a keyed node with no live checkpoint): a table of no chunks, which
+    # createDataFrame refuses ("cannot construct ChunkedArray from empty vector"); the
+    # schema's own empty table has one empty chunk per column
+    table = table.combine_chunks() if table.num_rows else table.schema.empty_table()
+    frame: DataFrame = spark.createDataFrame(table)
     return frame.cache()

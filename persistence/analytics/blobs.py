@@ -17,6 +17,12 @@ ids of every analyzed node. Findings, one row each, by ``kind``:
   id for it, above the last one it has. The dedup id is written in the transaction that
   takes the message in, so this is a broken promise: a redelivery of ``k`` would be taken
   in again. (A missing id *below* a recorded one is the audit's ``sequence_gap``.)
+* ``responder_lost``: a live initiating flow took in its peer's confirmation of a session
+  (the first message a responder sends as it starts; a refusal is never one), more than
+  ``grace_ms`` ago by its own dedup id, and the peer, analyzed, holds no responder flow for
+  the session, live or finished: the responder's rows were lost. From the tables alone a
+  flow that took one message in and went on looks the same as one that caught a refusal
+  (session consistency's ``refused or lost``); the blob tells them apart.
 
 Without a key for a node, its blobs are not read, and the verdict says "not checked: no key".
 """
@@ -39,7 +45,13 @@ from persistence.analytics.checking import (
     keep,
     keep_in_order,
 )
-from persistence.analytics.session_columns import counterpart_flow, message_session, peer_session
+from persistence.analytics.evidence import known_flows
+from persistence.analytics.session_columns import (
+    counterpart_flow,
+    message_session,
+    peer_session,
+    responder_flow_id,
+)
 from persistence.analytics.session_flows import MAX_SEQUENCE
 
 if TYPE_CHECKING:
@@ -66,8 +78,9 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
     them: a blob whose MAC fails or that is stale or undecodable, a message recorded as
     consumed past what its sender's live checkpoint says it sent (consumed_unsent), and a
     message taken in, by the receiver's checkpoint or by the sender's count in a finished
-    conversation, with no dedup id (missing_last_dedup_id) are findings. A node without a
-    key is not checked.
+    conversation, with no dedup id (missing_last_dedup_id), and a session a live initiator
+    saw confirmed whose analyzed peer holds no responder flow (responder_lost) are findings.
+    A node without a key is not checked.
     """
     from pyspark.sql import functions as F
 
@@ -109,6 +122,7 @@ def checkpoint_blobs(snapshot: Snapshot, settings: CheckSettings | None = None) 
         .unionByName(_behind_dedup_ids(snapshot, facts.sessions, unsent))
         .unionByName(_missing_last(snapshot, facts.sessions))
         .unionByName(_missing_last_by_sender(snapshot, facts.sessions, settings))
+        .unionByName(_responder_lost(snapshot, facts.sessions, settings))
     )
     frame = keep_in_order(snapshot, frame, "kind", "node", "flow_id", "session_id", "sequence")
     counts, first = count_with_first_rows(frame, "kind", settings.report_rows)
@@ -223,6 +237,57 @@ def _behind_dedup_ids(snapshot: Snapshot, sessions: DataFrame, unsent: DataFrame
             F.lit(" was consumed, but this checkpoint expects message "),
             F.col("received").cast("string"),
             F.lit(" next (an older blob and row put back)"),
+        ).alias("detail"),
+    )
+
+
+def _responder_lost(snapshot: Snapshot, sessions: DataFrame, settings: CheckSettings) -> DataFrame:
+    """Sessions a live initiator saw confirmed whose analyzed peer holds no responder flow."""
+    from pyspark.sql import functions as F
+
+    judged_before = as_of_ms(snapshot, settings) - settings.grace_ms
+    confirmed = sessions.where(
+        F.col("initiated_by_us")
+        & F.col("confirmed")
+        & F.col("counterparty").isin(*snapshot.node_names)
+    ).withColumn("responder", responder_flow_id(F.col("node"), F.col("session_id")))
+    # the confirmation's own dedup id (message 0 of our end), old enough that the peer's
+    # snapshot cannot predate the responder's first commit, which sent it
+    taken = snapshot.message_ids.where(
+        (F.col("sequence") == 0) & (F.col("inserted_at") <= judged_before)
+    ).select(
+        F.col("node").alias("t_node"),
+        F.col("session_id").alias("t_session"),
+        F.col("inserted_at").alias("confirmed_at"),
+    )
+    confirmed = confirmed.join(
+        taken, (taken.t_node == confirmed.node) & (taken.t_session == confirmed.session_id)
+    )
+    known = known_flows(snapshot).select(
+        F.col("node").alias("k_node"), F.col("flow_id").alias("k_flow")
+    )
+    lost = confirmed.join(
+        known,
+        (known.k_node == confirmed.counterparty) & (known.k_flow == confirmed.responder),
+        "left_anti",
+    )
+    return lost.select(
+        "node",
+        F.lit("responder_lost").alias("kind"),
+        "flow_id",
+        "session_id",
+        F.lit(0).cast("bigint").alias("sequence"),
+        "counterparty",
+        F.concat(
+            F.lit("the checkpoint took in "),
+            F.col("counterparty"),
+            F.lit("'s confirmation of the session at "),
+            F.date_format(F.timestamp_millis(F.col("confirmed_at")), "yyyy-MM-dd HH:mm:ss'Z'"),
+            F.lit(" (its responder "),
+            F.col("responder"),
+            F.lit(" had started), but "),
+            F.col("counterparty"),
+            F.lit(" holds no such flow, live or finished: its rows were lost"),
         ).alias("detail"),
     )
 

@@ -63,8 +63,9 @@ the message waits in the transport or was lost there (``warn``)."""
 REFUSED_OR_LOST = "refused or lost"
 """An initiator end whose opening message the counterparty consumed without holding a flow
 for it, while our flow, live, took one message in from it and no longer waits on the
-session: a refusal the flow caught and went on from, or a responder that answered once and
-lost its rows; the tables alone cannot tell (``warn``)."""
+session: a refusal the flow caught and went on from, or a responder that confirmed (its one
+message) and lost its rows; the tables alone cannot tell (``warn``). With the initiator's
+key, ``checkpoint_blobs`` can: a confirmed session is its ``responder_lost`` finding."""
 
 
 def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
@@ -301,8 +302,8 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
                 F.lit(" consumed the opening message and holds no flow "),
                 F.col("counterpart_flow_id"),
                 F.lit("; our flow took one message in from it and went on: a refusal it "),
-                F.lit("caught, or a responder that answered once and lost its rows (the "),
-                F.lit("initiator's checkpoint blob tells)"),
+                F.lit("caught, or a responder that confirmed and lost its rows (with our "),
+                F.lit("key, checkpoint_blobs tells: responder_lost)"),
             ),
         )
         .when(
