@@ -450,7 +450,7 @@ def _finished_flow(execute: Execute, node: str, flow_class: str) -> str:
     return str(found[0])
 
 
-def _echo_session(execute: Execute) -> tuple[str, str]:
+def echo_session_of(execute: Execute) -> tuple[str, str]:
     """(Alice's echo flow, its session as Bob recorded it, without ``.r``)."""
     echo = _finished_flow(execute, ALICE, "EchoFlow")
     sessions = {
@@ -494,7 +494,7 @@ def inject_finished_and_live(execute: Execute, at_ms: int) -> Expected:
 
 def inject_unowned_responder_end(execute: Execute) -> Expected:
     """Bob's finished EchoResponder loses its result row; its consumed messages remain."""
-    _, session = _echo_session(execute)
+    _, session = echo_session_of(execute)
     responder = session_ids.responder_flow_id(ALICE, session)
     execute(BOB, "DELETE FROM {t}node_flow_results WHERE flow_id = :f", {"f": responder})
     return Expected("session_ownership", BOB, responder, "unowned")
@@ -502,7 +502,7 @@ def inject_unowned_responder_end(execute: Execute) -> Expected:
 
 def inject_unowned_initiator_end(execute: Execute) -> Expected:
     """Alice's finished EchoFlow loses its result row; the echoes it consumed remain."""
-    echo, _ = _echo_session(execute)
+    echo, _ = echo_session_of(execute)
     execute(ALICE, "DELETE FROM {t}node_flow_results WHERE flow_id = :f", {"f": echo})
     return Expected("session_ownership", ALICE, echo, "unowned")
 
@@ -528,7 +528,7 @@ def inject_misdirected_responder_end(execute: Execute) -> Expected:
     Only sequence 0, so without the sender's evidence it would pass as a session Charlie
     refused; Alice's tables show her end of it with counterparty Bob.
     """
-    _, session = _echo_session(execute)
+    _, session = echo_session_of(execute)
     _copy_record(execute, BOB, CHARLIE, f"{session}.r", 0)
     flow = session_ids.responder_flow_id(ALICE, session)
     return Expected("session_ownership", CHARLIE, flow, "misdirected")
@@ -556,14 +556,14 @@ def inject_opening_recorded_twice(execute: Execute, refused: bool) -> str:
     The echo session (Bob holds its responder flow) or, with ``refused``, the session of
     UnansweredFlow (which Bob refused: neither holds a flow). Returns the session id.
     """
-    _, session = unanswered_session(execute) if refused else _echo_session(execute)
+    _, session = unanswered_session(execute) if refused else echo_session_of(execute)
     _copy_record(execute, BOB, CHARLIE, f"{session}.r", 0)
     return session
 
 
 def inject_misdirected_initiator_end(execute: Execute) -> Expected:
     """Charlie records Bob's first echo to Alice: an initiator end tagged with Alice's tag."""
-    echo, session = _echo_session(execute)
+    echo, session = echo_session_of(execute)
     _copy_record(execute, ALICE, CHARLIE, session, 0)
     return Expected("session_ownership", CHARLIE, echo, "misdirected")
 
@@ -574,7 +574,7 @@ def inject_reused_id(data: NetworkData) -> tuple[str, str, str]:
 
     Returns (the node, the reused id, the echo session as its initiator named it).
     """
-    _, echo_session = _echo_session(sqlite_execute(data))
+    _, echo_session = echo_session_of(sqlite_execute(data))
     with sqlite3.connect(data.databases[BOB]) as bob:
         bob.execute("CREATE TABLE dedup_copy AS SELECT * FROM node_message_ids")
         bob.execute("DROP TABLE node_message_ids")

@@ -50,6 +50,7 @@ from tests.analytics_data import (
     RefusalCaughtFlow,
     build_clean_network,
     copy_database,
+    echo_session_of,
     inject_blob_without_checkpoint,
     inject_checkpoint_without_blob,
     inject_finished_and_live,
@@ -438,6 +439,42 @@ def test_an_old_outbox_row_is_a_warning_naming_when_its_sender_was_alive(
     bob.close()
     with load_nodes(spark, sqlite_sources(data)) as snapshot:
         assert exactly_once_audit(snapshot, settings).verdict.status == "fail"
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("end", ["initiator", "responder"])
+def test_an_outbox_row_written_after_its_flow_ended_is_a_finding(
+    spark: Any, clean: NetworkData, tmp_path: Path, end: str
+) -> None:
+    """A row in Alice's (or Bob's) outbox for the finished echo conversation, written half
+    an hour after the flow that owns its session ended: no flow wrote it (a flow's messages
+    are written in its own transactions, its last ones with its end)."""
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "copy")
+    echo, session = echo_session_of(sqlite_execute(data))
+    written_ms = data.now_ms + 30 * MINUTE_MS
+    sender, target, message, flow = (
+        (ALICE, BOB, f"N-{session}-9", echo)
+        if end == "initiator"
+        else (BOB, ALICE, f"N-{session}.r-9", session_ids.responder_flow_id(ALICE, session))
+    )
+    with sqlite3.connect(data.databases[sender]) as connection:
+        connection.execute(
+            "INSERT INTO node_outbox VALUES (?, ?, ?, ?)", (message, target, b"x", written_ms)
+        )
+    connection.close()
+    settings = CheckSettings(as_of_ms=data.now_ms + 60 * MINUTE_MS, grace_ms=30_000)
+    with load_nodes(spark, sqlite_sources(data)) as snapshot:
+        result = exactly_once_audit(snapshot, settings)
+        (row,) = [r.asDict() for r in result.frame.collect()]
+    assert result.verdict.status == "fail", result.verdict.summary
+    assert (row["kind"], row["node"], row["counterparty"], row["message_ids"]) == (
+        "written_after_end",
+        sender,
+        target,
+        message,
+    )
+    assert f"but its flow {flow} had ended at" in row["detail"]
 
 
 # --- a counterparty that is down: not delivered yet (warn) versus orphan (fail) ---------------

@@ -246,9 +246,13 @@ def _responder_lost(snapshot: Snapshot, sessions: DataFrame, settings: CheckSett
     from pyspark.sql import functions as F
 
     judged_before = as_of_ms(snapshot, settings) - settings.grace_ms
+    # the responder's id is made of the initiator's name: judged only for nodes whose name
+    # is known (not a URL standing in for it)
+    named = [node.name for node in snapshot.nodes if node.named_by != "unknown"]
     confirmed = sessions.where(
         F.col("initiated_by_us")
         & F.col("confirmed")
+        & F.col("node").isin(*named)
         & F.col("counterparty").isin(*snapshot.node_names)
     ).withColumn("responder", responder_flow_id(F.col("node"), F.col("session_id")))
     # the confirmation's own dedup id (message 0 of our end), old enough that the peer's

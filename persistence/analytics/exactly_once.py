@@ -31,9 +31,13 @@ from persistence.analytics.checking import (
 )
 from persistence.analytics.session_columns import (
     expected_message_id,
+    initiator_session,
+    is_responder,
     message_sequence,
     message_session,
     peer_session,
+    responder_flow_id,
+    session_flow,
 )
 
 GAPS_LISTED = 1_000
@@ -65,7 +69,10 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
     * ``bad_sequence``: a record numbered below 0;
     * ``undelivered``: an outbox message older than ``outbox_after_ms`` (the detail says
       whether the target already consumed it, i.e. only the row was left behind, and when
-      the sender was last alive).
+      the sender was last alive, and when its flow ended if it has);
+    * ``written_after_end``: such an outbox message written after its flow had ended (by
+      more than ``grace_ms``): a flow's messages are written in its own transactions, its
+      last ones with its end, so no flow of the node wrote it.
 
     ``fail`` when any but ``undelivered`` is found; ``warn`` when only ``undelivered`` is: the
     message waits in the sender's outbox, durable, which breaks no promise. Only the
@@ -237,31 +244,87 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int, grace_ms: int) -
             ).otherwise(F.lit("")),
         )
     )
+    # the flow that sent each old row (ours: the initiating flow its session names, or the
+    # responder the target started) and when it ended, if it has (few rows: old ones only)
+    session = message_session(F.col("message_id"))
+    old = old.withColumn(
+        "sending_flow",
+        F.when(
+            is_responder(session),
+            responder_flow_id(F.col("target"), initiator_session(session)),
+        ).otherwise(session_flow(session)),
+    )
+    whole = snapshot.whole
+    ended = whole.results.select("node", "flow_id", F.col("completed_at").alias("ended_at"))
+    ended = ended.unionByName(
+        whole.exceptions.select("node", "flow_id", F.col("failed_at").alias("ended_at"))
+    )
+    senders = old.select(F.col("node").alias("s_node"), F.col("sending_flow").alias("s_flow"))
+    ended = (
+        ended.join(
+            senders, (ended.node == senders.s_node) & (ended.flow_id == senders.s_flow), "left_semi"
+        )
+        .groupBy(F.col("node").alias("e_node"), F.col("flow_id").alias("e_flow"))
+        .agg(F.min("ended_at").alias("flow_ended_at"))
+    )
+    old = old.join(
+        ended, (ended.e_node == old.node) & (ended.e_flow == old.sending_flow), "left"
+    ).drop("e_node", "e_flow")
+    ended_at = F.date_format(F.timestamp_millis(F.col("flow_ended_at")), "yyyy-MM-dd HH:mm:ss'Z'")
+    # a flow's messages are written in its own transactions, its last ones with its end:
+    # a row written after its flow ended (beyond the grace, for clocks) no flow wrote
+    after_end = F.coalesce(F.col("created_at") > F.col("flow_ended_at") + grace_ms, F.lit(False))
     analyzed = is_analyzed(snapshot, F.col("target"))
-    return _findings(
-        old,
-        "undelivered",
-        session_id=message_session(F.col("message_id")),
+    written_after_end = _findings(
+        old.where(after_end),
+        "written_after_end",
+        session_id=session,
         sequence=message_sequence(F.col("message_id")),
         counterparty=F.col("target"),
         message_ids=F.col("message_id"),
         at=F.col("created_at"),
         detail=F.concat(
-            F.lit("in the outbox for "),
-            ((F.lit(as_of) - F.col("created_at")) / 1000).cast("bigint").cast("string"),
-            F.lit(" s; "),
-            F.when(~analyzed, F.concat(F.col("target"), F.lit(" not analyzed")))
-            .when(
-                F.col("delivered"),
-                F.concat(
-                    F.lit("already consumed by "),
-                    F.col("target"),
-                    F.lit(": the row was left behind"),
-                ),
-            )
-            .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
-            sender_alive,
+            F.lit("in the outbox since "),
+            F.date_format(F.timestamp_millis(F.col("created_at")), "yyyy-MM-dd HH:mm:ss'Z'"),
+            F.lit(", but its flow "),
+            F.col("sending_flow"),
+            F.lit(" had ended at "),
+            ended_at,
+            F.lit(": no flow of this node wrote it (forged, or put back from another database)"),
         ),
+    )
+    return written_after_end.unionByName(
+        _findings(
+            old.where(~after_end),
+            "undelivered",
+            session_id=message_session(F.col("message_id")),
+            sequence=message_sequence(F.col("message_id")),
+            counterparty=F.col("target"),
+            message_ids=F.col("message_id"),
+            at=F.col("created_at"),
+            detail=F.concat(
+                F.lit("in the outbox for "),
+                ((F.lit(as_of) - F.col("created_at")) / 1000).cast("bigint").cast("string"),
+                F.lit(" s; "),
+                F.when(~analyzed, F.concat(F.col("target"), F.lit(" not analyzed")))
+                .when(
+                    F.col("delivered"),
+                    F.concat(
+                        F.lit("already consumed by "),
+                        F.col("target"),
+                        F.lit(": the row was left behind"),
+                    ),
+                )
+                .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
+                F.when(
+                    F.col("flow_ended_at").isNotNull(),
+                    F.concat(
+                        F.lit("; its flow "), F.col("sending_flow"), F.lit(" ended at "), ended_at
+                    ),
+                ).otherwise(F.lit("")),
+                sender_alive,
+            ),
+        )
     )
 
 
