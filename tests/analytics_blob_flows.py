@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from flows import FOREVER, FlowLogic, FlowSession, Party, initiated_by, initiating_flow
 from flows.errors import UnexpectedFlowEndException
+from tests.analytics_data import LingeringResponder
 
 DAY = 86_400.0
 
@@ -79,14 +80,5 @@ class NappingFlow(FlowLogic[str]):
 
 
 @initiated_by(NappingFlow)
-class NappingResponder(FlowLogic[str]):
+class NappingResponder(LingeringResponder):
     """Waits for the hello and then for the goodbye (a day later), and answers."""
-
-    def __init__(self, session: FlowSession) -> None:
-        self.session = session
-
-    def call(self) -> str:
-        hello = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
-        goodbye = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
-        self.session.send("see you")
-        return f"{hello} {goodbye}"

@@ -80,26 +80,26 @@ class Closing:
     """Bob's finished responder of that session."""
 
 
-@pytest.fixture(scope="module")
-def closing(tmp_path_factory: pytest.TempPathFactory) -> Closing:
-    directory = tmp_path_factory.mktemp("blobs-closing")
+def two_node_network(
+    directory: Path, flow: Callable[[Party], Any], pause_s: float
+) -> tuple[NetworkData, str]:
+    """Alice runs ``flow`` against Bob, the clock advanced ``pause_s`` between two runs of
+    the network: the copied databases and the nodes' keys, and Alice's flow id (still live)."""
     cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
     with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
         alice, bob = network.create_node(ALICE), network.create_node(BOB)
         keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
-        initiator = alice.start_flow(ClosingFlow(bob.party)).flow_id
+        handle = alice.start_flow(flow(bob.party))
         network.run_network(advance_clock=False)
-        network.clock.advance(61)  # the minute between the two conversations
+        network.clock.advance(pause_s)
         network.run_network(advance_clock=False)
+        assert not handle.done()
         now_ms = round(network.clock.now() * 1000)
         databases = {}
         for mock in network.nodes:
             source = Path(mock.config.database_url.removeprefix("sqlite:///"))
             databases[mock.name] = directory / source.name
-            with sqlite3.connect(source) as live, sqlite3.connect(databases[mock.name]) as copy:
-                live.backup(copy)
-            live.close()
-            copy.close()
+            copy_database(source, databases[mock.name])
     data = NetworkData(
         directory=directory,
         databases=databases,
@@ -112,6 +112,15 @@ def closing(tmp_path_factory: pytest.TempPathFactory) -> Closing:
         paused=(BOB, ""),
         keys=keys,
     )
+    return data, handle.flow_id
+
+
+@pytest.fixture(scope="module")
+def closing(tmp_path_factory: pytest.TempPathFactory) -> Closing:
+    directory = tmp_path_factory.mktemp("blobs-closing")
+    # the minute between the two conversations
+    data, initiator = two_node_network(directory, ClosingFlow, 61)
+    now_ms, databases = data.now_ms, data.databases
     connection = sqlite3.connect(databases[BOB])
     ((session, responder),) = connection.execute(
         "SELECT m.session_id, r.flow_id FROM node_message_ids m, node_flow_results r "
@@ -329,39 +338,6 @@ def test_a_message_recorded_past_what_the_sender_sent_is_consumed_unsent(
     assert where(found) == [(BOB, "stale_checkpoint", responder, f"{session}.r", 1)]
 
 
-def two_node_network(directory: Path, flow: Callable[[Party], Any]) -> tuple[NetworkData, str]:
-    """Alice runs ``flow`` against Bob (with a nap's worth of clock between two runs); the
-    copied databases and keys, and Alice's flow id (still live)."""
-    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
-    with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
-        alice, bob = network.create_node(ALICE), network.create_node(BOB)
-        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
-        handle = alice.start_flow(flow(bob.party))
-        network.run_network(advance_clock=False)
-        network.clock.advance(2)
-        network.run_network(advance_clock=False)
-        assert not handle.done()
-        now_ms = round(network.clock.now() * 1000)
-        databases = {}
-        for mock in network.nodes:
-            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
-            databases[mock.name] = directory / source.name
-            copy_database(source, databases[mock.name])
-    data = NetworkData(
-        directory=directory,
-        databases=databases,
-        now_ms=now_ms,
-        finished={},
-        live={},
-        lingering=[],
-        echo_session="",
-        hospitalized="",
-        paused=(BOB, ""),
-        keys=keys,
-    )
-    return data, handle.flow_id
-
-
 def consistency_rows(spark: Any, data: NetworkData) -> list[tuple[str, str, str]]:
     """(node, session, outcome) of session consistency's listed ends."""
     sources = [parse_node_argument(s) for s in data.sources((ALICE, BOB))]
@@ -382,7 +358,7 @@ def test_a_responder_lost_after_it_confirmed_is_found_from_the_initiators_blob(
     session, so with her key it is a finding, and without it none.
     """
     require_jdbc()
-    data, initiator = two_node_network(tmp_path / "napping", NappingFlow)
+    data, initiator = two_node_network(tmp_path / "napping", NappingFlow, 2)
     result, found = blob_check(spark, data, keyed=(ALICE, BOB), names=(ALICE, BOB))
     assert found == [] and result.verdict.status == "ok", result.verdict
     assert consistency_rows(spark, data) == []
@@ -413,7 +389,7 @@ def test_a_refusal_the_initiator_caught_is_no_responder_lost(spark: Any, tmp_pat
     session was never confirmed, so the blob check finds nothing where the tables alone say
     ``refused or lost``."""
     require_jdbc()
-    data, _ = two_node_network(tmp_path / "refusal", RefusalCaughtFlow)
+    data, _ = two_node_network(tmp_path / "refusal", RefusalCaughtFlow, 2)
     result, found = blob_check(spark, data, keyed=(ALICE, BOB), names=(ALICE, BOB))
     assert found == []
     assert result.verdict.status == "ok", result.verdict
