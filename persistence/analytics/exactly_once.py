@@ -254,10 +254,11 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int, grace_ms: int) -
             responder_flow_id(F.col("target"), initiator_session(session)),
         ).otherwise(session_flow(session)),
     )
-    whole = snapshot.whole
-    ended = whole.results.select("node", "flow_id", F.col("completed_at").alias("ended_at"))
+    # (the candidates' results and exceptions hold it: an old row makes its conversation a
+    # candidate, and the flow owning each candidate end is among the flows kept)
+    ended = snapshot.results.select("node", "flow_id", F.col("completed_at").alias("ended_at"))
     ended = ended.unionByName(
-        whole.exceptions.select("node", "flow_id", F.col("failed_at").alias("ended_at"))
+        snapshot.exceptions.select("node", "flow_id", F.col("failed_at").alias("ended_at"))
     )
     senders = old.select(F.col("node").alias("s_node"), F.col("sending_flow").alias("s_flow"))
     ended = (
@@ -275,56 +276,45 @@ def _undelivered(snapshot: Snapshot, as_of: int, after_ms: int, grace_ms: int) -
     # a row written after its flow ended (beyond the grace, for clocks) no flow wrote
     after_end = F.coalesce(F.col("created_at") > F.col("flow_ended_at") + grace_ms, F.lit(False))
     analyzed = is_analyzed(snapshot, F.col("target"))
-    written_after_end = _findings(
-        old.where(after_end),
-        "written_after_end",
+    written_after = F.concat(
+        F.lit("in the outbox since "),
+        F.date_format(F.timestamp_millis(F.col("created_at")), "yyyy-MM-dd HH:mm:ss'Z'"),
+        F.lit(", but its flow "),
+        F.col("sending_flow"),
+        F.lit(" had ended at "),
+        ended_at,
+        F.lit(": no flow of this node wrote it (forged, or put back from another database)"),
+    )
+    waiting = F.concat(
+        F.lit("in the outbox for "),
+        ((F.lit(as_of) - F.col("created_at")) / 1000).cast("bigint").cast("string"),
+        F.lit(" s; "),
+        F.when(~analyzed, F.concat(F.col("target"), F.lit(" not analyzed")))
+        .when(
+            F.col("delivered"),
+            F.concat(
+                F.lit("already consumed by "),
+                F.col("target"),
+                F.lit(": the row was left behind"),
+            ),
+        )
+        .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
+        F.when(
+            F.col("flow_ended_at").isNotNull(),
+            F.concat(F.lit("; its flow "), F.col("sending_flow"), F.lit(" ended at "), ended_at),
+        ).otherwise(F.lit("")),
+        sender_alive,
+    )
+    # one pass over the old rows, each of one kind or the other
+    return _findings(
+        old,
+        F.when(after_end, "written_after_end").otherwise("undelivered"),
         session_id=session,
         sequence=message_sequence(F.col("message_id")),
         counterparty=F.col("target"),
         message_ids=F.col("message_id"),
         at=F.col("created_at"),
-        detail=F.concat(
-            F.lit("in the outbox since "),
-            F.date_format(F.timestamp_millis(F.col("created_at")), "yyyy-MM-dd HH:mm:ss'Z'"),
-            F.lit(", but its flow "),
-            F.col("sending_flow"),
-            F.lit(" had ended at "),
-            ended_at,
-            F.lit(": no flow of this node wrote it (forged, or put back from another database)"),
-        ),
-    )
-    return written_after_end.unionByName(
-        _findings(
-            old.where(~after_end),
-            "undelivered",
-            session_id=message_session(F.col("message_id")),
-            sequence=message_sequence(F.col("message_id")),
-            counterparty=F.col("target"),
-            message_ids=F.col("message_id"),
-            at=F.col("created_at"),
-            detail=F.concat(
-                F.lit("in the outbox for "),
-                ((F.lit(as_of) - F.col("created_at")) / 1000).cast("bigint").cast("string"),
-                F.lit(" s; "),
-                F.when(~analyzed, F.concat(F.col("target"), F.lit(" not analyzed")))
-                .when(
-                    F.col("delivered"),
-                    F.concat(
-                        F.lit("already consumed by "),
-                        F.col("target"),
-                        F.lit(": the row was left behind"),
-                    ),
-                )
-                .otherwise(F.concat(F.lit("not consumed by "), F.col("target"))),
-                F.when(
-                    F.col("flow_ended_at").isNotNull(),
-                    F.concat(
-                        F.lit("; its flow "), F.col("sending_flow"), F.lit(" ended at "), ended_at
-                    ),
-                ).otherwise(F.lit("")),
-                sender_alive,
-            ),
-        )
+        detail=F.when(after_end, written_after).otherwise(waiting),
     )
 
 
@@ -406,7 +396,7 @@ def _bad_sequences(snapshot: Snapshot) -> DataFrame:
 
 def _findings(
     frame: DataFrame,
-    kind: str,
+    kind: str | Column,
     *,
     message_ids: Column,
     detail: Column,
@@ -417,10 +407,10 @@ def _findings(
 ) -> DataFrame:
     """``frame``'s rows as audit findings of ``kind``, in the columns every kind has.
 
-    The kinds are united by name into one frame, so this is the one place their columns
-    are named: ``node``, ``kind``, ``session_id``, ``sequence``, ``counterparty``,
-    ``message_ids``, ``at`` and ``detail``. A column not given is ``frame``'s own of that
-    name.
+    ``kind``: a name, or a column giving each row's. The kinds are united by name into one
+    frame, so this is the one place their columns are named: ``node``, ``kind``,
+    ``session_id``, ``sequence``, ``counterparty``, ``message_ids``, ``at`` and ``detail``.
+    A column not given is ``frame``'s own of that name.
     """
     from pyspark.sql import functions as F
 
@@ -429,7 +419,7 @@ def _findings(
 
     return frame.select(
         "node",
-        F.lit(kind).alias("kind"),
+        (F.lit(kind) if isinstance(kind, str) else kind).alias("kind"),
         own(session_id, "session_id"),
         own(sequence, "sequence"),
         own(counterparty, "counterparty"),
