@@ -474,3 +474,36 @@ def test_the_exports_session_flow_is_the_regular_expressions(session: str) -> No
     base = session[:-2] if session.endswith(".r") else session
     match = re.match(SESSION_FLOW_PATTERN, base)
     assert found == (match.group(1) if match else "")
+
+
+@pytest.mark.spark
+def test_a_flow_of_which_only_the_blob_is_left_is_missing_to_the_export_layout(
+    spark: Any, clean: NetworkData, tmp_path: Any
+) -> None:
+    """Alice's lingering initiator loses its checkpoint row (its blob stays): Bob's responder
+    end has no counterpart, from the export's layout as from the databases (the layout's
+    flows hold blob-only flows too, which the screening must not count as known)."""
+    from persistence.analytics import analyze
+    from persistence.analytics.export import export_nodes, load_export
+
+    require_jdbc()
+    data = clean.copy_to(tmp_path / "data")
+    first = data.lingering[0]
+    with sqlite3.connect(data.databases[first.initiator_node]) as db:
+        db.execute("DELETE FROM node_checkpoints WHERE flow_id = ?", (first.initiator,))
+    db.close()
+    arguments = data.sources(NAMES)
+    sources = [parse_node_argument(s) for s in arguments]
+    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
+    export_nodes(sources, arguments, tmp_path / "export")
+    direct = analyze(sources, settings, spark=spark)
+    exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
+    assert_same_findings(exported, direct)
+    table = exported.check("session_consistency").table
+    found = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+    assert (first.responder_node, f"{first.session}.r", first.initiator) in {
+        (row["node"], row["session_id"], row["counterpart_flow_id"]) for row in found
+    }, found
+    with load_export(spark, tmp_path / "export", sources) as snapshot:
+        assert set(snapshot.layouts) == {"evidence", "flows"}
+        assert screen(snapshot, settings).missing_flows >= 1

@@ -422,8 +422,10 @@ def _flow_index_of_layout(flows: DataFrame, judged: DataFrame) -> DataFrame:
 
     flags = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
     known = flows.select("flow_key", flags.alias("flags"))
-    # the key named anew: Spark then keeps the union's bucketing and moves only the wanted keys
-    keys = flows.select(F.col("flow_key").alias("flow_key"))
+    # the key named anew: Spark then keeps the union's bucketing and moves only the wanted keys.
+    # A flow of which only a checkpoint blob is left is not known (as in the tables' index:
+    # the rules look flows up in checkpoints, results and exceptions)
+    keys = flows.where(flags != 0).select(F.col("flow_key").alias("flow_key"))
     # each needed key once (so the flows are joined once, not once per side of the union)
     wanted = _wanted(judged).select("flow_key").distinct()
     missing = wanted.join(keys, "flow_key", "left_anti").select(
