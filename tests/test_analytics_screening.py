@@ -426,11 +426,20 @@ def test_the_layouts_sequence_hash_is_sparks_xxhash64(spark: Any) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("joined", [False, True], ids=["needed keys in a set", "joined"])
 def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
-    spark: Any, broken: tuple[NetworkData, Injected], tmp_path: Any
+    spark: Any,
+    broken: tuple[NetworkData, Injected],
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    joined: bool,
 ) -> None:
     """Screened from the export's bucketed datasets: the same findings as from the databases,
-    and Spark groups the conversations without moving a row (no exchange below the grouping)."""
+    and Spark groups the conversations without moving a row (no exchange below the grouping).
+    Both ways of looking the needed flows up in the export's flows: the few as a set in one
+    scan, and (more than ``MISSING_IN_DRIVER``) an anti-join."""
+    if joined:
+        monkeypatch.setattr(screening, "MISSING_IN_DRIVER", 0)
     from persistence.analytics import analyze
     from persistence.analytics.export import export_nodes, load_export
     from persistence.analytics.screening import _conversations
@@ -507,3 +516,47 @@ def test_a_flow_of_which_only_the_blob_is_left_is_missing_to_the_export_layout(
     with load_export(spark, tmp_path / "export", sources) as snapshot:
         assert set(snapshot.layouts) == {"evidence", "flows"}
         assert screen(snapshot, settings).missing_flows >= 1
+
+
+@pytest.mark.spark
+def test_the_export_layout_knows_most_ends_own_flows(
+    spark: Any, clean: NetworkData, tmp_path: Any
+) -> None:
+    """An end whose own flow its node holds is marked so by the export (``SEEN_OWN_KNOWN``):
+    the screening of the export looks up fewer flows than the screening of the tables, and
+    none of the flows it still looks up is an end's own flow held by that end's node."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from persistence.analytics.export import export_nodes, load_export
+    from persistence.analytics.layout import FAILED, FINISHED, LIVE, SEEN_OWN_KNOWN
+
+    require_jdbc()
+    arguments = clean.sources(NAMES)
+    sources = [parse_node_argument(s) for s in arguments]
+    settings = CheckSettings(as_of_ms=clean.now_ms + MINUTE_MS, grace_ms=30_000)
+    export_nodes(sources, arguments, tmp_path / "export")
+
+    def wanted(snapshot: Any) -> set[int]:
+        old_before = clean.now_ms + MINUTE_MS - settings.outbox_after_ms
+        judged = screening._judged(screening._conversations(snapshot, old_before))
+        judged = judged.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return {row[0] for row in screening._wanted(judged).collect()}
+        finally:
+            judged.unpersist()
+
+    with load_nodes(spark, sources) as snapshot:
+        from_tables = wanted(snapshot)
+    with load_export(spark, tmp_path / "export", sources) as snapshot:
+        from_export = wanted(snapshot)
+        evidence = snapshot.layouts["evidence"]
+        known = evidence.where(F.col("kinds").bitwiseAND(SEEN_OWN_KNOWN) != 0)
+        own = F.when(F.col("responder"), F.col("responder_key")).otherwise(F.col("initiator_key"))
+        known_keys = {row[0] for row in known.select(own).collect()}
+        tables = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
+        flows = snapshot.layouts["flows"].where(tables != 0)
+        held = {row[0] for row in flows.select("flow_key").collect()}
+    assert known_keys and known_keys <= held
+    assert from_export < from_tables, (len(from_export), len(from_tables))
+    assert not from_export & known_keys

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 BUCKETS = 16
 """Buckets of each dataset (the tasks that group it: a few per core of a small cluster)."""
-LAYOUT = 2
+LAYOUT = 3
 """The layout's version, in the manifest: another one is not read (the tables are)."""
 EVIDENCE = "evidence"
 """The dataset of session rows, bucketed by :data:`CONVERSATION`."""
@@ -87,13 +87,15 @@ EVIDENCE_SCHEMA = (
 )
 """The evidence columns and their Spark types: one row per session end of the node (its
 conversation and side), summing up its rows: ``kinds`` (:data:`SEEN_WAIT`,
-:data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`), any odd row, the oldest
+:data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`, :data:`SEEN_OWN_KNOWN`), any odd row, the oldest
 outbox message (``outbox_since``), the least and greatest hash of each node the rows name,
 the greatest flow keys, and of the consumed messages: how many, the highest sequence number
 and the XOR of ``h(k) ^ h(k + 1)`` (:mod:`persistence.analytics.screening`)."""
-SEEN_WAIT, SEEN_RECORD, SEEN_OUTBOX, SEEN_OWN_WAIT = 1, 2, 4, 8
+SEEN_WAIT, SEEN_RECORD, SEEN_OUTBOX, SEEN_OWN_WAIT, SEEN_OWN_KNOWN = 1, 2, 4, 8, 16
 """Bits of ``kinds``: a flow waits on the end, a message was consumed in it, one waits in the
-outbox, the flow waiting is the end's own."""
+outbox, the flow waiting is the end's own, the end's own flow (by the key its rows give: the
+initiating flow of an initiator end, the responder of a responder end, both flows of this
+node) is in this node's checkpoints, results or exceptions."""
 _LOWEST, _HIGHEST = -(1 << 63), (1 << 63) - 1
 FLOWS_SCHEMA = (("flow_key", "bigint"), ("tables", "int"))
 """The flows columns and their Spark types (``tables``: the flags)."""
@@ -271,12 +273,14 @@ def sequence_hash(numbers: numpy.ndarray) -> numpy.ndarray:
     return h.view(np.int64)
 
 
-def _session_ends(rows: pyarrow.Table) -> pyarrow.Table:
+def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Table:
     """The node's rows summed up per session end (conversation and side), as evidence.
 
     What the screening reads of a conversation is a bit-or, a minimum or maximum, a count
     or an XOR of its rows, so each side's rows on this node can be summed up here (NumPy,
-    sorted by end) and Spark groups half as many rows.
+    sorted by end) and Spark groups half as many rows. ``known_flows``: the sorted keys of
+    the flows in this node's checkpoints, results or exceptions; an end whose own flow is
+    one of them gets :data:`SEEN_OWN_KNOWN` (the screening then need not look it up).
     """
     import numpy as np
     import pyarrow as pa
@@ -322,10 +326,14 @@ def _session_ends(rows: pyarrow.Table) -> pyarrow.Table:
     def node(name: str, ufunc: numpy.ufunc) -> numpy.ndarray:
         return fold(ufunc, column(name, 0).astype(np.int64)[order])
 
-    def key(name: str) -> pyarrow.Array:
-        values = fold(np.maximum, column(name, _LOWEST).astype(np.int64)[order])
+    def key(values: numpy.ndarray) -> pyarrow.Array:
         return pa.array(values, pa.int64(), mask=values == _LOWEST)
 
+    initiator_keys = fold(np.maximum, column(INITIATOR_KEY, _LOWEST).astype(np.int64)[order])
+    responder_keys = fold(np.maximum, column(RESPONDER_KEY, _LOWEST).astype(np.int64)[order])
+    sides = responder[starts] if len(starts) else responder[:0]
+    own_keys = np.where(sides, responder_keys, initiator_keys)
+    known = (own_keys != _LOWEST) & _contains(known_flows, own_keys)
     counted = fold(np.add, (record & known_sequence).astype(np.int64))
     top = fold(np.maximum, np.where(record, sequence, _LOWEST))
     since = fold(np.minimum, np.where(kind == OUTBOX, created, _HIGHEST))
@@ -333,21 +341,43 @@ def _session_ends(rows: pyarrow.Table) -> pyarrow.Table:
         {
             CONVERSATION: conversation[starts],
             RESPONDER: responder[starts],
-            "kinds": fold(np.bitwise_or, kinds),
+            "kinds": fold(np.bitwise_or, kinds) | np.where(known, SEEN_OWN_KNOWN, 0).astype(np.int32),
             ODD: fold(np.logical_or, odd),
             "outbox_since": since,
             "initiator_low": node(INITIATOR_NODE, np.minimum),
             "initiator_high": node(INITIATOR_NODE, np.maximum),
             "responder_low": node(RESPONDER_NODE, np.minimum),
             "responder_high": node(RESPONDER_NODE, np.maximum),
-            INITIATOR_KEY: key(INITIATOR_KEY),
-            RESPONDER_KEY: key(RESPONDER_KEY),
+            INITIATOR_KEY: key(initiator_keys),
+            RESPONDER_KEY: key(responder_keys),
             "records": counted,
             "top": pa.array(top, pa.int64(), mask=top == _LOWEST),
             "telescope": fold(np.bitwise_xor, np.where(record & known_sequence, telescope, 0)),
         },
         schema=_arrow_schema(EVIDENCE_SCHEMA),
     )
+
+
+def _contains(sorted_keys: numpy.ndarray, keys: numpy.ndarray) -> numpy.ndarray:
+    """Whether each of ``keys`` is in ``sorted_keys`` (ascending)."""
+    import numpy as np
+
+    if not len(sorted_keys):
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    found: numpy.ndarray = sorted_keys[at] == keys
+    return found
+
+
+def _known_flows(flows: pyarrow.Table) -> numpy.ndarray:
+    """The sorted keys of the flows in a checkpoint row, a result or an exception."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    tables = flows["tables"].to_numpy(zero_copy_only=False)
+    keys = pc.fill_null(flows["flow_key"], _LOWEST).to_numpy(zero_copy_only=False)
+    held = ((tables & (LIVE | FINISHED | FAILED)) != 0) & (keys != _LOWEST)
+    return np.sort(keys[held].astype(np.int64))
 
 
 def _flows(tables: dict[str, pyarrow.Table]) -> pyarrow.Table:
@@ -409,6 +439,8 @@ def write_layout(node_folder: Path, node: str) -> dict[str, Any]:
     def read(frame: str, columns: list[str]) -> pyarrow.Table:
         return pq.read_table(node_folder / f"{frame}.parquet", columns=columns)
 
+    flow_tables = ("checkpoints", "results", "exceptions", "blobs")
+    flows = _flows({frame: read(frame, ["flow_key"]) for frame in flow_tables})
     evidence = _session_ends(
         pa.concat_tables(
             [
@@ -416,10 +448,9 @@ def write_layout(node_folder: Path, node: str) -> dict[str, Any]:
                 _records(read("message_ids", [*RECORD_KEYS, "sequence"])),
                 _outbox(read("outbox", ["message_id", "target", "created_at"]), node),
             ]
-        )
+        ),
+        _known_flows(flows),
     )
-    flow_tables = ("checkpoints", "results", "exceptions", "blobs")
-    flows = _flows({frame: read(frame, ["flow_key"]) for frame in flow_tables})
     prefix = node_folder.name
     _write_bucketed(evidence, CONVERSATION, node_folder / EVIDENCE, prefix)
     _write_bucketed(flows, "flow_key", node_folder / FLOWS, prefix)

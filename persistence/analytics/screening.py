@@ -55,6 +55,7 @@ from persistence.analytics.layout import (
     OUTBOX,
     RECORD,
     SEEN_OUTBOX,
+    SEEN_OWN_KNOWN,
     SEEN_OWN_WAIT,
     SEEN_RECORD,
     SEEN_WAIT,
@@ -299,6 +300,9 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         *NODE_BOUNDS,
         INITIATOR_KEY,
         RESPONDER_KEY,
+        # the end's own flow, when its node's export found it in its tables (a key looked up)
+        F.when(~responder & seen(SEEN_OWN_KNOWN), F.col(INITIATOR_KEY)).alias("i_known"),
+        F.when(responder & seen(SEEN_OWN_KNOWN), F.col(RESPONDER_KEY)).alias("r_known"),
         F.when(~responder, F.col("records")).alias("i_records"),
         F.when(~responder, F.col("top")).alias("i_top"),
         F.when(~responder, F.col("telescope")).alias("i_telescope"),
@@ -314,6 +318,8 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         F.max("responder_high").alias("responder_high"),
         F.max(INITIATOR_KEY).alias("initiator_key"),
         F.max(RESPONDER_KEY).alias("responder_key"),
+        F.max("i_known").alias("i_known"),
+        F.max("r_known").alias("r_known"),
         F.coalesce(F.sum("i_records"), F.lit(0)).alias("i_records"),
         F.max("i_top").alias("i_top"),
         F.bit_xor("i_telescope").alias("i_telescope"),
@@ -361,13 +367,16 @@ def _judged(conversations: DataFrame) -> DataFrame:
         | (need_initiator & F.col("initiator_key").isNull())
         | (need_responder & F.col("responder_key").isNull())
     )
+    # a flow its own node's export found (the very key the conversation names) is known
+    initiator_known = F.coalesce(F.col("i_known") == F.col("initiator_key"), F.lit(False))
+    responder_known = F.coalesce(F.col("r_known") == F.col("responder_key"), F.lit(False))
     return conversations.select(
         "conversation",
         "mask",
         "initiator_key",
         "responder_key",
-        (need_initiator & ~_has(INITIATOR_WAITING)).alias("lookup_initiator"),
-        (need_responder & ~_has(RESPONDER_WAITING)).alias("lookup_responder"),
+        (need_initiator & ~_has(INITIATOR_WAITING) & ~initiator_known).alias("lookup_initiator"),
+        (need_responder & ~_has(RESPONDER_WAITING) & ~responder_known).alias("lookup_responder"),
         F.coalesce(unusual, F.lit(True)).alias("unusual"),
     )
 
@@ -432,6 +441,47 @@ def _flow_index_of_layout(flows: DataFrame, judged: DataFrame) -> DataFrame:
         "flow_key", F.lit(NEEDED).alias("flags")
     )
     return _flagged(known.unionByName(missing))
+
+
+def _few_wanted(judged: DataFrame) -> list[int] | None:
+    """The flow keys the healthy conversations need looked up (at most a few), else None.
+
+    None when there are more than :data:`MISSING_IN_DRIVER` (then they are joined).
+    With the export's layout most ends' own flows are known already (``SEEN_OWN_KNOWN``), so
+    what is left to look up is usually a handful: an end whose node holds no row of it.
+    """
+    rows = _wanted(judged).select("flow_key").distinct().limit(MISSING_IN_DRIVER + 1).collect()
+    if len(rows) > MISSING_IN_DRIVER:
+        return None
+    return sorted(int(row["flow_key"]) for row in rows if row["flow_key"] is not None)
+
+
+def _flow_index_of_few(flows: DataFrame, wanted: list[int]) -> tuple[DataFrame, list[int]]:
+    """The overlaps (as :func:`_flow_index` gives them) and the ``wanted`` keys no table holds.
+
+    One scan of the export's flows keeps the overlaps and the rows of the wanted keys (a set
+    in the generated code): no join, no shuffle. A flow of which only a checkpoint blob is
+    left is not known.
+    """
+    from pyspark.sql import functions as F
+
+    flags = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
+    tables = sum(
+        (flags.bitwiseAND(flag).cast("boolean").cast("int") for flag in (LIVE, FINISHED, FAILED)),
+        F.lit(0),
+    )
+    asked = F.col("flow_key").isin(wanted) if wanted else F.lit(False)
+    kept = (
+        flows.where((tables > 1) | asked)
+        .select("flow_key", flags.alias("flags"))
+        .localCheckpoint(eager=True)
+    )
+    found: set[int] = set()
+    if wanted:
+        held = kept.where(F.col("flow_key").isin(wanted) & (F.col("flags") != 0))
+        found = {int(row["flow_key"]) for row in held.select("flow_key").collect()}
+    overlaps = _flagged(kept).drop("missing")
+    return overlaps, [key for key in wanted if key not in found]
 
 
 def _flagged(flags: DataFrame) -> DataFrame:
@@ -515,21 +565,33 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
     try:
         # small results are checkpointed: their (long) lineage would be planned, and printed
         # into every plan that uses them, again and again
-        with _without_partial_aggregation(snapshot):
-            index = _flow_index(snapshot, judged).localCheckpoint(eager=True)
-        missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
-        overlaps = index.where(~F.col("missing")).drop("missing")
+        few = _few_wanted(judged) if FLOWS in snapshot.layouts else None
+        missing: DataFrame | None = None
+        missing_keys: list[int] | None = None
+        if few is not None:  # the export's flows read once, the needed keys as a set
+            overlaps, missing_keys = _flow_index_of_few(snapshot.layouts[FLOWS], few)
+            missing_count = len(missing_keys)
+        else:
+            with _without_partial_aggregation(snapshot):
+                index = _flow_index(snapshot, judged).localCheckpoint(eager=True)
+            missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
+            overlaps = index.where(~F.col("missing")).drop("missing")
+            missing_count = missing.count()
         overlap_count = overlaps.count()
-        missing_count = missing.count()
         classified = judged
         if 0 < missing_count <= MISSING_IN_DRIVER:
             # a few keys: looked up in a set in every row (no join, nothing cached again)
-            keys = [row["m_key"] for row in missing.collect()]
+            if missing_keys is not None:
+                keys = missing_keys
+            else:
+                assert missing is not None
+                keys = [row["m_key"] for row in missing.collect()]
             flagged = F.lit(False)
             for side in ("initiator", "responder"):
                 flagged = flagged | (F.col(f"lookup_{side}") & F.col(f"{side}_key").isin(keys))
             classified = judged.withColumn("unusual", F.col("unusual") | flagged)
         elif missing_count:
+            assert missing is not None  # more than MISSING_IN_DRIVER: the index's join found them
             small = F.broadcast(missing) if missing_count <= 200_000 else missing
             for side in ("initiator", "responder"):
                 flag = F.col("m_key").isNotNull() & F.col(f"lookup_{side}")
