@@ -87,10 +87,11 @@ EVIDENCE_SCHEMA = (
 )
 """The evidence columns and their Spark types: one row per session end of the node (its
 conversation and side), summing up its rows: ``kinds`` (:data:`SEEN_WAIT`,
-:data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`, :data:`SEEN_OWN_KNOWN`), any odd row, the oldest
-outbox message (``outbox_since``), the least and greatest hash of each node the rows name,
-the greatest flow keys, and of the consumed messages: how many, the highest sequence number
-and the XOR of ``h(k) ^ h(k + 1)`` (:mod:`persistence.analytics.screening`)."""
+:data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`, :data:`SEEN_OWN_KNOWN`),
+any odd row, the oldest outbox message (``outbox_since``), the least and greatest hash of
+each node the rows name, the greatest flow keys, and of the consumed messages: how many, the
+highest sequence number and the XOR of ``h(k) ^ h(k + 1)``
+(:mod:`persistence.analytics.screening`)."""
 SEEN_WAIT, SEEN_RECORD, SEEN_OUTBOX, SEEN_OWN_WAIT, SEEN_OWN_KNOWN = 1, 2, 4, 8, 16
 """Bits of ``kinds``: a flow waits on the end, a message was consumed in it, one waits in the
 outbox, the flow waiting is the end's own, the end's own flow (by the key its rows give: the
@@ -341,7 +342,8 @@ def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Ta
         {
             CONVERSATION: conversation[starts],
             RESPONDER: responder[starts],
-            "kinds": fold(np.bitwise_or, kinds) | np.where(known, SEEN_OWN_KNOWN, 0).astype(np.int32),
+            "kinds": fold(np.bitwise_or, kinds)
+            | np.where(known, SEEN_OWN_KNOWN, 0).astype(np.int32),
             ODD: fold(np.logical_or, odd),
             "outbox_since": since,
             "initiator_low": node(INITIATOR_NODE, np.minimum),
