@@ -425,6 +425,25 @@ def test_the_layouts_sequence_hash_is_sparks_xxhash64(spark: Any) -> None:
     assert sequence_hash(np.array(numbers, dtype=np.int64)).tolist() == expected
 
 
+def exported_as_from_databases(
+    spark: Any, data: NetworkData, names: tuple[str, ...], export_dir: Any
+) -> tuple[list[Any], Any]:
+    """Export ``names`` of ``data`` to ``export_dir`` and analyze both the export and the
+    databases: the same findings. Returns the sources and the export's report."""
+    from persistence.analytics import analyze
+    from persistence.analytics.export import export_nodes
+
+    require_jdbc()
+    arguments = data.sources(names)
+    sources = [parse_node_argument(s) for s in arguments]
+    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
+    export_nodes(sources, arguments, export_dir)
+    direct = analyze(sources, settings, spark=spark)
+    exported = analyze(sources, settings, spark=spark, export_dir=export_dir)
+    assert_same_findings(exported, direct)
+    return sources, exported
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("joined", [False, True], ids=["needed keys in a set", "joined"])
 def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
@@ -440,19 +459,11 @@ def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
     scan, and (more than ``MISSING_IN_DRIVER``) an anti-join."""
     if joined:
         monkeypatch.setattr(screening, "MISSING_IN_DRIVER", 0)
-    from persistence.analytics import analyze
-    from persistence.analytics.export import export_nodes, load_export
+    from persistence.analytics.export import load_export
     from persistence.analytics.screening import _conversations
 
-    require_jdbc()
     data, injected = broken
-    arguments = data.sources(injected.nodes)
-    sources = [parse_node_argument(s) for s in arguments]
-    settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
-    export_nodes(sources, arguments, tmp_path / "export")
-    direct = analyze(sources, settings, spark=spark)
-    exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
-    assert_same_findings(exported, direct)
+    sources, _ = exported_as_from_databases(spark, data, injected.nodes, tmp_path / "export")
     with load_export(spark, tmp_path / "export", sources) as snapshot:
         assert set(snapshot.layouts) == {"evidence", "flows"}
         plan = _conversations(snapshot, data.now_ms)._jdf.queryExecution().executedPlan().toString()
@@ -492,22 +503,15 @@ def test_a_flow_of_which_only_the_blob_is_left_is_missing_to_the_export_layout(
     """Alice's lingering initiator loses its checkpoint row (its blob stays): Bob's responder
     end has no counterpart, from the export's layout as from the databases (the layout's
     flows hold blob-only flows too, which the screening must not count as known)."""
-    from persistence.analytics import analyze
-    from persistence.analytics.export import export_nodes, load_export
+    from persistence.analytics.export import load_export
 
-    require_jdbc()
     data = clean.copy_to(tmp_path / "data")
     first = data.lingering[0]
     with sqlite3.connect(data.databases[first.initiator_node]) as db:
         db.execute("DELETE FROM node_checkpoints WHERE flow_id = ?", (first.initiator,))
     db.close()
-    arguments = data.sources(NAMES)
-    sources = [parse_node_argument(s) for s in arguments]
+    sources, exported = exported_as_from_databases(spark, data, NAMES, tmp_path / "export")
     settings = CheckSettings(as_of_ms=data.now_ms + MINUTE_MS, grace_ms=30_000)
-    export_nodes(sources, arguments, tmp_path / "export")
-    direct = analyze(sources, settings, spark=spark)
-    exported = analyze(sources, settings, spark=spark, export_dir=tmp_path / "export")
-    assert_same_findings(exported, direct)
     table = exported.check("session_consistency").table
     found = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
     assert (first.responder_node, f"{first.session}.r", first.initiator) in {
