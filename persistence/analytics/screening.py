@@ -551,39 +551,8 @@ def _whole(snapshot: Snapshot) -> Screen:
     )
 
 
-def _tally(prefix: str = "", unusual: str = "unusual") -> list[Column]:
-    """The screening's counts over judged conversations (column ``unusual``: a candidate).
-
-    Named ``prefix`` + each of :data:`TALLIES`.
-    """
-    from pyspark.sql import functions as F
-
-    healthy = ~F.col(unusual)
-
-    initiator_ok = _has(INITIATOR_END) & _has(RESPONDER_ANALYZED)
-    responder_ok = _has(RESPONDER_END) & _has(INITIATOR_ANALYZED)
-    initiator_aside = _has(INITIATOR_END) & ~_has(RESPONDER_ANALYZED)
-    responder_aside = _has(RESPONDER_END) & ~_has(INITIATOR_ANALYZED)
-
-    def count(condition: Column) -> Column:
-        return F.count(F.when(healthy & condition, True))
-
-    return [
-        F.count("*").alias(f"{prefix}conversations"),
-        F.count(F.when(F.col(unusual), True)).alias(f"{prefix}candidates"),
-        (count(initiator_ok) + count(responder_ok)).alias(f"{prefix}ok"),
-        (count(initiator_aside) + count(responder_aside)).alias(f"{prefix}aside"),
-        (count(_has(INITIATOR_CONSUMED)) + count(_has(RESPONDER_CONSUMED))).alias(f"{prefix}owned"),
-    ]
-
-
-TALLIES = ("conversations", "candidates", "ok", "aside", "owned")
-"""The names of :func:`_tally`'s counts."""
-
-
 def _screen(snapshot: Snapshot, old_before: int) -> Screen:
     from pyspark import StorageLevel
-    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     rows = sum(
@@ -592,80 +561,80 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
     if rows < SCREEN_ABOVE_ROWS:
         return _whole(snapshot)
 
-    # One pass over the grouped conversations: their counts observed on the way, and only the
-    # rows that are not plainly fine kept: the candidates and the healthy conversations that
-    # need a flow looked up (the lookups can only make more candidates, so the counts of the
-    # rest stand). Small results are checkpointed: their (long) lineage would be planned, and
-    # printed into every plan that uses them, again and again
-    observed = Observation("screening")
-    judged = _judged(_conversations(snapshot, old_before))
-    kept = (
-        judged.observe(observed, *_tally())
-        .where(F.col("unusual") | F.col("lookup_initiator") | F.col("lookup_responder"))
-        .localCheckpoint(eager=True)
-    )
-    totals = {name: int(observed.get[name]) for name in TALLIES}
-    few = _few_wanted(kept) if FLOWS in snapshot.layouts else None
-    missing: DataFrame | None = None
-    missing_keys: list[int] | None = None
-    if few is not None:  # the export's flows read once, the needed keys as a set
-        overlaps, missing_keys = _flow_index_of_few(snapshot.layouts[FLOWS], few)
-        missing_count = len(missing_keys)
-    else:
-        with _without_partial_aggregation(snapshot):
-            index = _flow_index(snapshot, kept).localCheckpoint(eager=True)
-        missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
-        overlaps = index.where(~F.col("missing")).drop("missing")
-        missing_count = missing.count()
-    overlap_count = overlaps.count()
-    classified = kept.withColumn("screened_unusual", F.col("unusual"))
-    if 0 < missing_count <= MISSING_IN_DRIVER:
-        # a few keys: looked up in a set in every row (no join, nothing cached again)
-        if missing_keys is not None:
-            keys = missing_keys
-        else:
-            assert missing is not None
-            keys = [row["m_key"] for row in missing.collect()]
-        flagged = F.lit(False)
-        for side in ("initiator", "responder"):
-            flagged = flagged | (F.col(f"lookup_{side}") & F.col(f"{side}_key").isin(keys))
-        classified = classified.withColumn("unusual", F.col("unusual") | flagged)
-    elif missing_count:
-        assert missing is not None  # more than MISSING_IN_DRIVER: the index's join found them
-        small = F.broadcast(missing) if missing_count <= 200_000 else missing
-        for side in ("initiator", "responder"):
-            flag = F.col("m_key").isNotNull() & F.col(f"lookup_{side}")
-            classified = (
-                classified.join(small, F.col(f"{side}_key") == F.col("m_key"), "left")
-                .withColumn("unusual", F.col("unusual") | F.coalesce(flag, F.lit(False)))
-                .drop("m_key")
-            )
-    joined = missing_count > MISSING_IN_DRIVER
-    if joined:  # read twice below: the joins made once
-        classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+    judged = _judged(_conversations(snapshot, old_before)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        if missing_count:
-            # the kept rows counted again as the lookups judged them: the counts of all the
-            # conversations are the observed ones, less the kept rows' before, plus after
-            kept_counts = classified.agg(
-                *_tally("before_", unusual="screened_unusual"), *_tally("after_")
+        # small results are checkpointed: their (long) lineage would be planned, and printed
+        # into every plan that uses them, again and again
+        few = _few_wanted(judged) if FLOWS in snapshot.layouts else None
+        missing: DataFrame | None = None
+        missing_keys: list[int] | None = None
+        if few is not None:  # the export's flows read once, the needed keys as a set
+            overlaps, missing_keys = _flow_index_of_few(snapshot.layouts[FLOWS], few)
+            missing_count = len(missing_keys)
+        else:
+            with _without_partial_aggregation(snapshot):
+                index = _flow_index(snapshot, judged).localCheckpoint(eager=True)
+            missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
+            overlaps = index.where(~F.col("missing")).drop("missing")
+            missing_count = missing.count()
+        overlap_count = overlaps.count()
+        classified = judged
+        if 0 < missing_count <= MISSING_IN_DRIVER:
+            # a few keys: looked up in a set in every row (no join, nothing cached again)
+            if missing_keys is not None:
+                keys = missing_keys
+            else:
+                assert missing is not None
+                keys = [row["m_key"] for row in missing.collect()]
+            flagged = F.lit(False)
+            for side in ("initiator", "responder"):
+                flagged = flagged | (F.col(f"lookup_{side}") & F.col(f"{side}_key").isin(keys))
+            classified = judged.withColumn("unusual", F.col("unusual") | flagged)
+        elif missing_count:
+            assert missing is not None  # more than MISSING_IN_DRIVER: the index's join found them
+            small = F.broadcast(missing) if missing_count <= 200_000 else missing
+            for side in ("initiator", "responder"):
+                flag = F.col("m_key").isNotNull() & F.col(f"lookup_{side}")
+                classified = (
+                    classified.join(small, F.col(f"{side}_key") == F.col("m_key"), "left")
+                    .withColumn("unusual", F.col("unusual") | F.coalesce(flag, F.lit(False)))
+                    .drop("m_key")
+                )
+        initiator_ok = _has(INITIATOR_END) & _has(RESPONDER_ANALYZED)
+        responder_ok = _has(RESPONDER_END) & _has(INITIATOR_ANALYZED)
+        initiator_aside = _has(INITIATOR_END) & ~_has(RESPONDER_ANALYZED)
+        responder_aside = _has(RESPONDER_END) & ~_has(INITIATOR_ANALYZED)
+
+        def count(condition: Column) -> Column:
+            return F.count(F.when(~F.col("unusual") & condition, True))
+
+        joined = missing_count > MISSING_IN_DRIVER
+        if joined:  # read twice below: the joins made once
+            classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            totals = classified.agg(
+                F.count("*").alias("conversations"),
+                F.count(F.when(F.col("unusual"), True)).alias("candidates"),
+                (count(initiator_ok) + count(responder_ok)).alias("ok"),
+                (count(initiator_aside) + count(responder_aside)).alias("aside"),
+                (count(_has(INITIATOR_CONSUMED)) + count(_has(RESPONDER_CONSUMED))).alias("owned"),
             ).first()
-            assert kept_counts is not None
-            totals = {
-                name: totals[name] - kept_counts[f"before_{name}"] + kept_counts[f"after_{name}"]
-                for name in TALLIES
-            }
-        candidates = classified.where("unusual").select("conversation").localCheckpoint(eager=True)
+            candidates = (
+                classified.where("unusual").select("conversation").localCheckpoint(eager=True)
+            )
+        finally:
+            if joined:
+                classified.unpersist()
     finally:
-        if joined:
-            classified.unpersist()
+        judged.unpersist()
+    assert totals is not None
     return Screen(
-        conversations=totals["conversations"],
+        conversations=int(totals["conversations"]),
         candidates=candidates,
-        candidate_count=totals["candidates"],
-        ends_ok=totals["ok"],
-        ends_not_analyzed=totals["aside"],
-        consumed_owned=totals["owned"],
+        candidate_count=int(totals["candidates"]),
+        ends_ok=int(totals["ok"]),
+        ends_not_analyzed=int(totals["aside"]),
+        consumed_owned=int(totals["owned"]),
         overlaps=overlaps,
         overlap_count=overlap_count,
         missing_flows=missing_count,

@@ -84,11 +84,10 @@ docs/analytics.md). ``quiet``: the JVM prints nothing about it."""
 
 LOCAL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 """Spark settings of a ``local`` master: cached frames are kept uncompressed. Choosing each
-column's compression costs a hash map update per value (Scala's, with boxed numbers) as a
-big frame is cached, and memory is not what a single machine runs short of here (10 M
-stress rows, when the screening cached every conversation: wall 0.981 and CPU 0.981 of the
-run with compression, docs/analytics.md; it now caches them only when it joins more than
-``MISSING_IN_DRIVER`` missing flow keys)."""
+column's compression costs a hash map update per value (Scala's, with boxed numbers) as the
+screening caches millions of conversations, and memory is not what a single machine runs
+short of here (10 M stress rows: wall 0.981 and CPU 0.981 of the run with compression,
+docs/analytics.md)."""
 
 _archive: ClassArchive | None = None
 """The class archive of the running driver JVM (see :mod:`persistence.analytics.class_archive`),
