@@ -554,32 +554,38 @@ def bob_was(
     return sources
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize(
-    ("case", "outcome", "status"),
-    [
-        ("down since before the send", "not delivered yet", "warn"),
-        ("no lease row", "unconfirmed", "warn"),
-        # running is not receiving: a node catching up on a backlog after a restart renews
-        # its lease and records other messages of ours before it reaches this one
-        ("alive well after the send", "unconfirmed", "warn"),
-        ("recorded later traffic from us", "unconfirmed", "warn"),
-    ],
-)
-def test_a_ping_to_a_down_node_is_a_warning_until_it_consumes_the_opening_message(
-    spark: Any, down_network: DownNetwork, tmp_path: Path, case: str, outcome: str, status: str
-) -> None:
-    require_jdbc()
-    down = down_network
-    as_of = down.now_ms + 10 * MINUTE_MS
-    alive, heard = {
-        "down since before the send": (down.now_ms - 5 * MINUTE_MS, None),
+DOWN_CASES = [
+    ("down since before the send", "not delivered yet", "warn"),
+    ("no lease row", "unconfirmed", "warn"),
+    # running is not receiving: a node catching up on a backlog after a restart renews
+    # its lease and records other messages of ours before it reaches this one
+    ("alive well after the send", "unconfirmed", "warn"),
+    ("recorded later traffic from us", "unconfirmed", "warn"),
+]
+
+
+def bob_lease(case: str, now_ms: int) -> tuple[int | None, int | None]:
+    """(Bob's lease last renewed at or None for no row, Bob heard Alice at or None) for a case."""
+    as_of = now_ms + 10 * MINUTE_MS
+    return {
+        "down since before the send": (now_ms - 5 * MINUTE_MS, None),
         "no lease row": (None, None),
         "alive well after the send": (as_of - 10_000, None),
-        "recorded later traffic from us": (down.now_ms - 5 * MINUTE_MS, down.now_ms + MINUTE_MS),
+        "recorded later traffic from us": (now_ms - 5 * MINUTE_MS, now_ms + MINUTE_MS),
     }[case]
-    sources = bob_was(down, tmp_path / "copy", alive, heard)
-    settings = CheckSettings(as_of_ms=as_of, grace_ms=30_000)
+
+
+def assert_waiting_ping(
+    spark: Any,
+    sources: list[NodeSource],
+    session: str,
+    now_ms: int,
+    case: str,
+    outcome: str,
+    status: str,
+) -> None:
+    """Alice's waiting ping is one finding with ``outcome``; nothing else anywhere."""
+    settings = CheckSettings(as_of_ms=now_ms + 10 * MINUTE_MS, grace_ms=30_000)
     with load_nodes(spark, sources) as snapshot:
         result = session_consistency(snapshot, settings)
         rows = [row.asDict() for row in result.frame.collect()]
@@ -589,7 +595,7 @@ def test_a_ping_to_a_down_node_is_a_warning_until_it_consumes_the_opening_messag
     (row,) = rows
     assert (row["node"], row["session_id"], row["counterparty"], row["outcome"]) == (
         ALICE,
-        down.session,
+        session,
         BOB,
         outcome,
     )
@@ -602,6 +608,99 @@ def test_a_ping_to_a_down_node_is_a_warning_until_it_consumes_the_opening_messag
     elif outcome == "unconfirmed" and case != "no lease row":
         assert f"not consumed by {BOB}, which ran since the send" in row["problem"]
         assert "the transport's queues tell" in row["problem"]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("case", "outcome", "status"), DOWN_CASES)
+def test_a_ping_to_a_down_node_is_a_warning_until_it_consumes_the_opening_message(
+    spark: Any, down_network: DownNetwork, tmp_path: Path, case: str, outcome: str, status: str
+) -> None:
+    require_jdbc()
+    down = down_network
+    alive, heard = bob_lease(case, down.now_ms)
+    sources = bob_was(down, tmp_path / "copy", alive, heard)
+    assert_waiting_ping(spark, sources, down.session, down.now_ms, case, outcome, status)
+
+
+@attrs.frozen
+class PostgresDownNetwork:
+    """The down network on PostgreSQL: one schema per node."""
+
+    engine: Engine
+    schemas: dict[str, str]
+    now_ms: int
+    session: str
+
+
+@pytest.fixture(scope="module")
+def postgres_down_network(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PostgresDownNetwork]:
+    url = database_for("postgresql")
+    directory = tmp_path_factory.mktemp("integrity-down-postgres")
+    with MockNetwork(cordapps=CORDAPPS, directory=directory, database=url) as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        alice.start_flow(PingFlow(bob.party))  # answered: Bob recorded a message from Alice
+        network.run_network(advance_clock=False)
+        waiting = alice.start_flow(PingFlow(bob.party)).flow_id
+        while alice.run_once():  # only Alice runs: Bob is down, the ping stays in transport
+            pass
+        now_ms = round(network.clock.now() * 1000)
+        schemas = {m.name: str(m.config.database_schema) for m in network.nodes}
+        engine = create_engine(normalize_url(POSTGRES_URL))
+        try:
+            with engine.begin() as connection:
+                (waiting_for,) = connection.execute(
+                    text(
+                        f'SELECT waiting_for FROM "{schemas[ALICE]}".node_checkpoints '
+                        "WHERE flow_id = :f"
+                    ),
+                    {"f": waiting},
+                ).scalars()
+            if isinstance(waiting_for, str):
+                waiting_for = json.loads(waiting_for)
+            yield PostgresDownNetwork(engine, schemas, now_ms, waiting_for[0]["session"])
+        finally:
+            with engine.begin() as connection:
+                for schema in schemas.values():
+                    for (copy,) in connection.execute(
+                        text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :p"),
+                        {"p": f"{schema}\\_%"},
+                    ):
+                        connection.execute(text(f'DROP SCHEMA "{copy}" CASCADE'))
+            engine.dispose()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("case", "outcome", "status"), DOWN_CASES)
+def test_a_ping_to_a_down_postgresql_node_is_a_warning_until_it_consumes_it(
+    spark: Any,
+    postgres_down_network: PostgresDownNetwork,
+    case: str,
+    outcome: str,
+    status: str,
+) -> None:
+    require_jdbc()
+    down = postgres_down_network
+    copies = copy_schemas(
+        down.engine, down.schemas, f"d{DOWN_CASES.index((case, outcome, status))}"
+    )
+    alive, heard = bob_lease(case, down.now_ms)
+    bob = f'"{copies[BOB]}"'
+    with down.engine.begin() as connection:
+        if alive is None:
+            connection.execute(text(f"DELETE FROM {bob}.node_workers"))
+        else:
+            connection.execute(
+                text(f"UPDATE {bob}.node_workers SET renewed_at = :r, expires_at = :e"),
+                {"r": alive, "e": alive + 10_000},
+            )
+        if heard is not None:
+            connection.execute(
+                text(f"UPDATE {bob}.node_message_ids SET inserted_at = :h"), {"h": heard}
+            )
+    sources = postgres_sources(copies)
+    assert_waiting_ping(spark, sources, down.session, down.now_ms, case, outcome, status)
 
 
 @pytest.mark.spark
