@@ -8,6 +8,7 @@ nothing at all. ``flow_counts`` must count a flow that is both finished and live
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sqlite3
@@ -251,6 +252,23 @@ def copy_schemas(engine: Engine, schemas: dict[str, str], suffix: str) -> dict[s
     return copies
 
 
+@contextlib.contextmanager
+def copies_dropped_after(schemas: dict[str, str]) -> Iterator[Engine]:
+    """An engine on the test database; every ``<schema>_*`` copy of ``schemas`` dropped after."""
+    engine = create_engine(normalize_url(POSTGRES_URL))
+    try:
+        yield engine
+    finally:
+        with engine.begin() as connection:
+            for schema in schemas.values():
+                for (copy,) in connection.execute(
+                    text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :p"),
+                    {"p": f"{schema}\\_%"},
+                ):
+                    connection.execute(text(f'DROP SCHEMA "{copy}" CASCADE'))
+        engine.dispose()
+
+
 def postgres_execute(engine: Engine, schemas: dict[str, str]) -> Execute:
     def execute(node: str, sql: str, parameters: dict[str, object]) -> list[tuple[Any, ...]]:
         with engine.begin() as connection:
@@ -282,18 +300,8 @@ def postgres_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postg
         network.run_network(advance_clock=False)
         now_ms = round(network.clock.now() * 1000)
         schemas = {m.name: str(m.config.database_schema) for m in network.nodes}
-        engine = create_engine(normalize_url(POSTGRES_URL))
-        try:
+        with copies_dropped_after(schemas) as engine:
             yield PostgresNetwork(engine, schemas, now_ms)
-        finally:
-            with engine.begin() as connection:
-                for schema in schemas.values():
-                    for (copy,) in connection.execute(
-                        text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :p"),
-                        {"p": f"{schema}\\_%"},
-                    ):
-                        connection.execute(text(f'DROP SCHEMA "{copy}" CASCADE'))
-            engine.dispose()
 
 
 @pytest.mark.spark
@@ -490,17 +498,22 @@ class DownNetwork:
     """Alice's end of the waiting ping's session."""
 
 
+def ping_a_down_node(network: MockNetwork) -> tuple[str, int]:
+    """Alice pings Bob twice, the second time with Bob down: (the waiting flow, mock now ms)."""
+    alice, bob = network.create_node(ALICE), network.create_node(BOB)
+    alice.start_flow(PingFlow(bob.party))  # answered: Bob recorded a message from Alice
+    network.run_network(advance_clock=False)
+    waiting = alice.start_flow(PingFlow(bob.party)).flow_id
+    while alice.run_once():  # only Alice runs: Bob is down, the ping stays in transport
+        pass
+    return waiting, round(network.clock.now() * 1000)
+
+
 @pytest.fixture(scope="module")
 def down_network(tmp_path_factory: pytest.TempPathFactory) -> DownNetwork:
     directory = tmp_path_factory.mktemp("integrity-down")
     with MockNetwork(cordapps=CORDAPPS, directory=directory / "run") as network:
-        alice, bob = network.create_node(ALICE), network.create_node(BOB)
-        alice.start_flow(PingFlow(bob.party))  # answered: Bob recorded a message from Alice
-        network.run_network(advance_clock=False)
-        waiting = alice.start_flow(PingFlow(bob.party)).flow_id
-        while alice.run_once():  # only Alice runs: Bob is down, the ping stays in transport
-            pass
-        now_ms = round(network.clock.now() * 1000)
+        waiting, now_ms = ping_a_down_node(network)
         databases = {}
         for mock in network.nodes:
             source = Path(mock.config.database_url.removeprefix("sqlite:///"))
@@ -639,16 +652,9 @@ def postgres_down_network(
     url = database_for("postgresql")
     directory = tmp_path_factory.mktemp("integrity-down-postgres")
     with MockNetwork(cordapps=CORDAPPS, directory=directory, database=url) as network:
-        alice, bob = network.create_node(ALICE), network.create_node(BOB)
-        alice.start_flow(PingFlow(bob.party))  # answered: Bob recorded a message from Alice
-        network.run_network(advance_clock=False)
-        waiting = alice.start_flow(PingFlow(bob.party)).flow_id
-        while alice.run_once():  # only Alice runs: Bob is down, the ping stays in transport
-            pass
-        now_ms = round(network.clock.now() * 1000)
+        waiting, now_ms = ping_a_down_node(network)
         schemas = {m.name: str(m.config.database_schema) for m in network.nodes}
-        engine = create_engine(normalize_url(POSTGRES_URL))
-        try:
+        with copies_dropped_after(schemas) as engine:
             with engine.begin() as connection:
                 (waiting_for,) = connection.execute(
                     text(
@@ -660,15 +666,6 @@ def postgres_down_network(
             if isinstance(waiting_for, str):
                 waiting_for = json.loads(waiting_for)
             yield PostgresDownNetwork(engine, schemas, now_ms, waiting_for[0]["session"])
-        finally:
-            with engine.begin() as connection:
-                for schema in schemas.values():
-                    for (copy,) in connection.execute(
-                        text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :p"),
-                        {"p": f"{schema}\\_%"},
-                    ):
-                        connection.execute(text(f'DROP SCHEMA "{copy}" CASCADE'))
-            engine.dispose()
 
 
 @pytest.mark.spark
