@@ -7,7 +7,7 @@ every shuffle crosses JVMs, as on ``spark://host:7077``. On the corrupted networ
 tests/analytics_data.py (every analyzed node's key given, so the blob checks run too), the
 cluster's report must say what the shared local session's says: the same verdict, each
 check's status and summary, and the same findings row for row; only times and snapshot
-stamps differ.
+stamps differ. The network data and its fixtures are those of ``tests/test_analytics.py``.
 """
 
 from __future__ import annotations
@@ -24,23 +24,13 @@ from typing import Any
 import pytest
 
 from flows.cli import main as cli_main
-from persistence.analytics import find_jdbc_jars
-from tests.analytics_data import Injected, NetworkData, build_clean_network, corrupt
-from tests.conftest import require_service
+from tests.analytics_data import Injected, NetworkData
+from tests.test_analytics import broken, clean, require_jdbc
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "local-cluster[2,1,1024]"
 
-
-def require_jdbc() -> None:
-    missing = [d for d in ("sqlite",) if find_jdbc_jars().for_dialect(d) is None]
-    require_service("JDBC drivers", f"no JDBC jar for {missing}" if missing else None)
-
-
-@pytest.fixture(scope="module")
-def broken(tmp_path_factory: pytest.TempPathFactory) -> tuple[NetworkData, Injected]:
-    clean = build_clean_network(tmp_path_factory.mktemp("cluster-clean"))
-    return corrupt(clean, tmp_path_factory.mktemp("cluster-broken"))
+__all__ = ["broken", "clean"]  # module-scoped fixtures, shared with tests/test_analytics.py
 
 
 def analyze_argv(data: NetworkData, injected: Injected, report: Path) -> list[str]:
