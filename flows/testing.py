@@ -283,6 +283,16 @@ class MockNode:
         return f"MockNode({self.name})"
 
 
+def check_mock_database(database: str) -> str:
+    """``database`` if a mock node can be kept there, else a ValueError naming what can."""
+    if database not in ("sqlite", "memory") and not database.startswith("postgres"):
+        raise ValueError(
+            "database must be 'sqlite', 'memory' (not durable) or a postgresql:// URL, "
+            f"not {database!r}"
+        )
+    return database
+
+
 class MockNetwork:
     """Nodes on an in-memory network, driven step by step.
 
@@ -305,11 +315,7 @@ class MockNetwork:
         operation_threads: int = 16,
         hibernate_after: float | None = None,
     ) -> None:
-        if database not in ("sqlite", "memory") and not database.startswith("postgres"):
-            raise ValueError(
-                "database must be 'sqlite', 'memory' (not durable) or a postgresql:// URL, "
-                f"not {database!r}"
-            )
+        check_mock_database(database)
         self.database = database
         self.receive_timeout = receive_timeout
         self.operation_threads = operation_threads
@@ -322,7 +328,8 @@ class MockNetwork:
         on a flow or a message are retried, kept or quarantined (on the mock clock) while
         the other flows go on. With False (the default) they propagate to the test."""
         self._schema_prefix = f"ff_{uuid.uuid4().hex[:12]}"
-        self._schemas: list[str] = []
+        self._schemas: list[tuple[str, str]] = []
+        """(PostgreSQL URL, schema) of every node kept in a schema, dropped by stop_nodes."""
         self.cordapps = tuple(cordapps)
         self.messaging = InMemoryNetwork(seed, faults)
         self.peer_keys = StaticPeerKeys()
@@ -341,26 +348,31 @@ class MockNetwork:
         *,
         limits: SerializationLimits = DEFAULT_LIMITS,
         metrics: NodeMetrics | None = None,
+        database: str | None = None,
     ) -> MockNode:
         """Add a node called ``name`` (an X.500 name such as ``O=Alice,L=London,C=GB``).
 
         ``limits`` bound its payloads and session messages (``NodeConfig.limits``);
         ``metrics`` (:class:`flows.metrics.NodeMetrics`) are fed by the node and its restarts.
+        ``database`` keeps this node elsewhere than the network's ``database`` (same values:
+        ``"sqlite"``, ``"memory"`` or a ``postgresql://`` URL), for a network whose nodes
+        are on SQLite and PostgreSQL alike.
         """
         if any(node.name == name for node in self.nodes):
             raise ValueError(f"the network already has a node called {name}")
+        store = self.database if database is None else check_mock_database(database)
         party = Party(name)
         filename = "".join(ch if ch.isalnum() else "_" for ch in party.organisation)
         path = self.directory / f"{filename}_{len(self.nodes)}.db"
         schema_name = None
-        if self.database == "sqlite":
+        if store == "sqlite":
             url = f"sqlite:///{path}"
-        elif self.database == "memory":
+        elif store == "memory":
             url = MEMORY_URL
         else:
-            url = self.database
+            url = store
             schema_name = f"{self._schema_prefix}_{len(self.nodes)}"
-            self._schemas.append(schema_name)
+            self._schemas.append((store, schema_name))
         config = NodeConfig(
             name=name,
             database_url=url,
@@ -432,8 +444,8 @@ class MockNetwork:
         """Stop every node and, if the network made its directory, delete it."""
         for mock in self.nodes:
             mock.node.stop()
-        for schema_name in self._schemas:
-            drop_schema(self.database, schema_name)
+        for url, schema_name in self._schemas:
+            drop_schema(url, schema_name)
         self._schemas = []
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)

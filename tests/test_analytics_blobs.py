@@ -6,7 +6,8 @@ blob byte flipped (``mac_mismatch``), an older genuine blob under a newer row
 (``stale_checkpoint``), a dedup row for a message the sender never sent
 (``consumed_unsent``), the dedup id of the last message a live flow took in deleted
 (``missing_last_dedup_id``). The clean copy gives nothing; without a key the verdict says
-"not checked: no key". One case runs on PostgreSQL nodes.
+"not checked: no key". On PostgreSQL nodes a flipped blob, and each of the table-side
+faults on copied schemas.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import contextlib
 import io
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
 
 from flows import Party
 from flows.cli import main as cli_main
@@ -42,6 +44,7 @@ from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
+from statemachine.session_ids import responder_flow_id
 from statemachine.values import replace
 from tests.analytics_blob_flows import ClosingFlow, NappingFlow
 from tests.analytics_data import (
@@ -50,6 +53,7 @@ from tests.analytics_data import (
     CHARLIE,
     CORDAPPS,
     NAMES,
+    Execute,
     LingeringFlow,
     NetworkData,
     RefusalCaughtFlow,
@@ -59,6 +63,12 @@ from tests.analytics_data import (
 )
 from tests.conftest import POSTGRES_URL, database_for
 from tests.test_analytics import require_jdbc, settings_for
+from tests.test_analytics_integrity import (
+    copies_dropped_after,
+    copy_schemas,
+    postgres_execute,
+    postgres_sources,
+)
 
 MINUTE_MS = 60_000
 
@@ -591,3 +601,139 @@ def test_an_older_blob_and_row_put_back_are_behind_their_dedup_ids(
     _, found = closing_check(spark, data)
     assert where(found) == [(ALICE, "stale_checkpoint", closing.initiator, second.session_id, 1)]
     assert "expects message 1 next" in found[0]["detail"]
+
+
+# --- Spark: the blob faults on PostgreSQL nodes, one at a time on copied schemas ----------------
+
+
+@attrs.frozen
+class PostgresBlobNetwork:
+    """Alice and Bob on PostgreSQL schemas: a lingering conversation (Bob's responder waits)
+    and a ClosingFlow whose first conversation has finished (Alice lives on)."""
+
+    engine: Engine
+    schemas: dict[str, str]
+    keys: dict[str, Path]
+    now_ms: int
+    lingering: str
+    """Alice's LingeringFlow (sent its hello, sleeps a day)."""
+
+
+@pytest.fixture(scope="module")
+def postgres_blob_network(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[PostgresBlobNetwork]:
+    url = database_for("postgresql")
+    directory = tmp_path_factory.mktemp("blobs-postgres")
+    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
+    with MockNetwork(cordapps=cordapps, directory=directory, database=url) as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
+        alice.start_flow(PingFlow(bob.party))
+        lingering = alice.start_flow(LingeringFlow(bob.party)).flow_id
+        closing = alice.start_flow(ClosingFlow(bob.party))
+        network.run_network(advance_clock=False)
+        network.clock.advance(61)  # the minute between ClosingFlow's two conversations
+        network.run_network(advance_clock=False)
+        assert not closing.done()
+        now_ms = round(network.clock.now() * 1000)
+        schemas = {m.name: str(m.config.database_schema) for m in network.nodes}
+        with copies_dropped_after(schemas) as engine:
+            yield PostgresBlobNetwork(engine, schemas, keys, now_ms, lingering)
+
+
+def lingering_conversation(execute: Execute) -> tuple[str, str]:
+    """(the lingering session, Bob's waiting responder on it)."""
+    (responder,) = execute(
+        BOB,
+        "SELECT flow_id FROM {t}node_checkpoints WHERE flow_class LIKE :c",
+        {"c": "%.LingeringResponder"},
+    )
+    sessions = [
+        str(session).removesuffix(".r")
+        for (session,) in execute(BOB, "SELECT DISTINCT session_id FROM {t}node_message_ids", {})
+    ]
+    (session,) = [s for s in sessions if responder_flow_id(ALICE, s) == responder[0]]
+    return session, str(responder[0])
+
+
+BlobInjection = Callable[[Execute, PostgresBlobNetwork], tuple[Any, ...]]
+
+
+def inject_consumed_unsent(execute: Execute, net: PostgresBlobNetwork) -> tuple[Any, ...]:
+    """Bob records the goodbye of the lingering session, which Alice never sent."""
+    session, _ = lingering_conversation(execute)
+    execute(
+        BOB,
+        "INSERT INTO {t}node_message_ids (message_id, sender, session_id, sequence, "
+        "inserted_at) VALUES (:m, :s, :r, 1, :at)",
+        {"m": f"N-{session}-1", "s": ALICE, "r": f"{session}.r", "at": net.now_ms - MINUTE_MS},
+    )
+    return (BOB, "consumed_unsent", net.lingering, f"{session}.r", 1)
+
+
+def inject_missing_live_dedup_id(execute: Execute, net: PostgresBlobNetwork) -> tuple[Any, ...]:
+    """Bob's waiting responder took in the hello; its dedup id is deleted."""
+    session, responder = lingering_conversation(execute)
+    execute(BOB, "DELETE FROM {t}node_message_ids WHERE session_id = :r", {"r": f"{session}.r"})
+    return (BOB, "missing_last_dedup_id", responder, f"{session}.r", 0)
+
+
+def inject_missing_finished_dedup_id(execute: Execute, net: PostgresBlobNetwork) -> tuple[Any, ...]:
+    """The dedup id of Alice's end of the finished conversation (message 2) is deleted."""
+    ((session,),) = execute(
+        BOB, "SELECT session_id FROM {t}node_message_ids WHERE sequence = 2", {}
+    )
+    execute(
+        BOB,
+        "DELETE FROM {t}node_message_ids WHERE session_id = :r AND sequence = 2",
+        {"r": session},
+    )
+    responder = responder_flow_id(ALICE, str(session).removesuffix(".r"))
+    return (BOB, "missing_last_dedup_id", responder, session, 2)
+
+
+def inject_stale_checkpoint(execute: Execute, net: PostgresBlobNetwork) -> tuple[Any, ...]:
+    """Bob's waiting responder's row says a version its (genuine, older) blob is not."""
+    _, responder = lingering_conversation(execute)
+    execute(
+        BOB,
+        "UPDATE {t}node_checkpoints SET checkpoint_version = checkpoint_version + 1 "
+        "WHERE flow_id = :f",
+        {"f": responder},
+    )
+    return (BOB, "stale_checkpoint", responder)
+
+
+BLOB_INJECTIONS: dict[str, BlobInjection] = {
+    "consumed_unsent": inject_consumed_unsent,
+    "missing_live_dedup_id": inject_missing_live_dedup_id,
+    "missing_finished_dedup_id": inject_missing_finished_dedup_id,
+    "stale_checkpoint": inject_stale_checkpoint,
+}
+
+
+@pytest.mark.spark
+def test_postgresql_nodes_blob_faults_are_each_found_alone(
+    spark: Any, postgres_blob_network: PostgresBlobNetwork
+) -> None:
+    """The clean schemas give nothing; each fault on copied schemas gives exactly its finding."""
+    require_jdbc()
+    net = postgres_blob_network
+    settings = CheckSettings(as_of_ms=net.now_ms + MINUTE_MS, grace_ms=30_000)
+    mac_keys = load_keys([NodeKey(name, path) for name, path in net.keys.items()])
+
+    def check(schemas: dict[str, str]) -> tuple[CheckResult, list[dict[str, Any]]]:
+        with load_nodes(spark, postgres_sources(schemas)) as snapshot:
+            snapshot.checkpoint_keys = mac_keys
+            result = checkpoint_blobs(snapshot, settings)
+            return result, [row.asDict() for row in result.frame.collect()]
+
+    result, found = check(net.schemas)
+    assert found == [] and result.verdict.status == "ok", result.verdict
+    for index, case in enumerate(BLOB_INJECTIONS):
+        copies = copy_schemas(net.engine, net.schemas, f"b{index}")
+        expected = BLOB_INJECTIONS[case](postgres_execute(net.engine, copies), net)
+        result, found = check(copies)
+        assert [row[: len(expected)] for row in where(found)] == [expected], case
+        assert result.verdict.status == "fail", case

@@ -9,6 +9,7 @@ nothing at all. ``flow_counts`` must count a flow that is both finished and live
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import shutil
 import sqlite3
@@ -21,6 +22,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
+from flows.cli import main as cli_main
 from flows.testing import MockNetwork
 from persistence.analytics import (
     CheckSettings,
@@ -34,6 +36,7 @@ from persistence.analytics import (
     session_ownership,
 )
 from persistence.analytics.exactly_once import GAPS_LISTED
+from persistence.analytics.keys import NodeKey, load_keys
 from persistence.analytics.sources import NodeSource
 from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
@@ -61,6 +64,7 @@ from tests.analytics_data import (
     inject_unowned_initiator_end,
     inject_unowned_responder_end,
     sqlite_execute,
+    write_key_file,
 )
 from tests.conftest import POSTGRES_URL, database_for, require_service
 from tests.cordapp import EchoFlow, UnansweredFlow
@@ -321,6 +325,48 @@ def test_postgresql_nodes_clean_give_nothing_and_each_injection_its_finding(
 
 
 @pytest.mark.spark
+def test_a_flow_finished_and_live_on_postgresql_is_counted_once_as_finished(
+    spark: Any, postgres_network: PostgresNetwork
+) -> None:
+    require_jdbc()
+    net = postgres_network
+    before = counts(findings(spark, postgres_sources(net.schemas), net.now_ms)[1])
+    copies = copy_schemas(net.engine, net.schemas, "f0")
+    inject_finished_and_live(postgres_execute(net.engine, copies), net.now_ms)
+    after = counts(findings(spark, postgres_sources(copies), net.now_ms)[1])
+    key = (ALICE, "tests.analytics_data.LingeringFlow")
+    assert after[(*key, "SUSPENDED")] == before[(*key, "SUSPENDED")] - 1
+    assert after.get((*key, "COMPLETED"), 0) == before.get((*key, "COMPLETED"), 0) + 1
+    assert sum(after.values()) == sum(before.values())
+
+
+@pytest.mark.spark
+def test_an_opening_message_consumed_by_two_postgresql_nodes_is_a_finding(
+    spark: Any, postgres_network: PostgresNetwork
+) -> None:
+    """The SQLite test's three cases above, on copied PostgreSQL schemas."""
+    require_jdbc()
+    net = postgres_network
+    cases = [
+        (False, (BOB, CHARLIE), {CHARLIE: ("misdirected", BOB)}),
+        (True, (BOB, CHARLIE), {BOB: ("contested", CHARLIE), CHARLIE: ("contested", BOB)}),
+        (True, (ALICE, BOB, CHARLIE), {CHARLIE: ("misdirected", BOB)}),
+    ]
+    for index, (refused, analyzed, expected) in enumerate(cases):
+        copies = copy_schemas(net.engine, net.schemas, f"t{index}")
+        session = inject_opening_recorded_twice(postgres_execute(net.engine, copies), refused)
+        sources = postgres_sources({name: copies[name] for name in analyzed})
+        found, details = findings(spark, sources, net.now_ms)
+        flow = session_ids.responder_flow_id(ALICE, session)
+        assert found == {
+            ("session_ownership", node, flow, kind) for node, (kind, _) in expected.items()
+        }, (refused, analyzed)
+        rows = details["session_ownership"]["rows"]
+        assert {r["node"]: (r["kind"], r["target"]) for r in rows} == expected
+        assert details["session_ownership"]["status"] == "fail"
+
+
+@pytest.mark.spark
 def test_a_responder_that_answered_and_lost_its_result_is_an_orphan_not_a_refusal(
     spark: Any, clean: NetworkData, tmp_path: Path
 ) -> None:
@@ -496,6 +542,8 @@ class DownNetwork:
     now_ms: int
     session: str
     """Alice's end of the waiting ping's session."""
+    keys: dict[str, Path]
+    """Each node's key file (for the blob check)."""
 
 
 def ping_a_down_node(network: MockNetwork) -> tuple[str, int]:
@@ -514,6 +562,7 @@ def down_network(tmp_path_factory: pytest.TempPathFactory) -> DownNetwork:
     directory = tmp_path_factory.mktemp("integrity-down")
     with MockNetwork(cordapps=CORDAPPS, directory=directory / "run") as network:
         waiting, now_ms = ping_a_down_node(network)
+        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
         databases = {}
         for mock in network.nodes:
             source = Path(mock.config.database_url.removeprefix("sqlite:///"))
@@ -533,7 +582,7 @@ def down_network(tmp_path_factory: pytest.TempPathFactory) -> DownNetwork:
             )
         ]
     connection.close()
-    return DownNetwork(databases, now_ms, json.loads(session)[0]["session"])
+    return DownNetwork(databases, now_ms, json.loads(session)[0]["session"], keys)
 
 
 def bob_was(
@@ -597,14 +646,19 @@ def assert_waiting_ping(
     outcome: str,
     status: str,
 ) -> None:
-    """Alice's waiting ping is one finding with ``outcome``; nothing else anywhere."""
+    """Alice's waiting ping is one finding with ``outcome``; nothing else anywhere, and no
+    check fails (the command would exit 0)."""
     settings = CheckSettings(as_of_ms=now_ms + 10 * MINUTE_MS, grace_ms=30_000)
     with load_nodes(spark, sources) as snapshot:
-        result = session_consistency(snapshot, settings)
+        results = {result.name: result for result in run_checks(snapshot, settings)}
+        result = results["session_consistency"]
         rows = [row.asDict() for row in result.frame.collect()]
         summary = {row[0]: row[1] for row in result.extras["summary"].collect()}
-        assert node_integrity(snapshot, settings).verdict.status == "ok"
-        assert session_ownership(snapshot, settings).verdict.status == "ok"
+    assert results["node_integrity"].verdict.status == "ok"
+    assert results["session_ownership"].verdict.status == "ok"
+    assert results["exactly_once_audit"].verdict.status == "ok"
+    failed = [name for name, r in results.items() if r.verdict.status == "fail"]
+    assert failed == [], {name: results[name].verdict.summary for name in failed}
     (row,) = rows
     assert (row["node"], row["session_id"], row["counterparty"], row["outcome"]) == (
         ALICE,
@@ -633,6 +687,34 @@ def test_a_ping_to_a_down_node_is_a_warning_until_it_consumes_the_opening_messag
     alive, heard = bob_lease(case, down.now_ms)
     sources = bob_was(down, tmp_path / "copy", alive, heard)
     assert_waiting_ping(spark, sources, down.session, down.now_ms, case, outcome, status)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("case", ["down since before the send", "no lease row"])
+def test_the_command_on_a_down_nodes_network_with_every_key_exits_zero(
+    spark: Any, down_network: DownNetwork, tmp_path: Path, case: str
+) -> None:
+    """``fiberflow analyze``, every check and both nodes' keys (the blob check opens every
+    blob): a node that is merely down is a warning, never a broken promise."""
+    require_jdbc()
+    down = down_network
+    alive, heard = bob_lease(case, down.now_ms)
+    sources = bob_was(down, tmp_path / "copy", alive, heard)
+    argv = ["analyze", "--as-of", str(down.now_ms + 10 * MINUTE_MS), "--grace", "30s"]
+    for source in sources:
+        argv += ["--node", f"{source.name}={source.url}"]
+    for name, path in down.keys.items():
+        argv += ["--key-file", f"{name}={path}"]
+    argv += ["--json", str(tmp_path / "r.json")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli_main(argv)
+    assert code == 0, out.getvalue()
+    report = json.loads((tmp_path / "r.json").read_text())
+    statuses = {check["name"]: check["status"] for check in report["checks"]}
+    assert statuses["session_consistency"] == "warn", statuses
+    assert statuses["checkpoint_blobs"] == "ok", statuses  # opened, not "not checked"
+    assert "fail" not in statuses.values(), statuses
 
 
 @attrs.frozen
@@ -734,3 +816,86 @@ def test_a_refusal_the_initiating_flow_caught_is_a_warning_not_an_orphan(
     assert (row["node"], row["outcome"], row["counterparty"]) == (ALICE, "refused or lost", BOB)
     assert "a refusal it caught, or a responder that confirmed" in row["problem"]
     assert "checkpoint_blobs tells: responder_lost" in row["problem"]
+
+
+# --- one network, nodes on SQLite and on PostgreSQL ------------------------------------------
+
+
+@pytest.mark.spark
+def test_sqlite_and_postgresql_nodes_of_one_network_are_judged_as_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Alice and Charlie on SQLite files, Bob in a PostgreSQL schema, as an operator's
+    network may be: clean, every check with every key passes (no failure, the blobs
+    opened); each table-only fault, injected on a copy of the three, gives its finding."""
+    require_jdbc()
+    url = database_for("postgresql")
+    with MockNetwork(cordapps=CORDAPPS, directory=tmp_path / "run") as network:
+        alice = network.create_node(ALICE)
+        bob = network.create_node(BOB, database=url)
+        charlie = network.create_node(CHARLIE)
+        assert bob.config.database_schema and not alice.config.database_schema
+        for _ in range(2):
+            alice.start_flow(PingFlow(bob.party))
+            alice.start_flow(LingeringFlow(bob.party))
+        alice.start_flow(PingFlow(charlie.party))
+        alice.start_flow(EchoFlow(bob.party, ["one", "two", "three"]))
+        alice.start_flow(UnansweredFlow(bob.party))
+        network.run_network(advance_clock=False)
+        now_ms = round(network.clock.now() * 1000)
+        keys = {m.name: write_key_file(m, tmp_path / "keys") for m in network.nodes}
+        files = {
+            m.name: Path(m.config.database_url.removeprefix("sqlite:///")) for m in (alice, charlie)
+        }
+        schemas = {BOB: str(bob.config.database_schema)}
+        with copies_dropped_after(schemas) as engine:
+
+            def mixed_copy(suffix: str) -> tuple[Execute, list[NodeSource]]:
+                """Copies of the three stores: a statement runner on them, and their sources."""
+                copies = {}
+                for name, source in files.items():
+                    copies[name] = tmp_path / suffix / source.name
+                    copies[name].parent.mkdir(exist_ok=True)
+                    copy_database(source, copies[name])
+                on_postgres = postgres_execute(engine, copy_schemas(engine, schemas, suffix))
+                on_sqlite = sqlite_execute(attrs.evolve(empty_network(tmp_path), databases=copies))
+
+                def execute(node: str, sql: str, parameters: dict[str, object]) -> Any:
+                    return (on_postgres if node == BOB else on_sqlite)(node, sql, parameters)
+
+                sources = [parse_node_argument(f"{n}=sqlite:///{p}") for n, p in copies.items()]
+                sources += postgres_sources({BOB: f"{schemas[BOB]}_{suffix}"})
+                return execute, sources
+
+            _, sources = mixed_copy("clean")
+            settings = CheckSettings(as_of_ms=now_ms + MINUTE_MS, grace_ms=30_000)
+            with load_nodes(spark, sources) as snapshot:
+                snapshot.checkpoint_keys = load_keys(
+                    [NodeKey(name, path) for name, path in keys.items()]
+                )
+                statuses = {r.name: r.verdict.status for r in run_checks(snapshot, settings)}
+            assert statuses["checkpoint_blobs"] == "ok", statuses
+            for check in ("session_consistency", "exactly_once_audit", *CHECKS):
+                assert statuses[check] == "ok", (check, statuses)
+            for index, case in enumerate(sorted(INJECTIONS)):
+                execute, sources = mixed_copy(f"m{index}")
+                expected = INJECTIONS[case](execute, now_ms)
+                found, details = findings(spark, sources, now_ms)
+                assert found == {attrs.astuple(expected)}, case
+                assert details[expected.check]["status"] == "fail", case
+
+
+def empty_network(directory: Path) -> NetworkData:
+    """A :class:`NetworkData` holding nothing (for :func:`sqlite_execute` on other files)."""
+    return NetworkData(
+        directory=directory,
+        databases={},
+        now_ms=0,
+        finished={},
+        live={},
+        lingering=[],
+        echo_session="",
+        hospitalized="",
+        paused=(BOB, ""),
+        keys={},
+    )
