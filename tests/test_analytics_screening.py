@@ -56,6 +56,9 @@ from tests.analytics_data import (
     assert_same_findings,
     build_clean_network,
     corrupt,
+    inject_blob_without_checkpoint,
+    inject_checkpoint_without_blob,
+    inject_finished_and_live,
     inject_misdirected_initiator_end,
     inject_misdirected_responder_end,
     inject_opening_recorded_twice,
@@ -520,6 +523,47 @@ def test_a_flow_of_which_only_the_blob_is_left_is_missing_to_the_export_layout(
     with load_export(spark, tmp_path / "export", sources) as snapshot:
         assert set(snapshot.layouts) == {"evidence", "flows"}
         assert screen(snapshot, settings).missing_flows >= 1
+
+
+def flow_totals(report: Any) -> dict[tuple[str, str, str], int]:
+    """``flow_counts`` of a report: flows by (node, class, status)."""
+    table = report.check("flow_counts").table
+    rows = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+    return {(r["node"], r["flow_class"], r["status"]): int(r["flows"]) for r in rows}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "case", ["checkpoint_without_blob", "blob_without_checkpoint", "finished_and_live"]
+)
+def test_each_integrity_fault_is_found_from_the_export_as_from_the_databases(
+    spark: Any, clean: NetworkData, tmp_path: Any, case: str
+) -> None:
+    """The path a large analysis takes: screened (the flow index's overlaps are what
+    ``node_integrity`` and ``flow_counts`` use) and read from the export's layout. The
+    injected fault is the one ``node_integrity`` finding, as from the databases; a flow
+    finished and live counts once, as finished."""
+    data = clean.copy_to(tmp_path / "data")
+    execute = sqlite_execute(data)
+    expected = {
+        "checkpoint_without_blob": lambda: inject_checkpoint_without_blob(execute),
+        "blob_without_checkpoint": lambda: inject_blob_without_checkpoint(execute),
+        "finished_and_live": lambda: inject_finished_and_live(execute, data.now_ms),
+    }[case]()
+    _, exported = exported_as_from_databases(spark, data, NAMES, tmp_path / "export")
+    integrity = exported.check("node_integrity")
+    rows = [dict(zip(integrity.table.columns, row, strict=True)) for row in integrity.table.rows]
+    assert [(r["node"], r["flow_id"], r["kind"]) for r in rows] == [
+        (expected.node, expected.flow_id, expected.kind)
+    ]
+    assert integrity.status == "fail"
+    if case == "finished_and_live":
+        _, before = exported_as_from_databases(spark, clean, NAMES, tmp_path / "clean-export")
+        counted, was = flow_totals(exported), flow_totals(before)
+        key = (ALICE, "tests.analytics_data.LingeringFlow")
+        assert counted[(*key, "SUSPENDED")] == was[(*key, "SUSPENDED")] - 1
+        assert counted.get((*key, "COMPLETED"), 0) == was.get((*key, "COMPLETED"), 0) + 1
+        assert sum(counted.values()) == sum(was.values())
 
 
 @pytest.mark.spark
