@@ -417,9 +417,14 @@ class Expected:
 
 def sqlite_execute(data: NetworkData) -> Execute:
     """:data:`Execute` on the SQLite files of ``data``."""
+    return sqlite_files_execute(data.databases)
+
+
+def sqlite_files_execute(databases: dict[str, Path]) -> Execute:
+    """:data:`Execute` on SQLite files, by node name."""
 
     def execute(node: str, sql: str, parameters: dict[str, object]) -> list[tuple[Any, ...]]:
-        connection = sqlite3.connect(data.databases[node])
+        connection = sqlite3.connect(databases[node])
         try:
             with connection:
                 return [tuple(r) for r in connection.execute(sql.format(t=""), parameters)]

@@ -64,6 +64,7 @@ from tests.analytics_data import (
     inject_unowned_initiator_end,
     inject_unowned_responder_end,
     sqlite_execute,
+    sqlite_files_execute,
     write_key_file,
 )
 from tests.conftest import POSTGRES_URL, database_for, require_service
@@ -858,7 +859,7 @@ def test_sqlite_and_postgresql_nodes_of_one_network_are_judged_as_one(
                     copies[name].parent.mkdir(exist_ok=True)
                     copy_database(source, copies[name])
                 on_postgres = postgres_execute(engine, copy_schemas(engine, schemas, suffix))
-                on_sqlite = sqlite_execute(attrs.evolve(empty_network(tmp_path), databases=copies))
+                on_sqlite = sqlite_files_execute(copies)
 
                 def execute(node: str, sql: str, parameters: dict[str, object]) -> Any:
                     return (on_postgres if node == BOB else on_sqlite)(node, sql, parameters)
@@ -883,19 +884,3 @@ def test_sqlite_and_postgresql_nodes_of_one_network_are_judged_as_one(
                 found, details = findings(spark, sources, now_ms)
                 assert found == {attrs.astuple(expected)}, case
                 assert details[expected.check]["status"] == "fail", case
-
-
-def empty_network(directory: Path) -> NetworkData:
-    """A :class:`NetworkData` holding nothing (for :func:`sqlite_execute` on other files)."""
-    return NetworkData(
-        directory=directory,
-        databases={},
-        now_ms=0,
-        finished={},
-        live={},
-        lingering=[],
-        echo_session="",
-        hospitalized="",
-        paused=(BOB, ""),
-        keys={},
-    )
