@@ -37,8 +37,8 @@ from sqlalchemy import Engine, event
 from benchmarks.round_trips import counting_wait
 from flows.flow_requests import encode_arguments
 from flows.testing import MockNetwork, MockNode
+from foundation.serialization import qualified_name
 from persistence.node_store import FlowRequest
-from persistence.serialization import qualified_name
 from samples.pingpong import PingFlow
 
 POSTGRES_URL = os.environ.get(

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import Column, Integer, LargeBinary, MetaData, Table, create_engine, select
 
 from flows.demo import run_pingpong_processes
-from persistence.engine import configure_sqlite, normalize_url
+from foundation.engine import configure_sqlite, normalize_url
 
 POSTGRES_URL = os.environ.get(
     "FIBERFLOW_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"

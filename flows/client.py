@@ -23,9 +23,9 @@ from flows.errors import FiberflowError, exception_from_error
 from flows.flow_logic import FlowLogic
 from flows.node import encode_arguments
 from flows.schedules import make_schedule
+from foundation.serialization import PAYLOADS, qualified_name
 from persistence.node_store import FlowRequest, StoredOutcome
 from persistence.schedule_store import ScheduleRow
-from persistence.serialization import PAYLOADS, qualified_name
 from persistence.store import NodeDatabase
 from statemachine.limits import FLOW_ID_CHARS
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from flows.flow_logic import FlowLogic
 from flows.markings import app_name_of, initiating_info, responder_initiator
-from persistence.serialization import qualified_name
+from foundation.serialization import qualified_name
 from statemachine.ports import Responder
 from statemachine.state import Checkpoint, InitiatedBy
 

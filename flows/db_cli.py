@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
-from persistence.engine import open_engine
+from foundation.engine import open_engine
 from persistence.lease import live_holders
 from persistence.migration import (
     NodeDatabaseMissingError,

@@ -24,7 +24,7 @@ from flows.markings import (
     mark_responder,
     mark_startable_by_rpc,
 )
-from persistence.serialization import PAYLOAD_TYPES, qualified_name
+from foundation.serialization import PAYLOAD_TYPES, qualified_name
 from statemachine.limits import APP_NAME_CHARS, FLOW_CLASS_CHARS
 
 __all__ = [

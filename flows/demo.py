@@ -43,8 +43,8 @@ from flows.party import Party
 from flows.progress import ProgressBar
 from flows.runtime import startup_problem
 from flows.testing import MockNetwork
+from foundation.engine import drop_schema
 from messaging.transports import purge_queues
-from persistence.engine import drop_schema
 from statemachine.state import Checkpoint
 
 log = logging.getLogger("fiberflow.demo")

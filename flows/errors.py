@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from flows.tracebacks import FlowTraceback
-from persistence.serialization import qualified_name
+from foundation.serialization import qualified_name
 from statemachine.flow_error import ErrorKind, FlowError
 
 

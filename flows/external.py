@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from persistence.serialization import Serializer
+from foundation.serialization import Serializer
 from statemachine.actions import StartOperation
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import RetryPolicy

@@ -34,7 +34,7 @@ from flows.errors import error_from_exception, exception_from_error
 from flows.flow_logic import FlowInfo, FlowLogic, FlowSession
 from flows.party import Party
 from flows.tracebacks import flow_traceback
-from persistence.serialization import Serializer
+from foundation.serialization import Serializer
 from statemachine.flow_error import FlowError
 from statemachine.iorequests import IORequest, Plain, RetryPolicy
 from statemachine.ports import Failed, FiberOutcome, Returned, Suspended

@@ -23,7 +23,7 @@ from flows.errors import FlowArgumentError, FlowException
 from flows.markings import InitiatingInfo, initiating_info
 from flows.party import Party
 from flows.untrustworthy import UntrustworthyData
-from persistence.serialization import SerializationError, Serializer
+from foundation.serialization import SerializationError, Serializer
 from statemachine.iorequests import (
     CloseSessions,
     ContinueAsNew,

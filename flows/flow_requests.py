@@ -26,8 +26,8 @@ from flows.flow_logic import FlowLogic
 from flows.flow_logic import encode_arguments as encode_flow_arguments
 from flows.markings import responder_initiator
 from flows.party import Party
+from foundation.serialization import PAYLOADS, Serializer
 from persistence.node_store import ControlPlane, FlowRequest
-from persistence.serialization import PAYLOADS, Serializer
 from statemachine.actions import ClaimFlowRequests, StoreFlowError
 from statemachine.flow_end import FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError

@@ -55,9 +55,9 @@ import attrs
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from flows.effects import FlowEffectError
+from foundation.serialization import qualified_name
 from messaging.service import TransportError
 from persistence.lease import LeaseError
-from persistence.serialization import qualified_name
 from statemachine.errors import AfterCommitError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.ports import FailureAction, FailureTreatment

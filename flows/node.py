@@ -46,6 +46,12 @@ from flows.operations import OperatorCommands
 from flows.party import Party
 from flows.resident_memory import resident_bytes
 from flows.schedules import FlowScheduler
+from foundation.engine import application_name
+from foundation.serialization import (
+    PAYLOADS,
+    Serializer,
+    qualified_name,
+)
 from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.background_relay import BackgroundOutboxRelay
 from messaging.codec import SessionCodec
@@ -59,14 +65,9 @@ from messaging.service import (
     PartitionedInbound,
     as_partitioned,
 )
-from persistence.lease import NodeLease, WorkerInfo, application_name
+from persistence.lease import NodeLease, WorkerInfo
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.node_store import CheckpointSummary
-from persistence.serialization import (
-    PAYLOADS,
-    Serializer,
-    qualified_name,
-)
 from persistence.store import NodeDatabase
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError

@@ -5,9 +5,9 @@ from __future__ import annotations
 import attrs
 
 from flows.party import Party
+from foundation.serialization import DEFAULT_LIMITS, SerializationLimits
 from messaging.codec import wire_limits_problem
 from persistence.lease import DEFAULT_LEASE_SECONDS
-from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 
 DEFAULT_RECEIVE_TIMEOUT = 3600.0
 """A receive waits at most an hour unless the flow or the node config says otherwise."""

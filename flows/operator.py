@@ -25,11 +25,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from flows.identity import KeyFileError, load_or_create_identity
 from flows.runtime import first_line, url_without_password
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
+from foundation.serialization import PAYLOADS, SerializationError
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
 from persistence.lease import database_clock, read_assignment, read_holders
 from persistence.migration import NodeDatabaseMissingError, SchemaVersionError
-from persistence.serialization import PAYLOADS, SerializationError
 from persistence.store import NodeDatabase
 from statemachine.partitions import partition_of, partition_ranges
 

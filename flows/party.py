@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from persistence.serialization import PAYLOAD_TYPES
+from foundation.serialization import PAYLOAD_TYPES
 from statemachine.limits import PARTY_NAME_CHARS
 
 _REQUIRED = ("O", "L", "C")

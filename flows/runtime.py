@@ -42,6 +42,7 @@ from flows.network_trust import NetworkTrustError, NodeTrust
 from flows.node import Node, RelayFactory
 from flows.peer_directory import NetworkMapDirectory
 from flows.runtime_config import ConfigError, RuntimeConfig, load_config
+from foundation.engine import application_name, is_permanent_connect_error
 from messaging.authentication import MessageAuthenticator
 from messaging.bridges import BridgeManager
 from messaging.inbound_set import InboundSet
@@ -53,7 +54,6 @@ from messaging.service import (
 )
 from messaging.tls import TlsSetupError
 from messaging.transports import open_transport
-from persistence.engine import is_permanent_connect_error
 from persistence.lease import (
     LeaseError,
     LeaseHeldError,
@@ -61,7 +61,6 @@ from persistence.lease import (
     NodeLease,
     Rebalance,
     WorkerInfo,
-    application_name,
 )
 from persistence.lease_keeper import LeaseKeeper
 from persistence.migration import SchemaVersionError

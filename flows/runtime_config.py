@@ -72,13 +72,13 @@ from flows.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.node_config import DEFAULT_HIBERNATE_AFTER
 from flows.party import Party
 from flows.rpc.config import ALL_FLOWS, RpcConfig, parse_rpc_section
+from foundation.engine import database_url_problem
+from foundation.serialization import DEFAULT_LIMITS, SerializationLimits
 from messaging.codec import wire_limits_problem
 from messaging.peer_senders import Credentials, public_address
 from messaging.tls import TlsSettings
 from messaging.transports import TransportUrlError, transport_scheme
-from persistence.engine import database_url_problem
 from persistence.lease import DEFAULT_LEASE_SECONDS
-from persistence.serialization import DEFAULT_LIMITS, SerializationLimits
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "name": str,

@@ -32,9 +32,9 @@ from flows.decorators import flow_class_name_problem
 from flows.flow_logic import FlowLogic
 from flows.flow_requests import encode_arguments
 from flows.markings import is_startable_by_rpc
+from foundation.serialization import PAYLOADS, Serializer, qualified_name
 from persistence.node_store import FlowRequest
 from persistence.schedule_store import ScheduleRow, SqlSchedules
-from persistence.serialization import PAYLOADS, Serializer, qualified_name
 from statemachine.limits import SCHEDULE_ID_CHARS, SCHEDULE_SPEC_CHARS
 from statemachine.partitions import partition_of
 

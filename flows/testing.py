@@ -25,10 +25,10 @@ from flows.hospital import Hospital
 from flows.identity import NodeIdentity, StaticPeerKeys
 from flows.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
 from flows.party import Party
+from foundation.engine import drop_schema
+from foundation.serialization import DEFAULT_LIMITS, SerializationLimits, qualified_name
 from messaging.inmemory import Faults, InMemoryNetwork
-from persistence.engine import drop_schema
 from persistence.memory_store import MEMORY_URL
-from persistence.serialization import DEFAULT_LIMITS, SerializationLimits, qualified_name
 from statemachine.executor import AFTER_COMMIT_ORDER, IN_TRANSACTION_ORDER
 from statemachine.state import FlowStatus
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import attrs
 
-from messaging.wire_format import is_wire_format, pack_message, unpack_message
-from persistence.serialization import (
+from foundation.serialization import (
     DEFAULT_LIMITS,
     SerializationError,
     SerializationLimits,
     Serializer,
     TypeRegistry,
 )
+from messaging.wire_format import is_wire_format, pack_message, unpack_message
 from statemachine.limits import ENVELOPE_HEADROOM, FRAME_BYTES
 from statemachine.session_messages import (
     WIRE_CLASSES,

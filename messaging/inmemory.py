@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from foundation.bounded import bounded_reason
 from messaging.frame import (
     MAX_FRAME_BYTES,
     MalformedFrameError,
@@ -37,7 +38,6 @@ from messaging.frame import (
     oversized_problem,
 )
 from messaging.service import Message, MessageHandler, TransportError
-from persistence.bounded import bounded_reason
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
 
 

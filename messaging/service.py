@@ -29,7 +29,7 @@ Contract (checked by the conformance suite in ``tests/messaging_conformance.py``
 * A message whose topic has no handler is dead-lettered with the reason (naming the topic)
   and acknowledged; it is never handed to another topic's handler.
 * Writing a dead letter never fails because of what the message holds: the stored reason and
-  ids are bounded copies (:mod:`persistence.bounded`).
+  ids are bounded copies (:mod:`foundation.bounded`).
 * ``acknowledge`` may be called from any thread; handlers are called on the transport's own
   thread (the in-memory double calls them from ``InMemoryNetwork.deliver``).
 * Sending to an address with no queue raises :class:`TransportError` (the relay retries:

@@ -6,7 +6,7 @@ in a field as an array of its own, an enum member as its value. The whole messag
 and unpacked by msgpack in one call each, with no extension types: no Python code runs per
 nested object while packing, and decoding walks a handful of short lists. The message is
 prefixed by :data:`WIRE_FORMAT`, so a reader tells it from the first format (the generic
-allow-list serializer, :mod:`persistence.serialization`), which the codec still reads: an
+allow-list serializer, :mod:`foundation.serialization`), which the codec still reads: an
 outbox written before an upgrade is still delivered.
 
 The tags are the positions of the classes in :data:`TAGGED`: fixed, part of the format.
@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import msgpack
 
-from persistence.serialization import SerializationError, SerializationLimits
+from foundation.serialization import SerializationError, SerializationLimits
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.session_messages import (
     ConfirmSession,

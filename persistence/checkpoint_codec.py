@@ -4,7 +4,7 @@ A blob is written in format 2: the checkpoint as nested msgpack arrays by positi
 class's fields in the order of its attrs fields, a union of classes as ``[tag, fields...]``,
 an enum member as its value), packed in ONE msgpack call and unpacked in one. Nothing runs
 per nested object while packing (format 1, the allow-list serializer of
-:mod:`persistence.serialization`, packed every object as an extension type of its own, one
+:mod:`foundation.serialization`, packed every object as an extension type of its own, one
 pack call each), and reading walks known positions instead of looking up class names.
 
 Blobs of format 1 are still read (a node upgraded over its old checkpoints resumes them), and
@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import msgpack
 
-from persistence.serialization import (
+from foundation.serialization import (
     SerializationError,
     SerializationLimits,
     Serializer,

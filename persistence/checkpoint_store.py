@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
+from foundation.bounded import bounded_reason, bounded_text
+from foundation.engine import chunks
 from persistence import schema
-from persistence.bounded import bounded_reason, bounded_text
 from persistence.checkpoint_trust import CheckpointSeal, checkpoint_staleness
-from persistence.engine import chunks
 from persistence.fencing import FencedEngine
 from persistence.node_store import CheckpointSummary, StoredOutcome
 from persistence.outbox import WaitingDeletes
@@ -243,7 +243,7 @@ class SqlCheckpointStore:
         """Keep an unprocessable message with the reason (its own transaction).
 
         Whatever the message holds, the record fits: its id and sender are stored as bounded
-        copies (:func:`persistence.bounded.bounded_text`: cut to the column, with a digest of
+        copies (:func:`foundation.bounded.bounded_text`: cut to the column, with a digest of
         the whole), the reason is cut to ``limits.DEAD_LETTER_REASON_CHARS``, and the payload is
         kept whole (frames are bounded by ``limits.FRAME_BYTES``).
         """

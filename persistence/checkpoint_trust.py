@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import attrs
 from sqlalchemy import Connection, select
 
+from foundation.engine import chunks
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
-from persistence.engine import chunks
 from statemachine.state import Checkpoint
 from statemachine.transitions.starting import UNTRUSTED_CHECKPOINT
 

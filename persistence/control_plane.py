@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import delete, exists, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from foundation.engine import chunks, upsert
 from persistence import schema
-from persistence.engine import chunks, upsert
 from persistence.fencing import FencedEngine
 from persistence.node_store import ControlPlane, FlowRequest, OperatorRequest, PendingFlowRequest
 from persistence.schema import millis

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterator
 
 from sqlalchemy import Connection, Engine
 
-from persistence.engine import read_engine, write_engine
+from foundation.engine import read_engine, write_engine
 from persistence.lease import NodeLease, WorkerInfo
 
 
@@ -30,7 +30,7 @@ class FencedEngine:
         the node's (clients, operators)."""
         self.reader: Engine = read_engine(engine)
         """For reads of one statement each, on the same connections (on PostgreSQL in
-        autocommit mode: one round trip each; see :func:`persistence.engine.read_engine`)."""
+        autocommit mode: one round trip each; see :func:`foundation.engine.read_engine`)."""
         self.writer: Engine = write_engine(engine)
         """The engine for write transactions (on SQLite they take the write lock at BEGIN)."""
         self.lease: NodeLease | None = None

@@ -72,6 +72,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 
+from foundation.engine import application_name
 from persistence import schema
 from persistence.worker_process import (
     WorkerInfo,
@@ -743,11 +744,6 @@ def _create_partitions(connection: Connection) -> None:
     )
 
 
-def application_name(worker_id: str) -> str:
-    """The PostgreSQL ``application_name`` of a worker's database sessions."""
-    return f"fiberflow {worker_id}"
-
-
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "PARTITIONS",
@@ -761,7 +757,6 @@ __all__ = [
     "NodeLease",
     "Rebalance",
     "WorkerInfo",
-    "application_name",
     "database_now",
     "database_clock",
     "partition_of",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from persistence.bounded import bounded_reason, bounded_text
+from foundation.bounded import bounded_reason, bounded_text
 from persistence.node_store import (
     CheckpointSummary,
     ControlPlane,

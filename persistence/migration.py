@@ -31,8 +31,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, make_url, select, text
 
+from foundation.engine import write_engine
 from persistence import schema
-from persistence.engine import write_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 """The Alembic environment (``env.py``) and its scripts (``versions/``)."""

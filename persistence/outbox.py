@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, bindparam, delete, func, select
 
+from foundation.engine import chunks
 from persistence import schema
-from persistence.engine import chunks
 from persistence.fencing import FencedEngine
 from persistence.sqlite_writes import SqliteWrites
 from statemachine.ports import OutboxRow

@@ -24,10 +24,10 @@ from sqlalchemy import Connection, String, Table, any_, bindparam, delete, inser
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Transaction
 
+from foundation.engine import chunks, upsert, upsert_statement
 from persistence import schema
 from persistence.checkpoint_codec import encode_checkpoint, forget_journals
 from persistence.checkpoint_trust import CheckpointSeal
-from persistence.engine import chunks, upsert, upsert_statement
 from persistence.fencing import FencedEngine
 from persistence.outbox import WaitingDeletes
 from persistence.pipeline import Pipeline

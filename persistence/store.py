@@ -10,7 +10,7 @@ each, share one :class:`~persistence.fencing.FencedEngine` (so one lease fences 
   flows, settings, busy-flow notes.
 
 SQLite is the default (WAL journal, ``synchronous=FULL`` so a commit survives power loss);
-PostgreSQL works through the same code, with a schema per node (:mod:`persistence.engine`).
+PostgreSQL works through the same code, with a schema per node (:mod:`foundation.engine`).
 The non-durable store with the same parts is :mod:`persistence.memory_store`.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine, func, insert, make_url, select
 
+from foundation.engine import lock_schema_creation, normalize_url, open_engine, write_engine
 from persistence import schema
 from persistence.checkpoint_store import SqlCheckpointStore
 from persistence.control_plane import SqlControlPlane
-from persistence.engine import lock_schema_creation, normalize_url, open_engine, write_engine
 from persistence.fencing import FencedEngine
 from persistence.lease import NodeLease, WorkerInfo
 from persistence.migration import (

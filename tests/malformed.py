@@ -22,11 +22,11 @@ import msgpack
 from hypothesis import strategies as st
 
 from flows.testing import MockNetwork
+from foundation.serialization import Serializer
 from messaging.codec import WIRE_TYPES, encode_session_message
 from messaging.frame import FRAME_VERSION
 from messaging.service import SESSION_TOPIC, Message
 from messaging.wire_format import WIRE_FORMAT, pack_message
-from persistence.serialization import Serializer
 from samples.pingpong import PingFlow
 from statemachine import flow_error, session_messages
 from statemachine.session_messages import (

@@ -31,9 +31,9 @@ from flows.client import NodeClient, decode_outcome
 from flows.flow_logic import FlowLogic
 from flows.party import Party
 from flows.runtime import worker_status_path
+from foundation.engine import drop_schema
 from messaging.transports import purge_queues
 from persistence import schema
-from persistence.engine import drop_schema
 from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome

@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, text
 
 from flows.cli import main as cli_main
 from flows.testing import MockNetwork
+from foundation.engine import normalize_url
 from persistence.analytics import (
     AnalysisReport,
     CheckSettings,
@@ -49,7 +50,6 @@ from persistence.analytics.session_columns import (
     responder_flow_id,
     session_flow,
 )
-from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
 from statemachine import session_ids
 from statemachine.session_ids import (

@@ -125,8 +125,8 @@ def test_the_postgresql_export_reads_in_chunks_of_its_size() -> None:
     # On PostgreSQL ``partitions()`` without a size gives every row in one chunk.
     from sqlalchemy import create_engine
 
+    from foundation.engine import normalize_url
     from persistence.analytics.export import _Reader
-    from persistence.engine import normalize_url
     from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 
     require_service("PostgreSQL", postgres_problem())

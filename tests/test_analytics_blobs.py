@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 from flows import Party
 from flows.cli import main as cli_main
 from flows.testing import MockNetwork
+from foundation.engine import normalize_url
 from persistence.analytics import load_nodes, parse_node_argument, session_consistency
 from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.checking import CheckResult, CheckSettings
@@ -42,7 +43,6 @@ from persistence.analytics.keys import (
 )
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
-from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
 from statemachine.session_ids import responder_flow_id
 from statemachine.values import replace

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine
 
 from flows.cli import main as cli_main
 from flows.testing import MockNetwork
+from foundation.engine import normalize_url
 from persistence.analytics import (
     CheckSettings,
     exactly_once_audit,
@@ -38,7 +39,6 @@ from persistence.analytics import (
 from persistence.analytics.exactly_once import GAPS_LISTED
 from persistence.analytics.keys import NodeKey, load_keys
 from persistence.analytics.sources import NodeSource
-from persistence.engine import normalize_url
 from samples.pingpong import PingFlow
 from statemachine import session_ids
 from tests.analytics_data import (

@@ -19,8 +19,8 @@ import pytest
 
 from flows.operator import list_flows
 from flows.runtime import load_config
+from foundation.engine import drop_schema
 from messaging.transports import purge_queues
-from persistence.engine import drop_schema
 from tests.cordapp import BusyFlow
 from tests.process_cluster import NAMES, ClusterNode
 from tests.test_single_writer import backends, log_of

@@ -10,6 +10,7 @@ import attrs
 import msgpack
 import pytest
 
+from foundation.serialization import SerializationError
 from persistence.checkpoint_codec import (
     CHECKPOINT_FORMAT,
     FIRST_FORMAT,
@@ -17,7 +18,6 @@ from persistence.checkpoint_codec import (
     encode_checkpoint,
     encode_checkpoint_format_1,
 )
-from persistence.serialization import SerializationError
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import Receive, RetryPolicy, RunOperation, Sleep
 from statemachine.session_messages import (

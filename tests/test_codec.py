@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from foundation.serialization import PAYLOADS, SerializationError, SerializationLimits
 from messaging.codec import ENVELOPE_HEADROOM, SessionCodec
-from persistence.serialization import PAYLOADS, SerializationError, SerializationLimits
 from statemachine import limits
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.session_messages import (

@@ -143,7 +143,7 @@ def test_a_node_waits_for_postgresql_and_starts_when_it_answers(tmp_path: Path) 
             process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0, log_path.read_text()
         relay.close()
-        from persistence.engine import drop_schema
+        from foundation.engine import drop_schema
 
         drop_schema(POSTGRES_URL, "ffwait_alice")
 

@@ -16,8 +16,8 @@ from sqlalchemy import event
 
 from flows.flow_requests import encode_arguments
 from flows.testing import MockNetwork, MockNode
+from foundation.serialization import qualified_name
 from persistence.node_store import FlowRequest
-from persistence.serialization import qualified_name
 from samples.pingpong import PingFlow
 
 ALICE = "O=Alice,L=London,C=GB"

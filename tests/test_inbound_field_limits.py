@@ -36,15 +36,15 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from flows.testing import MockNetwork, MockNode
+from foundation.bounded import DIGEST_MARK
+from foundation.engine import drop_schema
+from foundation.serialization import PAYLOADS
 from messaging.codec import encode_session_message
 from messaging.frame import FRAME_VERSION
 from messaging.service import SESSION_TOPIC, Message
 from messaging.sqlqueue import SqlQueueBroker, queue_dead_letters
 from persistence import schema
-from persistence.bounded import DIGEST_MARK
-from persistence.engine import drop_schema
 from persistence.memory_store import InMemoryStore
-from persistence.serialization import PAYLOADS
 from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from statemachine import limits

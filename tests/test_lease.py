@@ -22,8 +22,8 @@ from sqlalchemy.exc import OperationalError
 
 from flows.node import Node
 from flows.testing import MockNetwork
+from foundation.engine import drop_schema
 from persistence import schema
-from persistence.engine import drop_schema
 from persistence.lease import (
     PARTITIONS,
     LeaseHeldError,

@@ -21,6 +21,9 @@ from sqlalchemy import String, inspect
 from flows import FlowLogic, Party, initiating_flow
 from flows.client import NodeClient
 from flows.errors import FlowDefinitionError
+from foundation.bounded import DIGEST_MARK, bounded_reason, bounded_text
+from foundation.engine import drop_schema
+from foundation.serialization import SerializationError
 from messaging import codec
 from messaging.codec import TEXT_LIMITS, decode_session_message, encode_session_message
 from messaging.frame import (
@@ -33,9 +36,6 @@ from messaging.frame import (
 from messaging.service import SESSION_TOPIC, Message
 from messaging.sqlqueue import metadata as queue_metadata
 from persistence import schema
-from persistence.bounded import DIGEST_MARK, bounded_reason, bounded_text
-from persistence.engine import drop_schema
-from persistence.serialization import SerializationError
 from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow
 from statemachine import limits

@@ -12,8 +12,8 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from foundation.serialization import Serializer
 from messaging.codec import WIRE_TYPES
-from persistence.serialization import Serializer
 from statemachine import session_messages
 from tests.malformed import Injection, inbound_garbage, survives
 

@@ -9,8 +9,8 @@ import pytest
 
 from flows import FlowException
 from flows.testing import MockNetwork
+from foundation.serialization import SerializationError, SerializationLimits
 from messaging.codec import ENVELOPE_HEADROOM, max_payload_bytes
-from persistence.serialization import SerializationError, SerializationLimits
 from samples.pingpong import PingFlow
 from statemachine.flow_error import MAX_ERROR_MESSAGE_CHARS
 from tests.cordapp import BlobFlow

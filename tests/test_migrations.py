@@ -23,8 +23,8 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from flows.cli import main
 from flows.client import NodeClient
 from flows.testing import MockNetwork, MockNode, SimulatedCrash
+from foundation.engine import drop_schema, normalize_url, open_engine
 from persistence import schema
-from persistence.engine import drop_schema, normalize_url, open_engine
 from persistence.lease import NodeLease
 from persistence.migration import (
     MigrationStep,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine.base import RootTransaction
 
+from foundation.engine import drop_schema
 from messaging.background_relay import BackgroundOutboxRelay
-from persistence.engine import drop_schema
 from persistence.pipeline import Pipeline
 from persistence.store import NodeDatabase
 from statemachine.actions import StoreFlowResult

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from benchmarks.round_trips import counting_wait
-from persistence.engine import drop_schema
+from foundation.engine import drop_schema
 from persistence.lease import WorkerInfo
 from persistence.store import NodeDatabase
 from statemachine.actions import ClaimFlowRequests, StoreFlowResult

@@ -111,7 +111,7 @@ def test_a_bridge_reaches_a_postgres_inbound_over_tls_verified_by_the_root(
 def test_the_connection_really_is_tls(server: Server) -> None:
     from sqlalchemy import text
 
-    from persistence.engine import open_engine
+    from foundation.engine import open_engine
 
     url = TlsSettings(trust=server.root).libpq_url(server.inbound())
     engine = open_engine(url.replace("://", "://postgres@", 1))

@@ -19,7 +19,7 @@ import pytest
 
 from flows.node import FlowHandle
 from flows.testing import MockNetwork
-from persistence.serialization import PAYLOADS
+from foundation.serialization import PAYLOADS
 from samples.pingpong import PingFlow
 from samples.trade import BuyerFlow, TradeOutcome
 from tests.conftest import CORDAPPS

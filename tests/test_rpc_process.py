@@ -25,7 +25,7 @@ from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, new_tls_server_k
 from flows.rpc.config import RpcConfig
 from flows.rpc.gateway import request_flow_id
 from flows.runtime import NodeProcess
-from persistence.engine import drop_schema
+from foundation.engine import drop_schema
 from statemachine.partitions import PARTITIONS, partition_of
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 from tests.rpc_cordapp import gate

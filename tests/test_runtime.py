@@ -28,9 +28,9 @@ from flows.network_map import NetworkMap, node_key
 from flows.network_trust import NetworkRoot
 from flows.party import Party
 from flows.runtime import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
+from foundation.engine import drop_schema
 from messaging.peer_senders import Credentials
 from messaging.sqlqueue import SqlQueueBroker
-from persistence.engine import drop_schema
 from persistence.node_store import FlowRequest
 from persistence.store import NodeDatabase
 from samples.pingpong import PingFlow

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from persistence.engine import drop_schema
+from foundation.engine import drop_schema
 from persistence.store import NodeDatabase
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 

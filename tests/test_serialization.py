@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from flows import FlowArgumentError, Party
 from flows.node import encode_arguments
-from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
-from persistence.serialization import (
+from foundation.serialization import (
     EXT_OBJECT,
     PAYLOAD_TYPES,
     PAYLOADS,
@@ -21,6 +20,7 @@ from persistence.serialization import (
     SerializationLimits,
     Serializer,
 )
+from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from samples.pingpong import PingFlow
 from samples.trade import TradeProposal
 

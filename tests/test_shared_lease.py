@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
+from foundation.engine import drop_schema
 from persistence import schema
-from persistence.engine import drop_schema
 from persistence.lease import (
     PARTITIONS,
     SQLITE_SINGLE_PROCESS,

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 
-from persistence.engine import upsert_statement
+from foundation.engine import upsert_statement
 from persistence.sqlite_writes import SqliteWrites
 
 _METADATA = MetaData()

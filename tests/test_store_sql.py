@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from foundation.engine import drop_schema
 from persistence import schema
-from persistence.engine import drop_schema
 from persistence.store import NodeDatabase
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
 from tests.store_conformance import Store, StoreConformance

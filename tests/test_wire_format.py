@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from foundation.serialization import SerializationError, Serializer
 from messaging.codec import WIRE_TYPES, SessionCodec
 from messaging.wire_format import WIRE_FORMAT, is_wire_format, pack_message
-from persistence.serialization import SerializationError, Serializer
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.session_messages import (
     ConfirmSession,

@@ -36,7 +36,7 @@ from flows.rpc.client_values import (
     parse_events,
 )
 from flows.rpc.outcomes import json_value
-from persistence.serialization import qualified_name
+from foundation.serialization import qualified_name
 
 STREAM_READ_SECONDS = 60.0
 """How long the progress stream may stay silent (the node sends a comment every 15 s)."""

@@ -10,8 +10,8 @@ from typing import Any
 import attrs
 
 from flows.party import Party
+from foundation.serialization import PAYLOADS, SerializationError
 from persistence.node_store import StoredOutcome
-from persistence.serialization import PAYLOADS, SerializationError
 
 
 def json_value(value: Any) -> Any:

@@ -33,6 +33,7 @@ from typing import Any
 
 import attrs
 
+from foundation.bounded import bounded_reason
 from messaging.amqp.admin import read_dead_letters
 from messaging.amqp.connection import (
     AMQP_ERRORS,
@@ -64,7 +65,6 @@ from messaging.frame import (
 )
 from messaging.service import Message, MessageHandler, TransportAuthenticationError
 from messaging.tls import TlsContextFactory
-from persistence.bounded import bounded_reason
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES
 from statemachine.partitions import partition_of_message
 

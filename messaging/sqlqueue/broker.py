@@ -54,6 +54,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from foundation.bounded import bounded_reason, bounded_text
+from foundation.engine import create_tables, normalize_url, open_engine, write_engine
 from messaging.frame import MAX_FRAME_BYTES, encode_frame, oversized_problem
 from messaging.service import Message, TransportError
 from messaging.sqlqueue.tables import (
@@ -64,8 +66,6 @@ from messaging.sqlqueue.tables import (
     queues,
 )
 from messaging.sqlqueue.wakeups import poke
-from persistence.bounded import bounded_reason, bounded_text
-from persistence.engine import create_tables, normalize_url, open_engine, write_engine
 from statemachine.limits import DEAD_LETTER_PREFIX_BYTES, QUEUE_MESSAGE_ID_CHARS
 from statemachine.partitions import partition_of_message
 
@@ -480,7 +480,7 @@ class SqlQueueBroker:
         """Move one stored message to the dead letters, with the reason (one transaction).
 
         The message id (when known) and the reason are stored as bounded copies
-        (:mod:`persistence.bounded`), so this never fails because of what the message holds.
+        (:mod:`foundation.bounded`), so this never fails because of what the message holds.
         """
         with self.engine.begin() as connection:
             connection.execute(

@@ -32,11 +32,11 @@ from typing import Any
 import attrs
 from sqlalchemy.exc import SQLAlchemyError
 
+from foundation.engine import application_name
 from messaging.frame import MAX_FRAME_BYTES, MalformedFrameError, decode_frame
 from messaging.service import Message, MessageHandler
 from messaging.sqlqueue.broker import CLAIM_BATCH, CLAIM_BYTES, SqlQueueBroker, local_wakeup
 from messaging.sqlqueue.wakeups import WakeListener
-from persistence.lease import application_name
 from statemachine.partitions import partition_of_message
 
 log = logging.getLogger("fiberflow.sqlqueue")

@@ -60,7 +60,7 @@ def peer_role_statements(role: str, password: str, queue: str) -> list[str]:
 
 def apply_statements(url: str, statements: Sequence[str]) -> None:
     """Run ``statements`` in one transaction on the database at ``url`` (its tables made)."""
-    from persistence.engine import create_tables, open_engine
+    from foundation.engine import create_tables, open_engine
 
     engine = open_engine(url)
     try:

@@ -25,9 +25,9 @@ from pathlib import Path
 import attrs
 from sqlalchemy import Connection, create_engine, inspect, text
 
+from foundation.engine import normalize_url
 from persistence.analytics.snapshot import TABLES, AnalyticsLoadError
 from persistence.analytics.sources import NodeSource
-from persistence.engine import normalize_url
 
 
 @attrs.define

@@ -281,3 +281,8 @@ def configure_sqlite(engine: Engine, synchronous: str) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
         if mode != NO_BEGIN:
             connection.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+def application_name(worker_id: str) -> str:
+    """The PostgreSQL ``application_name`` of a worker's database sessions."""
+    return f"fiberflow {worker_id}"
