@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             "give the analysis after --: analyze --export-dir DIR --node ... (or fiberflow analyze)"
         )
-    from persistence.analytics.command import analyze_main
+    from flows.cli.analyze import analyze_main
 
     recorder = Recorder()
     with recorder.recording():

@@ -3,7 +3,7 @@
 ``fiberflow analyze`` starts a new JVM every time, so each of its queries is planned, its
 code generated and compiled, and Spark's own code interpreted and compiled by the JIT for
 the first time. This runs the whole analysis (every check and the report's collection,
-:func:`persistence.analytics.command.analyze`) ``--passes`` times on one Spark session from a
+:func:`persistence.analytics.running.analyze`) ``--passes`` times on one Spark session from a
 Parquet export and prints each pass's wall time and its checks' times. The first pass is
 what the command pays; the later ones what the same queries cost once the JVM is warm; and
 on a small export (``benchmarks/analytics.py --rows 20000``, or any export) what is left
@@ -33,7 +33,7 @@ def run_passes(
 ) -> list[tuple[float, dict[str, float]]]:
     """Each pass's wall seconds and its checks' seconds, after printing Spark's start-up."""
     from persistence.analytics.checking import CheckSettings
-    from persistence.analytics.command import analyze
+    from persistence.analytics.running import analyze
     from persistence.analytics.session import spark_session, stop_spark
     from persistence.analytics.sources import parse_node_argument
 

@@ -135,7 +135,7 @@ def main() -> int:
 
     signal.signal(signal.SIGUSR1, take_reading)
     atexit.register(lambda: target.write_text(reading()))
-    from flows.cli import main as cli_main
+    from flows.cli.main import main as cli_main
 
     return cli_main(sys.argv[2:])
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import statemachine.manager as manager_module
 from benchmarks.bounds import greenlet_pairs_per_second
 from benchmarks.pingpong import run
-from flows.gc_tuning import tune_collector
+from flows.process.gc_tuning import tune_collector
 from flows.testing import MockNetwork
 from messaging.service import Message
 from samples.pingpong import PingFlow

@@ -38,8 +38,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.parked_flows import ParkedFlow, PausingPingFlow
-from flows.gc_tuning import tune_collector
-from flows.resident_memory import resident_bytes
+from flows.node.resident_memory import resident_bytes
+from flows.process.gc_tuning import tune_collector
 from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 

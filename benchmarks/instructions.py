@@ -37,7 +37,7 @@ def _worker(kind: str, flows: int) -> None:
 
         greenlet_pairs_per_second(flows)
         return
-    from flows.gc_tuning import tune_collector
+    from flows.process.gc_tuning import tune_collector
     from flows.testing import MockNetwork
     from samples.pingpong import PingFlow
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import Engine, event
 
 from benchmarks.round_trips import counting_wait
-from flows.flow_requests import encode_arguments
+from flows.node.flow_requests import encode_arguments
 from flows.testing import MockNetwork, MockNode
 from foundation.serialization import qualified_name
 from persistence.node_store import FlowRequest

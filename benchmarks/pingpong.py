@@ -13,7 +13,7 @@ configuration it prints:
   sqlite3 batched-commit rate for SQLite ``synchronous=FULL``.
 
 The garbage collector is tuned first, as a node process tunes it once started
-(:func:`flows.gc_tuning.tune_collector`), for the bounds and fiberflow alike.
+(:func:`flows.process.gc_tuning.tune_collector`), for the bounds and fiberflow alike.
 
 Configurations: ``off`` (the non-durable in-memory store), ``full`` (SQLite, WAL,
 synchronous=FULL), ``normal`` (synchronous=NORMAL). Run:
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import event
 
 from benchmarks.bounds import greenlet_pairs_per_second, sqlite_groups_per_second
-from flows.gc_tuning import tune_collector
-from flows.node import FlowHandle
+from flows.node.node import FlowHandle
+from flows.process.gc_tuning import tune_collector
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
 from statemachine.flow_end import FlowEnd
@@ -139,7 +139,7 @@ def main() -> None:
         "--metrics", action="store_true", help="each node feeds Prometheus metrics (flows.metrics)"
     )
     args = parser.parse_args()
-    tune_collector()  # as a node process does once started (flows/gc_tuning.py)
+    tune_collector()  # as a node process does once started (flows/process/gc_tuning.py)
     bounds = {
         "off": greenlet_pairs_per_second(max(args.flows, 10_000)),
         "full": sqlite_groups_per_second(max(args.flows, 10_000)),

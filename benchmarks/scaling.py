@@ -11,7 +11,7 @@ the machine runs), the part of it spent in Python's cyclic garbage collector, wa
 and the resident memory after the run; then the ratio of CPU per flow at the largest
 in-flight count to the smallest (goal 5: at most 1.2).
 
-The collector is tuned as a node process tunes it (:func:`flows.gc_tuning.tune_collector`).
+The collector is tuned as a node process tunes it (:func:`flows.process.gc_tuning.tune_collector`).
 
 Run: ``python benchmarks/scaling.py [--total 100000] [--in-flight 1000 10000 100000]
 [--database memory|sqlite]``.
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.sessions import GcTimer
-from flows.gc_tuning import tune_collector
+from flows.process.gc_tuning import tune_collector
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import Column, Integer, LargeBinary, MetaData, Table, create_engine, select
 
-from flows.demo import run_pingpong_processes
+from flows.cli.demo import run_pingpong_processes
 from foundation.engine import configure_sqlite, normalize_url
 
 POSTGRES_URL = os.environ.get(

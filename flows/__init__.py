@@ -34,15 +34,15 @@ from flows.untrustworthy import UntrustworthyData
 from statemachine.iorequests import RetryPolicy
 
 if TYPE_CHECKING:
-    from flows.external import OperationContext
-    from flows.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
+    from flows.node.external_operations import OperationContext
+    from flows.node.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
 
 _LAZY = {
-    "FlowHandle": "flows.node",
-    "FlowHospitalizedError": "flows.node",
-    "Node": "flows.node",
-    "NodeConfig": "flows.node",
-    "OperationContext": "flows.external",
+    "FlowHandle": "flows.node.node",
+    "FlowHospitalizedError": "flows.node.node",
+    "Node": "flows.node.node",
+    "NodeConfig": "flows.node.node",
+    "OperationContext": "flows.node.external_operations",
 }
 """Names that need the node's heavy dependencies, and the module that defines each."""
 

@@ -2,7 +2,7 @@
 
 Every operation here that talks to another node, waits, or produces a non-deterministic value
 builds an I/O request (:mod:`statemachine.iorequests`) and suspends the flow through its
-runtime (:mod:`flows.fiber` is the only module that actually switches). Between suspensions,
+runtime (:mod:`flows.node.fiber` is the only module that actually switches). Between suspensions,
 flow code must be deterministic: on restart it is run again from the top and each request is
 answered from the journal, so it must ask for the same things in the same order.
 """
@@ -47,7 +47,7 @@ R = TypeVar("R")
 
 
 class FlowRuntime(Protocol):
-    """What a running flow needs from the node (implemented in :mod:`flows.fiber`)."""
+    """What a running flow needs from the node (implemented in :mod:`flows.node.fiber`)."""
 
     flow_id: str
     our_identity: Party
@@ -270,7 +270,8 @@ class FlowLogic(Generic[T]):
 
         The flow suspends; the node runs ``operation(context)`` on its pool of threads (a
         coroutine function on its event loop), so other flows keep running meanwhile. The
-        ``context`` (:class:`flows.external.OperationContext`) carries an ``idempotency_key``,
+        ``context`` (:class:`flows.node.external_operations.OperationContext`) carries an
+        ``idempotency_key``,
         the same on every attempt and every re-run of this step: pass it to the service you
         call. The guarantee is **at least once**: if the node dies after the operation ended
         but before the flow's next checkpoint, it runs again with the same key. The result

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from flows.flow_logic import FlowLogic
-from flows.hospital import Hospital
-from flows.identity import NodeIdentity, StaticPeerKeys
-from flows.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
+from flows.network.identity import NodeIdentity, StaticPeerKeys
+from flows.node.hospital import Hospital
+from flows.node.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
 from flows.party import Party
 from foundation.engine import drop_schema
 from foundation.serialization import DEFAULT_LIMITS, SerializationLimits, qualified_name

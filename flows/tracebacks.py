@@ -11,8 +11,8 @@ is. A traceback longer than :data:`MAX_TRACEBACK_CHARS` keeps its beginning (the
 and the chain of causes) and its end (the innermost frames and the exception line), with a
 note of what was cut between them.
 
-Whoever raises the stored error again (:meth:`flows.node.Node.flow_result`,
-:class:`flows.client.NodeClient`) chains a :class:`FlowTraceback` as its ``__cause__``, so
+Whoever raises the stored error again (:meth:`flows.node.node.Node.flow_result`,
+:class:`flows.node.client.NodeClient`) chains a :class:`FlowTraceback` as its ``__cause__``, so
 an uncaught ``handle.result()`` prints the flow's frames above the caller's.
 """
 

@@ -286,3 +286,19 @@ def configure_sqlite(engine: Engine, synchronous: str) -> None:
 def application_name(worker_id: str) -> str:
     """The PostgreSQL ``application_name`` of a worker's database sessions."""
     return f"fiberflow {worker_id}"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (drivers add hints and SQL on later lines)."""
+    text = str(getattr(error, "orig", None) or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def url_without_password(url: str) -> str:
+    """``url`` with its password hidden (for messages and logs)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+    return url

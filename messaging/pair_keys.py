@@ -21,7 +21,7 @@ neither key, so it cannot make a message that B accepts as from A.
 keeps it for as long as the peer's published agreement key stays the same; it asks the
 :class:`PeerKeys` on every use, so a peer whose node-info changes, or stops verifying, is
 followed as soon as the peer keys notice (within seconds, see
-:class:`~flows.identity.NetworkMapPeerKeys`).
+:class:`~flows.network.identity.NetworkMapPeerKeys`).
 """
 
 from __future__ import annotations

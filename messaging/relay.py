@@ -37,7 +37,7 @@ AbandonCheck = Callable[[OutboxRow], "str | None"]
 stop trying it (its flow has ended, an operator dropped it), or None to keep trying.
 
 A relay that gets a reason stops retrying the row and deletes it from the outbox (it may
-already be gone). The node gives its relay :meth:`flows.node.Node.abandoned_reason`.
+already be gone). The node gives its relay :meth:`flows.node.node.Node.abandoned_reason`.
 """
 
 

@@ -1,4 +1,4 @@
-"""The ``node_schedules`` table: flows started on a schedule (see :mod:`flows.schedules`).
+"""The ``node_schedules`` table: flows started on a schedule (see :mod:`flows.node.schedules`).
 
 Clients and operators add, pause, resume and remove schedules (each a transaction of its
 own); the node fires due slots. Firing a slot is one transaction: the schedule moves on to

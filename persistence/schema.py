@@ -176,7 +176,7 @@ node_schedules = Table(
     Column("last_slot", BigInteger, nullable=True),
     Column("created_at", BigInteger, nullable=False),
 )
-"""Flows started on a schedule (:mod:`flows.schedules`): once at a time, every so many seconds,
+"""Flows started on a schedule (:mod:`flows.node.schedules`): once at a time, every so many seconds,
 or by a cron expression (UTC). ``next_slot`` (ms) is the next slot not yet fired (null: a
 one-off schedule that has fired); each slot fired is a flow request whose id is derived from
 the schedule and the slot, so it starts exactly once."""

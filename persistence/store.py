@@ -99,7 +99,7 @@ class NodeDatabase:
         self.control = SqlControlPlane(self._fence)
         """The operator control plane."""
         self.schedules = SqlSchedules(self._fence)
-        """Flows started on a schedule (:mod:`flows.schedules`)."""
+        """Flows started on a schedule (:mod:`flows.node.schedules`)."""
 
     @property
     def lease(self) -> NodeLease | None:

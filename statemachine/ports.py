@@ -1,7 +1,7 @@
 """The protocols through which the executor and the manager reach the outside world.
 
 The state machine package never imports a database driver, a transport or greenlet: the node
-(:mod:`flows.node`) plugs implementations of these protocols in. Each protocol states its
+(:mod:`flows.node.node`) plugs implementations of these protocols in. Each protocol states its
 contract in its docstring; the conformance tests hold every implementation to it.
 """
 
@@ -197,7 +197,7 @@ class FailureTreatment:
 class FailurePolicy(Protocol):
     """Decides what to do about failures the manager pins on a flow or a message.
 
-    The node's flow hospital (:mod:`flows.hospital`) implements it. Without a policy the
+    The node's flow hospital (:mod:`flows.node.hospital`) implements it. Without a policy the
     manager lets every error propagate (the test harness's default: a test sees the bug).
     """
 

@@ -18,7 +18,7 @@ import time
 
 import attrs
 
-from flows.progress import ProgressBar
+from flows.cli.progress import ProgressBar
 from tests.simulation import InvariantViolation, Schedule, run_schedule, schedule_from_seed
 
 

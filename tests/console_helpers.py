@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from flows.console.sessions import SESSION_COOKIE
-from flows.rpc.config import RpcConfig
-from flows.runtime import NodeProcess
+from flows.config.rpc import RpcConfig
+from flows.process.process import NodeProcess
+from flows.rpc.console.sessions import SESSION_COOKIE
 from tests.rpc_helpers import PASSWORDS, basic
 from tests.test_rpc_api import node_config, rpc_users
 from tests.test_runtime import running

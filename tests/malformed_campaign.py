@@ -16,7 +16,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.progress import ProgressBar
+from flows.cli.progress import ProgressBar
 from tests.malformed import Injection, inbound_garbage, survives
 
 

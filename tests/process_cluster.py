@@ -2,7 +2,7 @@
 
 :class:`Cluster` writes a config per node into a directory, runs each node as a child
 process (logs in ``<node>.log``), and talks to the nodes through their databases
-(:class:`~flows.client.NodeClient`). :func:`run_kill_campaign` is the SIGKILL driver used by
+(:class:`~flows.node.client.NodeClient`). :func:`run_kill_campaign` is the SIGKILL driver used by
 ``tests/test_sigkill.py`` and ``python -m tests.kill_campaign``: it streams ping/pong,
 three-party trade and payment flows into Alice while killing a seeded-random node with
 SIGKILL at seeded-random moments and restarting it, then checks that every flow completed
@@ -27,10 +27,10 @@ from typing import Any
 import attrs
 from sqlalchemy import select
 
-from flows.client import NodeClient, decode_outcome
 from flows.flow_logic import FlowLogic
+from flows.node.client import NodeClient, decode_outcome
 from flows.party import Party
-from flows.runtime import worker_status_path
+from flows.process.process import worker_status_path
 from foundation.engine import drop_schema
 from messaging.transports import purge_queues
 from persistence import schema

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from flows import FlowLogic, Party, startable_by_rpc
-from flows.external import OperationContext
+from flows.node.external_operations import OperationContext
 
 GATES: dict[str, threading.Event] = {}
 """Gates by name; a StepsFlow waits at each of its steps until the test opens it."""

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 from messaging.service import Message
 from tests.conftest import PIKA_MISSING, RABBITMQ_URL, rabbitmq_problem, require_service
 

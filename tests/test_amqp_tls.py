@@ -25,16 +25,16 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from flows.cli import main
-from flows.doorman import (
+from flows.cli.main import main
+from flows.network.doorman import (
     ROOT_CERTIFICATE_FILE,
     RootAuthority,
     certificate_request,
     new_tls_server_key,
 )
-from flows.identity import load_or_create_identity
-from flows.network_map import node_key
-from flows.network_trust import NetworkTrustError
+from flows.network.identity import load_or_create_identity
+from flows.network.map import node_key
+from flows.network.trust import NetworkTrustError
 from messaging.tls import TlsSettings, certificate_refusal
 from tests.conftest import PIKA_MISSING, require_service
 from tests.tls_broker import TlsBroker, rabbitmq_server_problem

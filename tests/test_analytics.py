@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from flows.cli import main as cli_main
+from flows.cli.analyze import parse_duration, parse_moment
+from flows.cli.main import main as cli_main
 from flows.testing import MockNetwork
 from foundation.engine import normalize_url
 from persistence.analytics import (
@@ -35,7 +36,6 @@ from persistence.analytics import (
     parse_node_argument,
     session_consistency,
 )
-from persistence.analytics.command import parse_duration, parse_moment
 from persistence.analytics.reading import range_predicates
 from persistence.analytics.report import Table, text_table
 from persistence.analytics.report_html import render_html
@@ -458,7 +458,7 @@ def test_clean_network_passes_and_the_cli_exits_zero(
 
 def test_a_step_that_ends_with_the_jvm_gone_raises_its_own_error() -> None:
     """Putting the step property back fails when the JVM died: the step's error is raised."""
-    from persistence.analytics.command import STEP_PROPERTY, spark_step
+    from persistence.analytics.running import STEP_PROPERTY, spark_step
 
     class GoneContext:
         def __init__(self) -> None:
@@ -496,7 +496,7 @@ def test_each_check_runs_its_spark_jobs_under_its_step_name(
     require_jdbc()
     from persistence.analytics import checks
     from persistence.analytics.checking import INFO, CheckResult, Verdict
-    from persistence.analytics.command import STEP_PROPERTY
+    from persistence.analytics.running import STEP_PROPERTY
 
     context = spark.sparkContext
     seen: list[str | None] = []

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from flows.cli.analyze_keys import NodeKey, load_keys
 from persistence.analytics import load_nodes, parse_node_argument
 from persistence.analytics.blob_facts import read_blob_facts, read_node_blobs
-from persistence.analytics.keys import NodeKey, load_keys
 from persistence.analytics.opening import closer, open_sqlite
 from tests.analytics_data import NAMES, NetworkData, build_clean_network
 

@@ -27,20 +27,15 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
 from flows import Party
-from flows.cli import main as cli_main
+from flows.cli.analyze import add_analyze_arguments, run_analyze
+from flows.cli.analyze_keys import NodeKey, load_keys, node_config_argument, parse_key_argument
+from flows.cli.main import main as cli_main
 from flows.testing import MockNetwork
 from foundation.engine import normalize_url
 from persistence.analytics import load_nodes, parse_node_argument, session_consistency
 from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.checking import CheckResult, CheckSettings
-from persistence.analytics.command import add_analyze_arguments, run_analyze
-from persistence.analytics.keys import (
-    KeyArgumentError,
-    NodeKey,
-    load_keys,
-    node_config_argument,
-    parse_key_argument,
-)
+from persistence.analytics.sources import KeyArgumentError
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from samples.pingpong import PingFlow

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from flows.cli import main as cli_main
+from flows.cli.main import main as cli_main
 from tests.analytics_data import Injected, NetworkData
 from tests.test_analytics import broken, clean, require_jdbc
 
@@ -67,7 +67,7 @@ def test_a_cluster_master_gives_the_report_the_local_session_gives(
         [
             sys.executable,
             "-m",
-            "flows.cli",
+            "flows.cli.main",
             *analyze_argv(data, injected, cluster_report),
             "--master",
             CLUSTER,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from flows.cli import main as cli_main
+from flows.cli.main import main as cli_main
 from persistence.analytics import checks
 from persistence.analytics.checking import CheckResult, CheckSettings
 from persistence.analytics.checks import CHECKS
@@ -100,7 +100,7 @@ def test_py4j_tracebacks_on_the_root_logger_are_dropped_while_analyzing(
     """Py4J logs a command it will not retry with ``logging.exception``: the root logger."""
     import py4j.java_gateway
 
-    from persistence.analytics.command import _py4j_quiet
+    from flows.cli.analyze import _py4j_quiet
 
     def root_record(pathname: str) -> logging.LogRecord:
         return logging.getLogger().makeRecord(
@@ -174,7 +174,7 @@ def test_a_jdbc_read_without_its_driver_is_exit_two_in_one_line(
 KILL_THE_JVM = """
 import sys
 from pyspark import SparkContext
-from flows.cli import main
+from flows.cli.main import main
 from persistence.analytics import checks
 
 def kill_the_jvm(snapshot, settings):

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from flows.cli import main as cli_main
+from flows.cli.main import main as cli_main
 from persistence.analytics import CheckSettings, analyze, parse_node_argument
 from persistence.analytics.export import TIME_COLUMNS, export_nodes
-from persistence.analytics.snapshot import TABLES
+from persistence.analytics.tables import TABLES
 from persistence.store import NodeDatabase
 from tests.analytics_data import Injected, NetworkData, assert_same_findings
 from tests.test_analytics import broken, clean, require_jdbc

@@ -22,7 +22,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from flows.cli import main as cli_main
+from flows.cli.analyze_keys import NodeKey, load_keys
+from flows.cli.main import main as cli_main
 from flows.testing import MockNetwork
 from foundation.engine import normalize_url
 from persistence.analytics import (
@@ -37,7 +38,6 @@ from persistence.analytics import (
     session_ownership,
 )
 from persistence.analytics.exactly_once import GAPS_LISTED
-from persistence.analytics.keys import NodeKey, load_keys
 from persistence.analytics.sources import NodeSource
 from samples.pingpong import PingFlow
 from statemachine import session_ids

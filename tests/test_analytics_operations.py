@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from flows import FlowLogic
-from flows.external import OperationContext
+from flows.node.external_operations import OperationContext
 from flows.testing import MockNetwork
 from persistence.analytics import CheckSettings, analyze, parse_node_argument
 from statemachine.iorequests import RetryPolicy

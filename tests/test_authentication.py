@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from flows.identity import KeyFileError, NodeIdentity, load_or_create_identity
+from flows.network.identity import KeyFileError, NodeIdentity, load_or_create_identity
 from flows.testing import MockNetwork, MockNode
 from messaging.authentication import MessageAuthenticator
 from messaging.codec import encode_session_message

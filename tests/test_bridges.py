@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from flows.identity import NodeIdentity, StaticPeerKeys
+from flows.network.identity import NodeIdentity, StaticPeerKeys
 from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.bridges import BridgeManager, BridgeStatus, tls_problem
 from messaging.peer_senders import Credentials, public_address, with_credentials

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flows import cli
-from flows.cli import main
-from flows.runtime import configure_logging
+from flows.cli import main as cli
+from flows.cli.main import main
+from flows.process.process import configure_logging
 from persistence.store import NodeDatabase
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.console.routes import PAGE_SIZE
-from flows.console.sessions import LOGIN_COOKIE, SESSION_COOKIE
-from flows.rpc.config import RpcUser
+from flows.config.rpc import RpcUser
+from flows.rpc.console.routes import PAGE_SIZE
+from flows.rpc.console.sessions import LOGIN_COOKIE, SESSION_COOKIE
 from tests.console_helpers import (
     HOSPITAL,
     STEPS,
@@ -369,7 +369,7 @@ def test_users_of_the_tests_are_as_this_module_expects() -> None:
 
 
 def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
-    from flows.cordapps import Cordapps
+    from flows.node.cordapps import Cordapps
     from flows.rpc.app import build_app
     from flows.rpc.auth import Authenticator
     from flows.rpc.gateway import NodeGateway

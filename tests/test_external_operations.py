@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from flows import FlowLogic
+from flows.config.runtime import RuntimeConfig
 from flows.errors import OperationFailedException, OperationTimeoutException
-from flows.external import OperationContext
-from flows.node import FlowHospitalizedError
-from flows.operator import list_flows
-from flows.runtime_config import RuntimeConfig
+from flows.node.external_operations import OperationContext
+from flows.node.inspection import list_flows
+from flows.node.node import FlowHospitalizedError
 from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 from samples.quotes import QuoteFlow

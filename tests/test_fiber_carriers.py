@@ -1,4 +1,4 @@
-"""Carrier greenlets (``flows.fiber``): one greenlet runs flow after flow, keeping none of them."""
+"""Carrier greenlets (``flows.node.fiber``): one greenlet runs flow after flow, keeping none."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import fiber
+from flows.node import fiber
 from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 from tests.cordapp import ContextVarFlow, SleepyFlow

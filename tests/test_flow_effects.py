@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.effects import FlowEffectError
+from flows.node.effects import FlowEffectError
 from flows.testing import MockNetwork, MockNode
 from tests.conftest import CORDAPPS
 from tests.cordapp import LEDGER_METADATA, FailingEffectFlow, PaymentFlow, ledger_entries

@@ -1,7 +1,7 @@
 """A batch of client flow requests costs the same few statements, whatever its size.
 
 One query finds the pending requests and whether each id is a flow's already; the
-transaction that starts their flows claims them with one update (flows/flow_requests.py).
+transaction that starts their flows claims them with one update (flows/node/flow_requests.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from flows.flow_requests import encode_arguments
+from flows.node.flow_requests import encode_arguments
 from flows.testing import MockNetwork, MockNode
 from foundation.serialization import qualified_name
 from persistence.node_store import FlowRequest

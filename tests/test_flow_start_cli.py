@@ -14,10 +14,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
+from flows.config.runtime import load_config
+from flows.process.process import NodeProcess, RuntimeConfig
 from flows.rpc.client import RpcClient
-from flows.runtime import NodeProcess, RuntimeConfig
-from flows.runtime_config import load_config
 from tests.rpc_cordapp import gate
 from tests.rpc_helpers import PASSWORDS, users_table, write_node_config
 from tests.test_runtime import running, unique_name

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flows import UnexpectedFlowEndException
-from flows.cli import main
+from flows.cli.main import main
 from flows.testing import MockNetwork
 from flows.tracebacks import MAX_TRACEBACK_CHARS, FlowTraceback, bound_traceback
 from tests.cordapp import BuggyFlow, FailingInitiator
@@ -37,7 +37,7 @@ def test_a_bug_in_flow_code_keeps_its_frames(net: MockNetwork) -> None:
     # The flow's frames from call() down, not the fiber's above it.
     assert "in call\n    return self.descend(self.depth)" in text
     assert "return prices[item]" in text
-    assert "flows/fiber.py" not in text
+    assert "flows/node/fiber.py" not in text
     assert text.rstrip().endswith("KeyError: 'pear'")
     # Printed as the error's cause, above the caller's frames.
     assert "the flow's traceback on its node" in str(caught.value.__cause__)

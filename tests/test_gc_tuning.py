@@ -8,7 +8,7 @@ import sys
 
 def test_tune_collector_freezes_start_up_and_raises_the_young_threshold() -> None:
     script = (
-        "import gc; from flows.gc_tuning import YOUNG_THRESHOLD, tune_collector; "
+        "import gc; from flows.process.gc_tuning import YOUNG_THRESHOLD, tune_collector; "
         "before = gc.get_threshold(); tune_collector(); after = gc.get_threshold(); "
         "assert after == (YOUNG_THRESHOLD, *before[1:]), (before, after); "
         "assert gc.get_freeze_count() > 1000, gc.get_freeze_count(); "

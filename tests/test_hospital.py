@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from flows.client import NodeClient, decode_outcome
-from flows.effects import FlowEffectError
-from flows.hospital import MAX_FLOW_FAILURES, Hospital, Treatment
-from flows.operator import list_flows
+from flows.node.client import NodeClient, decode_outcome
+from flows.node.effects import FlowEffectError
+from flows.node.hospital import MAX_FLOW_FAILURES, Hospital, Treatment
+from flows.node.inspection import list_flows
 from flows.party import Party
 from messaging.service import TransportError
 from persistence.sql_transaction import SqlTransaction

@@ -56,7 +56,8 @@ def test_the_node_s_names_still_load_on_first_use() -> None:
 
 def test_a_node_process_without_metrics_never_loads_the_prometheus_client() -> None:
     loaded = _loaded_after(
-        "import flows.runtime, flows.testing, flows.cli\nassert flows.runtime.NodeProcess"
+        "import flows.process.process, flows.testing, flows.cli.main\n"
+        "assert flows.process.process.NodeProcess"
     )
     assert "sqlalchemy" in loaded  # (the node's machinery is loaded)
     assert "prometheus_client" not in loaded

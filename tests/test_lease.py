@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import event, func, select, text, update
 from sqlalchemy.exc import OperationalError
 
-from flows.node import Node
+from flows.node.node import Node
 from flows.testing import MockNetwork
 from foundation.engine import drop_schema
 from persistence import schema

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from sqlalchemy import String, inspect
 
 from flows import FlowLogic, Party, initiating_flow
-from flows.client import NodeClient
 from flows.errors import FlowDefinitionError
+from flows.node.client import NodeClient
 from foundation.bounded import DIGEST_MARK, bounded_reason, bounded_text
 from foundation.engine import drop_schema
 from foundation.serialization import SerializationError

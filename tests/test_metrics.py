@@ -12,11 +12,11 @@ import attrs
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from flows.config.runtime import ConfigError, MetricsSettings, load_config
 from flows.metrics import NodeMetrics, metrics_asgi_app
 from flows.metrics.probe import NodeProbe
 from flows.party import Party
-from flows.runtime import EXIT_REFUSED, NodeProcess
-from flows.runtime_config import ConfigError, MetricsSettings, load_config
+from flows.process.process import EXIT_REFUSED, NodeProcess
 from flows.testing import MockNetwork
 from messaging.frame import encode_frame
 from messaging.service import SESSION_TOPIC, Message

@@ -20,8 +20,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, text
 
-from flows.cli import main
-from flows.client import NodeClient
+from flows.cli.main import main
+from flows.node.client import NodeClient
 from flows.testing import MockNetwork, MockNode, SimulatedCrash
 from foundation.engine import drop_schema, normalize_url, open_engine
 from persistence import schema
@@ -163,7 +163,7 @@ def test_db_upgrade_through_the_cli(alice_config: Path, capsys: pytest.CaptureFi
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "fiberflow db upgrade --config node.toml" in error
 
-    from flows.runtime_config import load_config
+    from flows.config.runtime import load_config
 
     engine = open_engine(load_config(alice_config).database_url)
     lease = NodeLease(engine, lease_seconds=60)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
-from flows.identity import load_or_create_identity
-from flows.network_map import NetworkMap, NodeInfo
-from flows.network_trust import NetworkRoot
-from flows.runtime_config import load_config
+from flows.cli.main import main
+from flows.config.runtime import load_config
+from flows.network.identity import load_or_create_identity
+from flows.network.map import NetworkMap, NodeInfo
+from flows.network.trust import NetworkRoot
 
 FIBERFLOW = [str(Path(sys.executable).with_name("fiberflow"))]
 ALICE, BOB = "O=Alice,L=London,C=GB", "O=Bob,L=New York,C=US"

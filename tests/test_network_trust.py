@@ -18,15 +18,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from flows.doorman import (
+from flows.config.runtime import ConfigError, config_from_mapping
+from flows.network.doorman import (
     ROOT_CERTIFICATE_FILE,
     ROOT_KEY_FILE,
     RootAuthority,
     certificate_request,
 )
-from flows.identity import NetworkMapPeerKeys, NodeIdentity, StaticPeerKeys
-from flows.network_map import NetworkMap, NetworkMapScan, NodeInfo
-from flows.network_trust import (
+from flows.network.identity import NetworkMapPeerKeys, NodeIdentity, StaticPeerKeys
+from flows.network.map import NetworkMap, NetworkMapScan, NodeInfo
+from flows.network.trust import (
     NetworkRoot,
     NetworkTrustError,
     NodeInfoRejected,
@@ -34,7 +35,6 @@ from flows.network_trust import (
     party_name,
     x509_name,
 )
-from flows.runtime_config import ConfigError, config_from_mapping
 from messaging.authentication import MessageAuthenticator, MessageVerifier
 from messaging.service import Message
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.client import decode_outcome
+from flows.node.client import decode_outcome
 from persistence import schema
 from samples.quotes import QuoteFlow
 from samples.quotes.service import QuoteService

@@ -10,9 +10,9 @@ import attrs
 import pytest
 
 from flows import FOREVER, FlowKilledException
-from flows.client import decode_outcome
-from flows.node import NodeDrainingError
-from flows.operator import dump_checkpoint, list_flows, print_flow_list, request_operation
+from flows.node.client import decode_outcome
+from flows.node.inspection import dump_checkpoint, list_flows, print_flow_list, request_operation
+from flows.node.node import NodeDrainingError
 from flows.party import Party
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow
@@ -226,7 +226,7 @@ def test_flow_list_shows_failed_flows_with_their_errors_and_all_shows_every_fini
     table and in --json, the most recent ones by default, every one (and the completed
     flows) with --all."""
     from flows import operator
-    from flows.runtime_config import RuntimeConfig
+    from flows.config.runtime import RuntimeConfig
     from tests.cordapp import FailingInitiator
 
     net = mock(tmp_path)

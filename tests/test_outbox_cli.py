@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
-from flows.identity import NodeIdentity
-from flows.network_map import NetworkMap, NodeInfo
+from flows.cli.main import main
+from flows.network.identity import NodeIdentity
+from flows.network.map import NetworkMap, NodeInfo
 from flows.testing import MockNetwork
 from tests.cordapp import BEHAVIOUR, AskStrangerFlow
 

@@ -30,9 +30,9 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.engine import make_url
 
-from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
-from flows.identity import NodeIdentity, load_or_create_identity
-from flows.network_map import NetworkMap, NodeInfo, node_key
+from flows.network.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
+from flows.network.identity import NodeIdentity, load_or_create_identity
+from flows.network.map import NetworkMap, NodeInfo, node_key
 from flows.party import Party
 from tests.conftest import (
     PIKA_MISSING,
@@ -388,7 +388,15 @@ def test_node_infos_from_another_root_or_tampered_are_refused_and_nothing_goes_t
         assert f"flow {flow_id} (samples.pingpong.flows.PingFlow) failed: " in log
     assert not (network.directory / "dave-queue.db").exists()  # nothing ever went there
     listed = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "node", "outbox", "--config", str(alice.config_path)],
+        [
+            sys.executable,
+            "-m",
+            "flows.cli.main",
+            "node",
+            "outbox",
+            "--config",
+            str(alice.config_path),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

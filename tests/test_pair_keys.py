@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from flows.doorman import RootAuthority, certificate_request
-from flows.identity import NetworkMapPeerKeys, NodeIdentity, StaticPeerKeys
-from flows.network_map import NetworkMap, NodeInfo
+from flows.network.doorman import RootAuthority, certificate_request
+from flows.network.identity import NetworkMapPeerKeys, NodeIdentity, StaticPeerKeys
+from flows.network.map import NetworkMap, NodeInfo
 from messaging.authentication import (
     CannotAuthenticateError,
     MessageAuthenticator,

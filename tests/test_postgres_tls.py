@@ -16,7 +16,7 @@ import attrs
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, new_tls_server_key
+from flows.network.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, new_tls_server_key
 from messaging.bridges import BridgeManager
 from messaging.peer_senders import Credentials
 from messaging.tls import TlsSettings

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from flows.network_map import NetworkMap, NodeInfo, node_key
-from flows.runtime_config import RuntimeConfig
+from flows.config.runtime import RuntimeConfig
+from flows.network.map import NetworkMap, NodeInfo, node_key
 from persistence import schema
 from persistence.store import NodeDatabase
 from statemachine.session_ids import identity_tag, initiator_session_id, message_id

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from flows.errors import FlowTimeoutException, UnexpectedFlowEndException
-from flows.hospital import MAX_FLOW_FAILURES, MAX_MESSAGE_FAILURES, Hospital
-from flows.node import FlowHospitalizedError
+from flows.node.hospital import MAX_FLOW_FAILURES, MAX_MESSAGE_FAILURES, Hospital
+from flows.node.node import FlowHospitalizedError
 from flows.testing import MockNetwork, MockNode
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
@@ -174,7 +174,7 @@ def test_each_flow_and_message_has_its_own_backoff() -> None:
 def test_node_wide_errors_are_not_pinned() -> None:
     from sqlalchemy.exc import OperationalError
 
-    from flows.effects import FlowEffectError
+    from flows.node.effects import FlowEffectError
     from persistence.lease import LeaseLostError
 
     hospital = Hospital()
@@ -209,5 +209,5 @@ def test_a_responder_whose_first_step_fails_ends_and_its_initiator_is_told(
             select(table.c.flow_class, table.c.exception_class, table.c.message)
         ).all()
     assert failed.flow_class == "tests.cordapp.FragileResponder"
-    assert failed.exception_class == "flows.effects.FlowEffectError"
+    assert failed.exception_class == "flows.node.effects.FlowEffectError"
     assert "RuntimeError: the effect is broken" in failed.message

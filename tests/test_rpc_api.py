@@ -16,8 +16,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from flows.rpc.config import RpcConfig, RpcUser
-from flows.runtime import NodeProcess, RuntimeConfig
+from flows.config.rpc import RpcConfig, RpcUser
+from flows.process.process import NodeProcess, RuntimeConfig
 from persistence import schema
 from persistence.store import NodeDatabase
 from tests.conftest import POSTGRES_URL

@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from flows.client import FlowWaitTimeoutError, NodeClient
+from flows.config.rpc import RpcConfig
 from flows.errors import FlowStillRunningError
+from flows.node.client import FlowWaitTimeoutError, NodeClient
+from flows.process.process import NodeProcess, RuntimeConfig
 from flows.rpc.client import RpcClient
 from flows.rpc.client_errors import (
     RpcAuthenticationError,
@@ -21,8 +23,6 @@ from flows.rpc.client_errors import (
     RpcPermissionError,
     RpcUnavailableError,
 )
-from flows.rpc.config import RpcConfig
-from flows.runtime import NodeProcess, RuntimeConfig
 from flows.tracebacks import FlowTraceback
 from tests import test_rpc_process
 from tests.rpc_cordapp import StepsFlow, gate
@@ -232,7 +232,7 @@ def test_a_flow_instance_describes_the_start(node) -> None:
 def test_the_client_imports_none_of_the_server_s_stack() -> None:
     """A client machine installs only httpx (the client extra): no Starlette, uvicorn, argon2."""
     code = (
-        "import sys, flows.rpc.client, flows.flow_cli\n"
+        "import sys, flows.rpc.client, flows.cli.flow\n"
         "loaded = sorted(m for m in ('starlette', 'uvicorn', 'argon2') if m in sys.modules)\n"
         "print(','.join(loaded))\n"
     )

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from flows.config.rpc import RpcConfig, RpcUser
+from flows.config.runtime import ConfigError, load_config
 from flows.rpc.auth import AuthenticationError, Authenticator
-from flows.rpc.config import RpcConfig, RpcUser
 from flows.rpc.hashing import hash_secret
-from flows.runtime_config import ConfigError, load_config
 from tests.rpc_helpers import (
     PASSWORDS,
     TOKEN,
@@ -216,7 +216,7 @@ def test_a_node_without_rpc_never_loads_the_rpc_stack(tmp_path: Path) -> None:
     path = write_node_config(tmp_path / "n.toml", fields(), None)
     probe = (
         "import json, sys\n"
-        "from flows.runtime import NodeProcess, load_config\n"
+        "from flows.process.process import NodeProcess, load_config\n"
         f"NodeProcess(load_config({str(path)!r}))\n"
         "print(json.dumps(sorted(sys.modules)))"
     )

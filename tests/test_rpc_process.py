@@ -21,10 +21,10 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, new_tls_server_key
-from flows.rpc.config import RpcConfig
+from flows.config.rpc import RpcConfig
+from flows.network.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, new_tls_server_key
+from flows.process.process import NodeProcess
 from flows.rpc.gateway import request_flow_id
-from flows.runtime import NodeProcess
 from foundation.engine import drop_schema
 from statemachine.partitions import PARTITIONS, partition_of
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service
@@ -356,7 +356,7 @@ def test_of_a_node_s_workers_only_those_worker_ports_names_serve_and_answer_for_
 
 
 def test_with_metrics_configured_the_api_serves_them_at_metrics_too(tmp_path: Path) -> None:
-    from flows.runtime_config import MetricsSettings
+    from flows.config.runtime import MetricsSettings
 
     config = attrs.evolve(
         node_config(tmp_path, RpcConfig(port=0, users=rpc_users())),

@@ -20,14 +20,14 @@ import attrs
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from flows.client import NodeClient, decode_outcome
-from flows.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
 from flows.errors import FlowFailedError
-from flows.identity import load_or_create_identity
-from flows.network_map import NetworkMap, node_key
-from flows.network_trust import NetworkRoot
+from flows.network.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
+from flows.network.identity import load_or_create_identity
+from flows.network.map import NetworkMap, node_key
+from flows.network.trust import NetworkRoot
+from flows.node.client import NodeClient, decode_outcome
 from flows.party import Party
-from flows.runtime import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
+from flows.process.process import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
 from foundation.engine import drop_schema
 from messaging.peer_senders import Credentials
 from messaging.sqlqueue import SqlQueueBroker

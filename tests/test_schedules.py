@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from flows import FlowLogic, Party
-from flows.cli import main
-from flows.client import NodeClient
-from flows.schedules import (
+from flows.cli.main import main
+from flows.node.client import NodeClient
+from flows.node.schedules import (
     GRACE_SECONDS,
     Firing,
     ScheduleError,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from flows.node.schedules import slot_request_id
 from flows.party import Party
-from flows.schedules import slot_request_id
 from persistence import schema
 from samples.pingpong import PingFlow
 from tests.process_cluster import NAMES, ClusterNode

@@ -44,7 +44,7 @@ def test_new_flow_ids_are_distinct_version_4_uuids() -> None:
     """Flow ids drawn in one read of the system's randomness are still UUID4s, all different."""
     import uuid
 
-    from flows.node import new_flow_ids
+    from flows.node.node import new_flow_ids
 
     ids = new_flow_ids(1000)
     assert len(set(ids)) == 1000

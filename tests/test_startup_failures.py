@@ -20,8 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from flows.runtime import NodeProcess, configure_logging
-from flows.runtime_config import load_config
+from flows.config.runtime import load_config
+from flows.process.process import NodeProcess, configure_logging
 from tests.conftest import (
     POSTGRES_URL,
     RABBITMQ_URL,

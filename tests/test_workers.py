@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from flows import FOREVER
-from flows.client import decode_outcome
-from flows.operator import list_flows, process_reports
+from flows.config.runtime import load_config
+from flows.node.client import decode_outcome
+from flows.node.inspection import list_flows, process_reports
 from flows.party import Party
-from flows.runtime import run_node, worker_name_problem
-from flows.runtime_config import load_config
+from flows.process.process import run_node, worker_name_problem
 from persistence import schema
 from samples.pingpong import PingFlow
 from statemachine.partitions import PARTITIONS, partition_of, partition_ranges

@@ -1,6 +1,6 @@
 """A node's Prometheus metrics: :class:`NodeMetrics`, owning its own registry.
 
-One ``NodeMetrics`` follows one node across rebuilds: each :class:`~flows.node.Node` is
+One ``NodeMetrics`` follows one node across rebuilds: each :class:`~flows.node.node.Node` is
 built with ``instruments=metrics.instruments()``, and the metrics read the latest node built
 that way (a node process rebuilds its node after a node-wide failure; counters carry on).
 Nothing here is process-wide: nodes sharing a process (the test network) each have their

@@ -1,6 +1,6 @@
 """The hooks one node runs for its metrics (:class:`NodeProbe`), all on the node's thread.
 
-A probe is the node's :class:`~flows.instruments.NodeInstruments`. It wraps the checkpoint
+A probe is the node's :class:`~flows.node.instruments.NodeInstruments`. It wraps the checkpoint
 store the state machine uses so that each transaction is timed from ``begin`` to the end of
 ``commit`` (the commit latency histogram), and what the transaction wrote is counted only
 once it committed: the checkpoints' sizes, and the flows started on this node (each local
@@ -32,7 +32,7 @@ from statemachine.state import Checkpoint, FlowOrigin, FlowStatus, InitiatedBy, 
 from statemachine.transition import FLOW_KILLED_EXCEPTION
 
 if TYPE_CHECKING:
-    from flows.node import Node
+    from flows.node.node import Node
     from statemachine.flow_error import FlowError
 
 

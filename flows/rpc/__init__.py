@@ -1,9 +1,9 @@
 """The node's front door: an authenticated HTTP API served by the node process.
 
-Off unless the node config has an ``[rpc]`` section (:mod:`flows.rpc.config`). The pieces,
+Off unless the node config has an ``[rpc]`` section (:mod:`flows.config.rpc`). The pieces,
 one job each:
 
-* :mod:`flows.rpc.config`: the ``[rpc]`` section and its users, checked at config load;
+* :mod:`flows.config.rpc`: the ``[rpc]`` section and its users, checked at config load;
 * :mod:`flows.rpc.hashing`: argon2 hashes of passwords and API tokens (``fiberflow rpc``);
 * :mod:`flows.rpc.auth`: who a request comes from (HTTP Basic or a bearer token);
 * :mod:`flows.rpc.arguments`: a flow instance from a class name and JSON arguments;

@@ -20,10 +20,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
-from flows.console.routes import console_routes
+from flows.config.rpc import RpcUser
 from flows.rpc.arguments import ArgumentError
 from flows.rpc.auth import AuthenticationError, Authenticator
-from flows.rpc.config import RpcUser
+from flows.rpc.console.routes import console_routes
 from flows.rpc.events import progress_events
 from flows.rpc.gateway import (
     FLOW_ACTIONS,
@@ -66,7 +66,7 @@ def build_app(
 ) -> Starlette:
     """The API's ASGI app; ``metrics_app`` (if any) is mounted at ``/metrics`` as it is.
 
-    The web console is mounted at ``/console/`` (:mod:`flows.console`); ``secure_cookies``
+    The web console is mounted at ``/console/`` (:mod:`flows.rpc.console`); ``secure_cookies``
     marks its session cookie HTTPS-only (the API serves TLS).
     """
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from flows.errors import FlowArgumentError
 from flows.flow_logic import FlowLogic
-from flows.flow_requests import encode_arguments
+from flows.node.flow_requests import encode_arguments
 from flows.party import Party
 
 

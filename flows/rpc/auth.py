@@ -20,7 +20,7 @@ from collections.abc import Callable
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from flows.rpc.config import RpcUser
+from flows.config.rpc import RpcUser
 from flows.rpc.hashing import MAX_SECRET_CHARS
 
 CACHE_SECONDS = 60.0

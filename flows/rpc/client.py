@@ -1,6 +1,6 @@
 """``RpcClient``: start, watch and operate flows through a node's HTTP API.
 
-The shape of :class:`flows.client.NodeClient` (``start_flow(s)``, ``wait`` with an
+The shape of :class:`flows.node.client.NodeClient` (``start_flow(s)``, ``wait`` with an
 ``on_progress`` callback, ``result``, ``outcomes``), over HTTP with a user of the node's
 ``[rpc]`` section instead of the node database's rights, plus what the API adds: starts by
 class name, status, paged lists, the progress stream, operations and the node's state.
@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from flows.client import FlowWaitTimeoutError, wait_for_outcomes
 from flows.errors import FlowStillRunningError
 from flows.flow_logic import FlowLogic
+from flows.node.client import FlowWaitTimeoutError, wait_for_outcomes
 from flows.rpc.client_errors import RpcConnectionError, RpcError, error_for_status
 from flows.rpc.client_values import (
     FINISHED,
@@ -102,7 +102,7 @@ class RpcClient:
     def start_flow(self, flow: FlowLogic[Any] | str, request_id: str | None = None) -> str:
         """Start a flow described by a ``FlowLogic`` instance; returns its flow id.
 
-        As :meth:`flows.client.NodeClient.start_flow`: the instance only describes the
+        As :meth:`flows.node.client.NodeClient.start_flow`: the instance only describes the
         start (its class and constructor arguments, sent by name); ``request_id`` is the
         client request id (default: a new one, so each call starts a flow).
         """
@@ -198,7 +198,7 @@ class RpcClient:
     ) -> dict[str, FlowOutcome]:
         """Wait until every flow finished; ``on_progress(done, total)`` is called as they do.
 
-        Raises :class:`~flows.client.FlowWaitTimeoutError` after ``timeout`` seconds, as
+        Raises :class:`~flows.node.client.FlowWaitTimeoutError` after ``timeout`` seconds, as
         ``NodeClient.wait`` does.
         """
         return wait_for_outcomes(self.outcomes, flow_ids, timeout, on_progress, poll_seconds)
@@ -220,7 +220,7 @@ class RpcClient:
 
         The last event is ``outcome`` (or ``gone``); the iterator ends there. An unknown flow
         raises RpcNotFoundError before the first event. With ``timeout`` (seconds), a flow
-        that has not ended by then raises :class:`~flows.client.FlowWaitTimeoutError` (seen
+        that has not ended by then raises :class:`~flows.node.client.FlowWaitTimeoutError` (seen
         at the next line the node sends: an event, or its keep-alive every 15 s).
         """
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -2,7 +2,7 @@
 
 * :class:`StartedFlow`: the answer to a start;
 * :class:`FlowOutcome`: a finished flow's result or error (:meth:`FlowOutcome.value` decodes
-  it as :meth:`flows.client.NodeClient.result` does: the error raised as the flow's node
+  it as :meth:`flows.node.client.NodeClient.result` does: the error raised as the flow's node
   would raise it, its traceback chained as the cause);
 * :class:`FlowEvent`: one event of a flow's progress stream, and :func:`parse_events`, which
   reads server-sent events from lines of text;

@@ -1,11 +1,11 @@
 """What the API reads and writes in the node database; the HTTP thread's only way in.
 
 The API never touches the state machine. A start is a row in ``node_flow_requests`` (as
-:class:`flows.client.NodeClient` writes it), which the node's loop starts or refuses
-(:mod:`flows.flow_requests`); an operation is a row in ``node_operator_requests``, whose
-outcome the node records (:func:`flows.operator.await_operation`); everything else is a read
+:class:`flows.node.client.NodeClient` writes it), which the node's loop starts or refuses
+(:mod:`flows.node.flow_requests`); an operation is a row in ``node_operator_requests``, whose
+outcome the node records (:func:`flows.node.inspection.await_operation`); everything else is a read
 of the node's tables, shaped by the functions ``fiberflow flow list`` and ``checkpoints
-dump`` use (:mod:`flows.operator`).
+dump`` use (:mod:`flows.node.inspection`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any
 import attrs
 from sqlalchemy import func, select
 
-from flows.cordapps import Cordapps
+from flows.config.rpc import RpcUser
 from flows.markings import is_startable_by_rpc, responder_initiator
-from flows.operator import (
+from flows.node.cordapps import Cordapps
+from flows.node.inspection import (
     await_operation,
     checkpoint_document,
     describe_flow_row,
@@ -32,7 +33,6 @@ from flows.operator import (
     partition_owners,
 )
 from flows.rpc.arguments import build_flow
-from flows.rpc.config import RpcUser
 from flows.rpc.outcomes import iso_time, outcome_document
 from persistence import schema
 from persistence.node_store import FlowRequest

@@ -18,7 +18,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from flows.rpc.config import RpcConfig
+from flows.config.rpc import RpcConfig
 
 log = logging.getLogger("fiberflow.rpc")
 

@@ -1,7 +1,7 @@
 """The API of one node process, assembled: database, gateway, users, app and server.
 
-:func:`start_rpc_server` is what :class:`flows.runtime.NodeProcess` calls when its config has
-an ``[rpc]`` section; the :class:`RpcService` it returns is stopped with the process.
+:func:`start_rpc_server` is what :class:`flows.process.process.NodeProcess` calls when its config
+has an ``[rpc]`` section; the :class:`RpcService` it returns is stopped with the process.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
-from flows.cordapps import Cordapps
+from flows.config.runtime import RuntimeConfig
+from flows.node.cordapps import Cordapps
 from flows.rpc.app import build_app
 from flows.rpc.auth import Authenticator
 from flows.rpc.gateway import NodeGateway
 from flows.rpc.server import RpcServer, RpcStartError
-from flows.runtime_config import RuntimeConfig
 from persistence.store import NodeDatabase
 
 __all__ = ["RpcService", "RpcStartError", "start_rpc_server"]

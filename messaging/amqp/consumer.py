@@ -290,7 +290,7 @@ class AmqpMessaging:
         """Why this transport can no longer work (the broker refused the login), or None.
 
         Set when a connection (the consumer's reconnection, or the publisher's) is refused:
-        the consumer stops trying, and a node process stops (:mod:`flows.runtime`).
+        the consumer stops trying, and a node process stops (:mod:`flows.process.process`).
         """
         return self._fatal_error
 

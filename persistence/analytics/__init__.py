@@ -39,7 +39,6 @@ from persistence.analytics.checks import (
     session_ownership,
     stuck_flows,
 )
-from persistence.analytics.command import analyze, run_analyze
 from persistence.analytics.loading import load_nodes
 from persistence.analytics.report import (
     AnalysisReport,
@@ -48,8 +47,9 @@ from persistence.analytics.report import (
     report_json,
 )
 from persistence.analytics.report_html import render_html
+from persistence.analytics.running import analyze
 from persistence.analytics.session import spark_problem, spark_session, stop_spark
-from persistence.analytics.snapshot import AnalyticsLoadError, NodeLoad, Snapshot
+from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import (
     JdbcJars,
     NodeArgumentError,
@@ -57,6 +57,7 @@ from persistence.analytics.sources import (
     find_jdbc_jars,
     parse_node_argument,
 )
+from persistence.analytics.tables import AnalyticsLoadError
 
 __all__ = [
     "CHECKS",
@@ -89,7 +90,6 @@ __all__ = [
     "render_html",
     "render_text",
     "report_json",
-    "run_analyze",
     "run_checks",
     "session_consistency",
     "session_ownership",

@@ -56,8 +56,9 @@ from persistence.analytics.session_flows import (
     arrow_flow_keys,
     arrow_record_keys,
 )
-from persistence.analytics.snapshot import LONG, TABLES, AnalyticsLoadError, NodeLoad, Snapshot
+from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource, check_unique_names
+from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.waiting import (
     IDLE_SINCE,
     STUCK_COLUMNS,

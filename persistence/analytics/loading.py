@@ -41,13 +41,14 @@ from persistence.analytics.reading import (
     read_arrow,
     read_jdbc,
 )
-from persistence.analytics.snapshot import LONG, TABLES, AnalyticsLoadError, NodeLoad, Snapshot
+from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import (
     JdbcJars,
     NodeSource,
     check_unique_names,
     find_jdbc_jars,
 )
+from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.waiting import with_stuck_columns, with_waits
 
 if TYPE_CHECKING:

@@ -19,8 +19,9 @@ from persistence.analytics.session_columns import (
     peer_session,
     session_flow,
 )
-from persistence.analytics.snapshot import AnalyticsLoadError, NodeLoad
+from persistence.analytics.snapshot import NodeLoad
 from persistence.analytics.sources import NodeSource
+from persistence.analytics.tables import AnalyticsLoadError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -26,8 +26,8 @@ import attrs
 from sqlalchemy import Connection, create_engine, inspect, text
 
 from foundation.engine import normalize_url
-from persistence.analytics.snapshot import TABLES, AnalyticsLoadError
 from persistence.analytics.sources import NodeSource
+from persistence.analytics.tables import TABLES, AnalyticsLoadError
 
 
 @attrs.define

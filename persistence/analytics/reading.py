@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import text
 
 from persistence.analytics.opening import OpenedDatabase, qualified_table
-from persistence.analytics.snapshot import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.sources import JDBC_DRIVER_CLASSES, JdbcJars, NodeSource, jdbc_url
+from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from statemachine.session_ids import MESSAGE_ID_PREFIX
 
 if TYPE_CHECKING:

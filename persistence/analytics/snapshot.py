@@ -1,7 +1,6 @@
-"""What a snapshot of the node databases holds: the tables read, and the :class:`Snapshot`.
+"""What a snapshot of the node databases holds: the :class:`Snapshot`.
 
-:data:`TABLES` names every node table the analytics read, its partition key and its columns
-with their types (blobs and payloads are never read). A :class:`Snapshot` holds them as Spark
+A :class:`Snapshot` holds the tables of :data:`~persistence.analytics.tables.TABLES` as Spark
 DataFrames, one per table with every analyzed node's rows and a ``node`` column, and says
 how each node was read (:class:`NodeLoad`). :mod:`persistence.analytics.loading` makes it;
 the checks read it. Nothing here imports PySpark at run time.
@@ -21,79 +20,7 @@ if TYPE_CHECKING:
     from persistence.analytics.opening import OpenedDatabase
     from persistence.analytics.sources import NodeSource
 
-STRING = "string"
-"""A text column."""
-LONG = "long"
-"""A 64-bit integer column (millisecond times, counts, sizes)."""
-
-TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
-    "checkpoints": (
-        "node_checkpoints",
-        "flow_id",
-        (
-            ("flow_id", STRING),
-            ("flow_class", STRING),
-            ("status", STRING),
-            ("progress_step", STRING),
-            ("suspended_on", STRING),
-            ("waiting_for", STRING),
-            ("journal_length", LONG),
-            ("checkpoint_bytes", LONG),
-            ("error_message", STRING),
-            ("created_at", LONG),
-            ("updated_at", LONG),
-        ),
-    ),
-    "blobs": ("node_checkpoint_blobs", "flow_id", (("flow_id", STRING),)),
-    "results": (
-        "node_flow_results",
-        "flow_id",
-        (("flow_id", STRING), ("flow_class", STRING), ("completed_at", LONG)),
-    ),
-    "exceptions": (
-        "node_flow_exceptions",
-        "flow_id",
-        (
-            ("flow_id", STRING),
-            ("flow_class", STRING),
-            ("error_kind", STRING),
-            ("exception_class", STRING),
-            ("message", STRING),
-            ("failed_at", LONG),
-        ),
-    ),
-    "message_ids": (
-        "node_message_ids",
-        "message_id",
-        (
-            ("message_id", STRING),
-            ("sender", STRING),
-            ("session_id", STRING),
-            ("sequence", LONG),
-            ("inserted_at", LONG),
-        ),
-    ),
-    "outbox": (
-        "node_outbox",
-        "message_id",
-        (("message_id", STRING), ("target", STRING), ("created_at", LONG)),
-    ),
-    "paused": ("node_paused_flows", "flow_id", (("flow_id", STRING), ("paused_at", LONG))),
-    "workers": (
-        "node_workers",
-        "worker_id",
-        (("worker_id", STRING), ("renewed_at", LONG), ("expires_at", LONG)),
-    ),
-}
-"""Frame name: (node table, partition key, columns read with their types). Blobs and
-payloads are never read."""
-
-
 T = TypeVar("T")
-
-
-class AnalyticsLoadError(RuntimeError):
-    """A node database could not be read (missing tables, no driver, a moving snapshot)."""
 
 
 @attrs.frozen
@@ -135,7 +62,8 @@ class Snapshot:
     _cleanup: list[Callable[[], None]] = attrs.field(factory=list, alias="cleanup")
     databases: dict[str, tuple[OpenedDatabase, NodeSource]] = attrs.field(factory=dict)
     """Node name to the database opened at its snapshot and the node's source: what reads
-    beyond :data:`TABLES` go through (the checkpoint blobs, when a key is given)."""
+    beyond :data:`~persistence.analytics.tables.TABLES` go through (the checkpoint blobs, when
+    a key is given)."""
     checkpoint_keys: dict[str, bytes] = attrs.field(factory=dict, repr=False)
     """Node name to its checkpoint MAC key (``--key-file``): the nodes whose checkpoint
     blobs are decoded and checked (:mod:`persistence.analytics.blobs`)."""

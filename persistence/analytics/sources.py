@@ -49,6 +49,20 @@ class NodeArgumentError(ValueError):
     """A ``--node`` argument that is not ``NAME=URL`` with a supported URL."""
 
 
+class KeyArgumentError(ValueError):
+    """A ``--key-file`` or ``--node-config`` that cannot be used; the message says why."""
+
+
+def check_key_names(keys: dict[str, bytes], node_names: list[str]) -> None:
+    """Refuse a checkpoint key for a node that is not analyzed (names are known once loaded)."""
+    for name in keys:
+        if name not in node_names:
+            raise KeyArgumentError(
+                f"--key-file names {name}, which is not an analyzed node "
+                f"(the nodes: {'; '.join(node_names)})"
+            )
+
+
 @attrs.frozen
 class NodeSource:
     """One node database to analyze: the node's name, its SQLAlchemy URL and its schema."""

@@ -1,0 +1,1 @@
+"""TODO: this package's job."""
