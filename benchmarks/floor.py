@@ -100,10 +100,10 @@ def _observe(flows: int) -> tuple[float, list[FlowState], float]:
                 authenticator.authenticate = tag  # type: ignore[method-assign]
             message = sent[len(sent) // 2]  # a real session message Alice sent Bob
             tagged = alice.node.authenticator.authenticate(message, bob.party.name)
-            if bob.node.verifier.problem(tagged) is not None:
+            if bob.node.inbound.verifier.problem(tagged) is not None:
                 raise SystemExit("the sample message did not authenticate")
             auth = _per_call(
-                lambda: bob.node.verifier.problem(
+                lambda: bob.node.inbound.verifier.problem(
                     alice.node.authenticator.authenticate(message, bob.party.name)
                 ),
                 20_000,

@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flows import FlowLogic, OperationContext
-from flows.node.node import FlowHandle
+from flows.node.handles import FlowHandle
 from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import event
 
 from benchmarks.bounds import greenlet_pairs_per_second, sqlite_groups_per_second
-from flows.node.node import FlowHandle
+from flows.node.handles import FlowHandle
 from flows.process.gc_tuning import tune_collector
 from flows.testing import MockNetwork
 from samples.pingpong import PingFlow

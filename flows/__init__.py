@@ -34,14 +34,16 @@ from flows.untrustworthy import UntrustworthyData
 from statemachine.iorequests import RetryPolicy
 
 if TYPE_CHECKING:
+    from flows.config.node import NodeConfig
     from flows.node.external_operations import OperationContext
-    from flows.node.node import FlowHandle, FlowHospitalizedError, Node, NodeConfig
+    from flows.node.handles import FlowHandle, FlowHospitalizedError
+    from flows.node.node import Node
 
 _LAZY = {
-    "FlowHandle": "flows.node.node",
-    "FlowHospitalizedError": "flows.node.node",
+    "FlowHandle": "flows.node.handles",
+    "FlowHospitalizedError": "flows.node.handles",
     "Node": "flows.node.node",
-    "NodeConfig": "flows.node.node",
+    "NodeConfig": "flows.config.node",
     "OperationContext": "flows.node.external_operations",
 }
 """Names that need the node's heavy dependencies, and the module that defines each."""

@@ -79,7 +79,7 @@ def marked_cordapps(node: pytest.Item) -> tuple[str, ...]:
 
 def _check_cordapps(modules: Sequence[str]) -> None:
     """Import the CorDapps now, so a bad module name fails the setup, naming the module."""
-    from flows.node.cordapps import CordappError, Cordapps
+    from flows.cordapps import CordappError, Cordapps
 
     if isinstance(modules, str):
         pytest.fail(

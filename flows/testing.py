@@ -20,10 +20,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from flows.config.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.flow_logic import FlowLogic
 from flows.network.identity import NodeIdentity, StaticPeerKeys
+from flows.node.assembly import build_node
+from flows.node.handles import FlowHandle
 from flows.node.hospital import Hospital
-from flows.node.node import DEFAULT_RECEIVE_TIMEOUT, FlowHandle, Node, NodeConfig
+from flows.node.node import Node
 from flows.party import Party
 from foundation.engine import drop_schema
 from foundation.serialization import DEFAULT_LIMITS, SerializationLimits, qualified_name
@@ -163,11 +166,11 @@ class MockNode:
     def _build(self) -> Node:
         while True:
             endpoint = self._network.messaging.endpoint(self.config.name)
-            node = Node(
+            node = build_node(
                 self.config,
                 endpoint,
-                self._network.clock,
-                self._on_boundary,
+                clock=self._network.clock,
+                on_boundary=self._on_boundary,
                 identity=self.identity,
                 peers=self._network.peer_keys,
                 hospital=self.hospital,

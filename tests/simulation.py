@@ -37,7 +37,7 @@ import attrs
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from flows.node.node import FlowHandle
+from flows.node.handles import FlowHandle
 from flows.testing import MockNetwork, MockNode, SimulatedCrash
 from messaging.inmemory import Faults
 from persistence import schema

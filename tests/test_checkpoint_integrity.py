@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import NoResultFound
 
-from flows.node.node import FlowHospitalizedError, UntrustedCheckpointError
+from flows.node.handles import FlowHospitalizedError
+from flows.node.node import UntrustedCheckpointError
 from flows.testing import MockNetwork, MockNode
 from persistence import schema
 from persistence.store import NodeDatabase

@@ -369,7 +369,7 @@ def test_users_of_the_tests_are_as_this_module_expects() -> None:
 
 
 def test_under_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
-    from flows.node.cordapps import Cordapps
+    from flows.cordapps import Cordapps
     from flows.rpc.app import build_app
     from flows.rpc.auth import Authenticator
     from flows.rpc.gateway import NodeGateway

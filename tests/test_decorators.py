@@ -13,7 +13,7 @@ from flows import (
     serializable,
     startable_by_rpc,
 )
-from flows.node.cordapps import CordappError, Cordapps
+from flows.cordapps import CordappError, Cordapps
 from samples.pingpong import PingFlow
 
 

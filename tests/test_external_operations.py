@@ -19,8 +19,8 @@ from flows import FlowLogic
 from flows.config.runtime import RuntimeConfig
 from flows.errors import OperationFailedException, OperationTimeoutException
 from flows.node.external_operations import OperationContext
+from flows.node.handles import FlowHospitalizedError
 from flows.node.inspection import list_flows
-from flows.node.node import FlowHospitalizedError
 from flows.testing import MockNetwork, MockNode
 from samples.pingpong import PingFlow
 from samples.quotes import QuoteFlow

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import event, func, select, text, update
 from sqlalchemy.exc import OperationalError
 
-from flows.node.node import Node
+from flows.node.assembly import build_node
 from flows.testing import MockNetwork
 from foundation.engine import drop_schema
 from persistence import schema
@@ -385,10 +385,10 @@ def test_a_thawed_node_commits_nothing_after_another_took_over(net: MockNetwork)
     assert isinstance(database, NodeDatabase)
     with database.engine.begin() as connection:  # the old node is "frozen" past its lease
         connection.execute(update(schema.node_workers).values(expires_at=0))
-    successor = Node(
+    successor = build_node(
         alice.config,
         net.messaging.endpoint(alice.name),
-        net.clock,
+        clock=net.clock,
         identity=alice.identity,
         peers=net.peer_keys,
     )
@@ -419,10 +419,10 @@ def test_a_replaced_node_drops_nothing_meant_for_its_successor(net: MockNetwork)
     database = old.database
     assert isinstance(database, NodeDatabase)
     expire(database)  # paused past its lease
-    successor = Node(
+    successor = build_node(
         alice.config,
         net.messaging.endpoint(alice.name),
-        net.clock,
+        clock=net.clock,
         identity=alice.identity,
         peers=net.peer_keys,
     )

@@ -10,8 +10,9 @@ import attrs
 import pytest
 
 from flows import FOREVER, FlowKilledException
+from flows.cli.local import print_flow_list, request_operation
 from flows.node.client import decode_outcome
-from flows.node.inspection import dump_checkpoint, list_flows, print_flow_list, request_operation
+from flows.node.inspection import dump_checkpoint, list_flows
 from flows.node.node import NodeDrainingError
 from flows.party import Party
 from flows.testing import MockNetwork

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from flows.errors import FlowTimeoutException, UnexpectedFlowEndException
+from flows.node.handles import FlowHospitalizedError
 from flows.node.hospital import MAX_FLOW_FAILURES, MAX_MESSAGE_FAILURES, Hospital
-from flows.node.node import FlowHospitalizedError
 from flows.testing import MockNetwork, MockNode
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pytest
 
-from flows.node.node import FlowHandle
+from flows.node.handles import FlowHandle
 from flows.testing import MockNetwork
 from foundation.serialization import PAYLOADS
 from samples.pingpong import PingFlow

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flows import FlowArgumentError, Party
-from flows.node.node import encode_arguments
+from flows.node.flow_requests import encode_arguments
 from foundation.serialization import (
     EXT_OBJECT,
     PAYLOAD_TYPES,

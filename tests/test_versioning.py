@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from flows.cordapps import Cordapps
 from flows.decorators import InitiatingInfo
-from flows.node.cordapps import Cordapps
-from flows.node.node import FlowHospitalizedError
+from flows.node.handles import FlowHospitalizedError
 from flows.testing import MockNetwork
 from statemachine.state import Checkpoint, FlowStatus, StartedLocally
 from tests.conftest import CORDAPPS

@@ -37,9 +37,9 @@ from typing import Any
 import attrs
 
 from flows.cli.progress import ProgressBar
+from flows.cordapps import CordappError, Cordapps
 from flows.flow_logic import FlowLogic
 from flows.node.client import NodeClient, decode_outcome
-from flows.node.cordapps import CordappError, Cordapps
 from flows.party import Party
 from flows.process.process import startup_problem
 from flows.testing import MockNetwork

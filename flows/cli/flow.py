@@ -27,14 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows.node.inspection import (
-    FAILED_SHOWN,
-    age_text,
-    node_database,
-    print_failure,
-    render_flow_list,
-    run_operator_command,
-)
+from flows.cli.local import print_failure, render_flow_list, run_operator_command
+from flows.node.inspection import FAILED_SHOWN, age_text, node_database
 
 PASSWORD_VARIABLE = "FIBERFLOW_PASSWORD"
 TOKEN_VARIABLE = "FIBERFLOW_TOKEN"
@@ -333,7 +327,7 @@ def start_locally(args: argparse.Namespace, arguments: dict[str, Any]) -> int:
     """``flow start --config``: the checks the API makes, then a request row in the database."""
     from flows.config.rpc import RpcUser
     from flows.config.runtime import ConfigError, load_config
-    from flows.node.cordapps import Cordapps
+    from flows.cordapps import Cordapps
     from flows.rpc.arguments import ArgumentError
     from flows.rpc.gateway import ApiError, NodeGateway
 

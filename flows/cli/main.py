@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = f"{args.command} {getattr(args, f'{args.command}_command')}"
         return failing_in_one_line(name, run_flow_command, args)
     if args.command in ("node", "flow", "checkpoints", "outbox"):
-        from flows.node.inspection import run_operator_command
+        from flows.cli.local import run_operator_command
 
         name = f"{args.command} {getattr(args, f'{args.command}_command')}"
         return failing_in_one_line(name, run_operator_command, args)

@@ -65,12 +65,11 @@ from typing import Any
 
 import attrs
 
-from flows.config.node import DEFAULT_HIBERNATE_AFTER
+from flows.config.node import DEFAULT_HIBERNATE_AFTER, DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.config.rpc import ALL_FLOWS, RpcConfig, parse_rpc_section
+from flows.cordapps import CordappError, Cordapps
 from flows.markings import is_startable_by_rpc
 from flows.network.map import NodeInfo, NodeInfoSigner, node_key
-from flows.node.cordapps import CordappError, Cordapps
-from flows.node.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
 from flows.party import Party
 from foundation.engine import database_url_problem
 from foundation.serialization import DEFAULT_LIMITS, SerializationLimits

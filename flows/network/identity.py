@@ -35,6 +35,7 @@ from messaging.pair_keys import PeerKeys, agreement_public_bytes, derive_agreeme
 log = logging.getLogger("fiberflow.identity")
 
 __all__ = [
+    "Counterparties",
     "KeyFileError",
     "NetworkMapPeerKeys",
     "NodeIdentity",
@@ -155,6 +156,27 @@ def load_identity(path: Path, name: str) -> NodeIdentity:
     if not isinstance(loaded, Ed25519PrivateKey):
         raise KeyFileError(f"key file {path} holds a {type(loaded).__name__}, not an Ed25519 key")
     return NodeIdentity(name, loaded)
+
+
+class Counterparties:
+    """Which parties a node can reach: itself, and those its peer keys know (the network map)."""
+
+    def __init__(self, our_name: str, peers: PeerKeys) -> None:
+        self.our_name = our_name
+        self.peers = peers
+
+    def knows(self, name: str) -> bool:
+        """True if the network map has an entry for party ``name`` that verified (or it is us)."""
+        return name == self.our_name or self.peers.agreement_key(name) is not None
+
+    def problem(self, name: str) -> str | None:
+        """Why party ``name`` cannot be reached (not on the network map, its entry refused)."""
+        if self.knows(name):
+            return None
+        refusal = self.peers.refusal(name)
+        if refusal is not None:
+            return f"its node-info on the network map is refused ({refusal})"
+        return "it is not on this node's network map (check the name)"
 
 
 class StaticPeerKeys:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from flows.errors import FiberflowError, exception_from_error
 from flows.flow_logic import FlowLogic
-from flows.node.node import encode_arguments
+from flows.node.flow_requests import encode_arguments
 from flows.node.schedules import make_schedule
 from foundation.serialization import PAYLOADS, qualified_name
 from persistence.node_store import FlowRequest, StoredOutcome

@@ -21,10 +21,10 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
+from flows.cordapps import Cordapps
 from flows.flow_logic import FlowLogic
 from flows.flow_logic import encode_arguments as encode_flow_arguments
 from flows.markings import responder_initiator
-from flows.node.cordapps import Cordapps
 from flows.party import Party
 from foundation.serialization import PAYLOADS, Serializer
 from persistence.node_store import ControlPlane, FlowRequest

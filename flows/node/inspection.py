@@ -1,11 +1,10 @@
-"""Operator commands against a node's database (``fiberflow flow ...``, ``checkpoints dump``).
+"""What an operator reads of a node's database: its flows, its processes, a checkpoint.
 
-Every command opens the node's existing database and never creates one: a missing SQLite
-file or a schema without the node tables is one line naming the URL, exit status 2.
-``flow list`` and ``checkpoints dump`` read the node's tables directly (the node may be running
-or not). ``flow kill|pause|resume|retry`` and ``node drain|undrain`` queue a command in
-``node_operator_requests``; the running node carries it out within a poll interval and
-records the outcome, which the command waits for and prints.
+The rows of ``fiberflow flow list`` (flows with a checkpoint, and finished ones), what each
+process of the node last reported, the worker holding each partition, and a checkpoint as
+plain JSON data (``checkpoints dump``). The node may be running or not: everything is read
+from its tables, and the database is opened, never created. The command line
+(:mod:`flows.cli.local`) and the HTTP API (:mod:`flows.rpc.gateway`) both read through here.
 """
 
 from __future__ import annotations
@@ -13,28 +12,27 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 from sqlalchemy import func, select
-from sqlalchemy.exc import SQLAlchemyError
 
-from flows.config.runtime import ConfigError, RuntimeConfig, load_config
-from flows.network.identity import KeyFileError, load_or_create_identity
-from foundation.engine import first_line, url_without_password
+from flows.config.runtime import RuntimeConfig
+from flows.network.identity import load_or_create_identity
 from foundation.serialization import PAYLOADS, SerializationError
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
 from persistence.lease import database_clock, read_assignment, read_holders
-from persistence.migration import NodeDatabaseMissingError, SchemaVersionError
 from persistence.store import NodeDatabase
 from statemachine.partitions import partition_of, partition_ranges
 
 
-def _database(config: RuntimeConfig, with_mac: bool = False) -> NodeDatabase:
+def node_database(config: RuntimeConfig, with_mac: bool = False) -> NodeDatabase:
+    """The node's existing database (never created: a missing one raises, naming the URL).
+
+    ``with_mac``: with the checkpoint MAC key from the node's key file, when it is there.
+    """
     mac_key = None
     if with_mac and config.key_file is not None and config.key_file.exists():
         mac_key = load_or_create_identity(config.key_file, config.name).mac_key()
@@ -43,12 +41,8 @@ def _database(config: RuntimeConfig, with_mac: bool = False) -> NodeDatabase:
     )
 
 
-def node_database(config: RuntimeConfig) -> NodeDatabase:
-    """The node's existing database (never created: a missing one raises, naming the URL)."""
-    return _database(config)
-
-
-def _age(milliseconds: int) -> str:
+def age_since(milliseconds: int) -> str:
+    """The age of a moment in epoch milliseconds, as :func:`age_text` shows it."""
     return age_text(time.time() - milliseconds / 1000)
 
 
@@ -91,7 +85,7 @@ def list_flows(config: RuntimeConfig) -> list[dict[str, Any]]:
     For a node run by several workers also ``worker``: the name of the worker holding the
     flow's partition (``-``: none now).
     """
-    database = _database(config)
+    database = node_database(config)
     table = schema.node_checkpoints
     try:
         with database.engine.connect() as connection:
@@ -121,11 +115,11 @@ def describe_flow_row(
         "class": row.flow_class.rsplit(".", 1)[-1],
         "status": _status(row.flow_id, row.status, paused, busy),
         "waiting_on": (
-            f"running {_age(busy[row.flow_id][0])} at {busy[row.flow_id][1]}"
+            f"running {age_since(busy[row.flow_id][0])} at {busy[row.flow_id][1]}"
             if row.flow_id in busy
             else _waiting_on(row.suspended_on, row.waiting_for)
         ),
-        "age": _age(row.created_at),
+        "age": age_since(row.created_at),
         "step": row.progress_step or "-",
         "error": row.error_message,
     }
@@ -147,7 +141,7 @@ def list_finished_flows(
     and how many failed flows were left out.
     """
     failures, results = schema.node_flow_exceptions, schema.node_flow_results
-    database = _database(config)
+    database = node_database(config)
     try:
         with database.engine.connect() as connection:
             failed_count = connection.execute(
@@ -203,55 +197,12 @@ def finished_flow_row(
         "class": flow_class.rsplit(".", 1)[-1],
         "status": status,
         "waiting_on": "-",
-        "age": _age(ended_at),
+        "age": age_since(ended_at),
         "step": "-",
         "error": error,
         "error_class": error_class,
         "traceback": traceback,
     }
-
-
-def print_flow_error(config: RuntimeConfig, flow_id: str) -> int:
-    """``fiberflow flow error ID``: a failed flow's error and the traceback its node kept.
-
-    Exit 0 if the flow failed, 1 if the node has no failed flow of that id.
-    """
-    failures = schema.node_flow_exceptions
-    database = _database(config)
-    try:
-        with database.engine.connect() as connection:
-            row = connection.execute(select(failures).where(failures.c.flow_id == flow_id)).first()
-    finally:
-        database.close()
-    if row is None:
-        print(f"fiberflow: no failed flow {flow_id} on {config.name}", file=sys.stderr)
-        return 1
-    print_failure(
-        flow_id,
-        row.flow_class,
-        _age(row.failed_at),
-        row.exception_class,
-        row.message,
-        row.traceback,
-    )
-    return 0
-
-
-def print_failure(
-    flow_id: str,
-    flow_class: str,
-    age: str,
-    exception_class: str,
-    message: str,
-    traceback: str | None,
-) -> None:
-    """What ``flow error`` prints of a failed flow (from the database or the HTTP API)."""
-    print(f"flow {flow_id} ({flow_class}) failed {age} ago:")
-    print(f"{exception_class}: {message}")
-    if traceback:
-        print(traceback.rstrip())
-    else:
-        print("(no traceback: the flow was killed, refused, or failed before its code ran)")
 
 
 def partition_owners(database: NodeDatabase) -> dict[int, str] | None:
@@ -266,88 +217,6 @@ def partition_owners(database: NodeDatabase) -> dict[int, str] | None:
     }
 
 
-def print_flow_list(config: RuntimeConfig, as_json: bool = False, everything: bool = False) -> int:
-    """``fiberflow flow list``: a table of the node's flows and what its processes said.
-
-    The flows with a checkpoint, then the failed ones (:func:`list_finished_flows`: the most
-    recent, or with ``everything`` all of them and the completed ones). With ``as_json``, one
-    JSON document instead: ``flows`` (the same rows), ``failed_not_shown`` and ``processes``
-    (the report lines of :func:`process_reports`).
-    """
-    live = list_flows(config)
-    finished, hidden = list_finished_flows(config, everything)
-    return render_flow_list(
-        live, finished, hidden, config.name, process_reports(config), as_json, "--config ..."
-    )
-
-
-def render_flow_list(
-    live: list[dict[str, Any]],
-    finished: list[dict[str, Any]],
-    hidden: int,
-    node_name: str,
-    reports: list[str],
-    as_json: bool = False,
-    source: str = "--config ...",
-) -> int:
-    """Print ``flow list``'s table (or JSON document) of these rows; exit status 0.
-
-    ``live`` and ``finished`` are rows as :func:`list_flows` and :func:`list_finished_flows`
-    make them, ``hidden`` how many failed flows were left out, ``reports`` the processes'
-    lines, ``source`` how ``flow error`` reaches the node (``--config ...``, ``--url ...``).
-    """
-    if as_json:
-        document = {"flows": live + finished, "failed_not_shown": hidden, "processes": reports}
-        print(json.dumps(document, indent=2))
-        return 0
-    flows = live + finished
-    header: tuple[str, ...] = ("FLOW ID", "CLASS", "STATUS", "WAITING ON", "AGE", "PROGRESS STEP")
-    keys = ["flow_id", "class", "status", "waiting_on", "age", "step"]
-    if any("worker" in f for f in flows):
-        header += ("WORKER",)
-        keys.append("worker")
-    lines = [header] + [tuple(f.get(key, "-") for key in keys) for f in flows]
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)))
-    hospitalized = [f for f in flows if f["status"] == "HOSPITALIZED"]
-    for flow in hospitalized:
-        print(f"{flow['flow_id']} is in the hospital: {flow['error']}")
-    for flow in finished:
-        if flow["status"] == "FAILED":
-            print(f"{flow['flow_id']} failed: {flow['error']}")
-    if any(f["status"] == "FAILED" and f.get("traceback") for f in finished):
-        print(f"(fiberflow flow error ID {source} prints a failed flow's traceback)")
-    print(f"{len(live)} flow(s) with a checkpoint on {node_name}{_by_kind(live)}")
-    failed = sum(1 for f in finished if f["status"] == "FAILED") + hidden
-    if failed:
-        shown = (
-            f"the {failed - hidden} most recent shown; --all lists every one"
-            if hidden
-            else "shown above"
-        )
-        print(f"{failed} failed flow(s) ({shown})")
-    for line in reports:
-        print(line)
-    return 0
-
-
-def _by_kind(flows: list[dict[str, Any]]) -> str:
-    """How many flows wait on what (and the others' statuses), for the list's last line."""
-    kinds: dict[str, int] = {}
-    for flow in flows:
-        kind = str(flow["status"]).lower()
-        if flow["status"] == "SUSPENDED":
-            kind = "waiting on " + _WAITS.get(str(flow["waiting_on"]).split(" ", 1)[0], "?")
-        kinds[kind] = kinds.get(kind, 0) + 1
-    if not kinds:
-        return ""
-    return ": " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
-
-
-_WAITS = {"receive": "a receive", "sleep": "a sleep", "operation": "an operation"}
-
-
 def process_reports(config: RuntimeConfig) -> list[str]:
     """One line per live process of the node: who it is and what it last said of its flows.
 
@@ -355,7 +224,7 @@ def process_reports(config: RuntimeConfig) -> list[str]:
     renewals (every second for a worker of a node run by several workers, every third of the
     lease otherwise).
     """
-    database = _database(config)
+    database = node_database(config)
     try:
         holders = read_holders(database.engine)
         assignment = read_assignment(database.engine)
@@ -381,59 +250,11 @@ def _counts_text(text: str | None) -> str:
     counts = json.loads(text)
     waiting = ", ".join(f"{n} on {k}" for k, n in sorted(counts["waiting_in_memory"].items()))
     return (
-        f"({_age(int(counts['at'] * 1000))} ago): "
+        f"({age_since(int(counts['at'] * 1000))} ago): "
         f"{counts['in_memory'] + counts['dormant']} live, {counts['in_memory']} in memory"
         f"{f' (waiting: {waiting})' if waiting else ''}, {counts['dormant']} hibernated or not "
         f"restored since its start, {counts['restoring']} being restored"
     )
-
-
-def request_operation(
-    config: RuntimeConfig, action: str, flow_id: str | None, timeout: float
-) -> int:
-    """Queue an operator command, wait for the node to carry it out, print the outcome."""
-    database = _database(config)
-    try:
-        outcome = await_operation(database, action, flow_id, timeout)
-    finally:
-        database.close()
-    if outcome is not None:
-        succeeded = operation_succeeded(outcome)
-        print(outcome, file=sys.stdout if succeeded else sys.stderr)
-        return 0 if succeeded else 1
-    print(
-        f"{action} {flow_id or ''}: the node did not carry it out within {timeout:.0f} s "
-        "(is it running?); the command stays queued and runs when the node starts",
-        file=sys.stderr,
-    )
-    return 3
-
-
-def await_operation(
-    database: NodeDatabase,
-    action: str,
-    flow_id: str | None,
-    timeout: float,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> str | None:
-    """Queue an operator command and wait for the node's outcome (None: not within timeout).
-
-    The command stays queued if the node does not carry it out in time: it runs when the
-    node next polls. ``should_stop`` ends the wait early (None is returned).
-    """
-    request_id = database.control.request_operation(action, flow_id, time.time())
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not should_stop():
-        outcome = database.control.operation_outcome(request_id)
-        if outcome is not None:
-            return outcome
-        time.sleep(0.05)
-    return None
-
-
-def operation_succeeded(outcome: str) -> bool:
-    """True if a node's outcome of an operator command says it was done."""
-    return outcome.startswith(("ok", "draining", "accepting"))
 
 
 def _plain(value: Any) -> Any:
@@ -459,7 +280,7 @@ def _plain(value: Any) -> Any:
 
 def dump_checkpoint(config: RuntimeConfig, flow_id: str) -> dict[str, Any]:
     """The checkpoint of ``flow_id`` as plain JSON data (MAC checked when the key is there)."""
-    database = _database(config, with_mac=True)
+    database = node_database(config, with_mac=True)
     try:
         return checkpoint_document(database, config.name, flow_id)
     finally:
@@ -513,51 +334,3 @@ def checkpoint_document(database: NodeDatabase, node_name: str, flow_id: str) ->
     ]
     document["pending"] = _plain(checkpoint.pending)
     return document
-
-
-def run_operator_command(args: Any) -> int:
-    """Dispatch ``fiberflow flow|checkpoints|outbox|node drain`` sub-commands."""
-    try:
-        config = load_config(args.config)
-    except ConfigError as error:
-        print(f"fiberflow: {error}", file=sys.stderr)
-        return 2
-    try:
-        if args.command == "checkpoints":
-            print(json.dumps(dump_checkpoint(config, args.flow_id), indent=2, default=str))
-            return 0
-        if args.command == "outbox":
-            from flows.cli.outbox import drop_peer_rows, print_outbox_rows
-
-            database = _database(config)
-            try:
-                if args.outbox_command == "drop":
-                    return drop_peer_rows(config, database, args.peer)
-                return print_outbox_rows(config, database, args.json, args.limit)
-            finally:
-                database.close()
-        if args.command == "node" and args.node_command == "outbox":
-            from flows.cli.peer import print_outbox
-
-            database = _database(config)
-            try:
-                return print_outbox(config, database)
-            finally:
-                database.close()
-        if args.command == "node":
-            return request_operation(config, args.node_command, None, args.timeout)
-        if args.flow_command == "error":
-            return print_flow_error(config, args.flow_id)
-        if args.flow_command == "list":
-            return print_flow_list(config, as_json=args.json, everything=args.all)
-        return request_operation(config, args.flow_command, args.flow_id, args.timeout)
-    except (KeyError, KeyFileError) as error:
-        print(f"fiberflow: {error.args[0] if error.args else error}", file=sys.stderr)
-        return 1
-    except (NodeDatabaseMissingError, SchemaVersionError) as error:
-        print(f"fiberflow: {error}", file=sys.stderr)
-        return 2
-    except (SQLAlchemyError, OSError) as error:
-        url = url_without_password(config.database_url)
-        print(f"fiberflow: cannot use the database {url}: {first_line(error)}", file=sys.stderr)
-        return 2

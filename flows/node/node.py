@@ -1,15 +1,10 @@
 """A node: one identity, one database, one transport, the CorDapps, and the flows they run.
 
-:class:`Node` wires the parts together (the state machine manager, the SQLAlchemy store,
-the outbox relay, the greenlet fibers) and is driven by calling :meth:`Node.run_once` (the
-test network does this step by step; a node process does it in its loop).
-
-Everything that depends on the node's configuration is made here, once, and handed to what
-needs it: the session codec (its limits) to the manager, the payload serializer (the same
-limits) and the payload limit to the fibers, the message authenticator to the outbox relay,
-the verifier to the inbound path (both from the identity and the peers' keys, sharing the
-node's per-peer keys). Nothing process-wide is configured, so nodes with different limits
-can share a process.
+:class:`Node` holds the parts :func:`~flows.node.assembly.build_node` made for it (the state
+machine manager, the store, the outbox relay, the inbound path, the greenlet fibers) and is
+driven by calling :meth:`Node.run_once` (the test network does this step by step; a node
+process does it in its loop). Its methods are what a node does for its users and operators:
+start flows and tell their outcomes, pause, resume, retry and kill them, drain.
 """
 
 from __future__ import annotations
@@ -18,14 +13,14 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
-from flows.config.node import DEFAULT_RECEIVE_TIMEOUT, NodeConfig
+from flows.config.node import NodeConfig
+from flows.cordapps import Cordapps
 from flows.decorators import flow_class_name_problem
 from flows.errors import (
     FiberflowError,
@@ -34,84 +29,36 @@ from flows.errors import (
     exception_from_error,
 )
 from flows.flow_logic import FlowLogic
-from flows.network.identity import NodeIdentity, PeerKeys
+from flows.network.identity import Counterparties, NodeIdentity, PeerKeys
 from flows.node.busy import BusyMonitor
-from flows.node.cordapps import Cordapps
 from flows.node.effects import FlowEffectRegistry
 from flows.node.external_operations import ExternalOperations
-from flows.node.fiber import GreenletFiberFactory
 from flows.node.flow_requests import FlowRequestIntake, encode_arguments
-from flows.node.instruments import NodeInstruments
+from flows.node.handles import FlowHandle, FlowHospitalizedError
 from flows.node.operator_commands import OperatorCommands
-from flows.node.resident_memory import resident_bytes
 from flows.node.schedules import FlowScheduler
 from flows.party import Party
-from foundation.engine import application_name
-from foundation.serialization import (
-    PAYLOADS,
-    Serializer,
-    qualified_name,
-)
-from messaging.authentication import MessageAuthenticator, MessageVerifier
-from messaging.background_relay import BackgroundOutboxRelay
+from foundation.serialization import Serializer, qualified_name
+from messaging.authentication import MessageAuthenticator
 from messaging.codec import SessionCodec
-from messaging.outbox_relay import OutboxRelay
+from messaging.inbound_path import InboundPath
 from messaging.pair_keys import PairKeyCache
-from messaging.relay import OutboxStore, Relay
-from messaging.service import (
-    SESSION_TOPIC,
-    Message,
-    MessagingService,
-    PartitionedInbound,
-    as_partitioned,
-)
+from messaging.relay import Relay
+from messaging.service import MessagingService
 from persistence.lease import NodeLease, WorkerInfo
-from persistence.memory_store import MEMORY_URL, InMemoryStore
+from persistence.memory_store import InMemoryStore
 from persistence.node_store import CheckpointSummary
 from persistence.store import NodeDatabase
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
-from statemachine.hibernation import HibernationPolicy
 from statemachine.manager import StateMachineManager
-from statemachine.partitions import partition_of, partition_of_message, sending_flow_of_message
-from statemachine.ports import (
-    CheckpointStore,
-    Clock,
-    FailurePolicy,
-    FiberFactory,
-    InboundMessage,
-    OutboxRow,
-)
+from statemachine.partitions import partition_of, sending_flow_of_message
+from statemachine.ports import Clock, FailurePolicy, OutboxRow
 from statemachine.state import FlowStatus
 
 T = TypeVar("T")
 
-RelayFactory = Callable[[OutboxStore, MessageAuthenticator], Relay]
-"""Builds a node's outbox relay from its outbox and its message authenticator."""
-
 log = logging.getLogger("fiberflow.node")
-
-
-class SystemClock:
-    """The real clock."""
-
-    def now(self) -> float:
-        """Seconds since the epoch."""
-        return time.time()
-
-
-class FlowHospitalizedError(FlowStillRunningError):
-    """The flow is kept in the hospital (for example, replay found it non-deterministic)."""
-
-
-class FlowOutcomes(Protocol):
-    """Where a handle asks about its flow (a node, or a mock node that survives restarts)."""
-
-    def flow_status(self, flow_id: str) -> FlowStatus:
-        """The flow's status."""
-
-    def flow_result(self, flow_id: str) -> Any:
-        """The flow's result (or its error raised)."""
 
 
 class NodeDrainingError(FiberflowError):
@@ -150,188 +97,88 @@ def _error_text(error: FlowError) -> str:
     return f"{name}: {error.message}" if error.message else name
 
 
-class FlowHandle(Generic[T]):
-    """A started flow: its id, and its result once it has finished."""
-
-    def __init__(self, node: FlowOutcomes, flow_id: str) -> None:
-        self._node = node
-        self.flow_id = flow_id
-
-    def done(self) -> bool:
-        """True once the flow completed or failed."""
-        return self._node.flow_status(self.flow_id) in (FlowStatus.COMPLETED, FlowStatus.FAILED)
-
-    def result(self) -> T:
-        """The flow's return value; raises its error if it failed, or if it has not finished."""
-        return self._node.flow_result(self.flow_id)  # type: ignore[no-any-return]
-
-    def __repr__(self) -> str:
-        return f"FlowHandle({self.flow_id})"
-
-
 class Node:
-    """A fiberflow node (see the module docstring)."""
+    """A fiberflow node (see the module docstring): :func:`~flows.node.assembly.build_node`."""
 
     def __init__(
         self,
         config: NodeConfig,
-        messaging: MessagingService,
-        clock: Clock | None = None,
-        on_boundary: Callable[[str], None] | None = None,
         *,
         identity: NodeIdentity,
         peers: PeerKeys,
-        background_relay: bool = False,
-        lease: NodeLease | None = None,
-        hospital: FailurePolicy | None = None,
-        busy: BusyMonitor | None = None,
-        relay_factory: RelayFactory | None = None,
-        instruments: NodeInstruments | None = None,
+        counterparties: Counterparties,
+        pair_keys: PairKeyCache,
+        authenticator: MessageAuthenticator,
+        codec: SessionCodec,
+        payloads: Serializer,
+        clock: Clock,
+        cordapps: Cordapps,
+        worker: WorkerInfo,
+        lease: NodeLease | None,
+        database: NodeDatabase | InMemoryStore,
+        messaging: MessagingService,
+        inbound: InboundPath,
+        relay: Relay,
+        wakeup: threading.Event,
+        busy: BusyMonitor,
+        effects: FlowEffectRegistry,
+        operations: ExternalOperations,
+        manager: StateMachineManager,
+        flow_requests: FlowRequestIntake,
+        scheduler: FlowScheduler | None,
+        hospital: FailurePolicy | None,
+        after_round: Callable[[], None] | None,
     ) -> None:
-        """Wire a node; ``background_relay`` runs the outbox relay on its own thread.
+        """The node of ``config`` over the parts :func:`~flows.node.assembly.build_node` made.
 
-        ``identity`` and ``peers`` (the peers' agreement keys) give the per-peer keys that
-        tag every message the node sends and check every message it receives
-        (:mod:`messaging.authentication`). The test network drives everything
-        from one thread (``background_relay=False``); a node process sets it so the
-        scheduler never waits for the transport.
-
-        ``lease`` is the process's (already acquired) lease on the node database; without
-        one, :meth:`start` acquires a lease of its own and :meth:`stop` releases it. Either
-        way every write of the node's flows is fenced by it (:mod:`persistence.lease`).
-
-        ``hospital`` decides about failures pinned on one flow or one message (a node process
-        passes its :class:`~flows.node.hospital.Hospital`); without one, such errors propagate
-        from :meth:`run_once` (what a test wants to see).
-
-        ``relay_factory`` builds the outbox relay from the outbox and the authenticator instead (the
-        peer-to-peer topology's bridges, :class:`~messaging.bridges.BridgeManager`).
-
-        ``instruments`` observe the node (:mod:`flows.node.instruments`: the Prometheus metrics of
-        :mod:`flows.metrics`); without them the node runs no hook at all.
+        ``lease`` is the process's (already acquired) lease, or None: :meth:`start` then
+        takes a lease of its own and :meth:`stop` releases it. ``after_round`` is called after
+        every round (the instruments' hook), if given.
         """
-        self.hospital = hospital
-        if identity.name != config.name:
-            raise ValueError(f"node {config.name}: its identity is {identity.name!r}")
-        if messaging.my_address != config.name:
-            raise ValueError(
-                f"node {config.name}: its transport address is {messaging.my_address!r}; "
-                "they must be the same"
-            )
         self.config = config
         self.identity = identity
         self.peers = peers
-        self.pair_keys = PairKeyCache(identity, peers)
+        self.counterparties = counterparties
+        """Which parties the node can reach (itself, and those on its network map)."""
+        self.pair_keys = pair_keys
         """The node's keys with each peer (computed once per peer agreement key)."""
-        self.authenticator = MessageAuthenticator(self.pair_keys)
+        self.authenticator = authenticator
         """Tags every message the node sends, for its target (the outbox relay holds it)."""
-        self.verifier = MessageVerifier(self.pair_keys)
-        """Checks every received message against the key shared with its claimed sender."""
-        self.codec = SessionCodec(config.limits)
+        self.codec = codec
         """Session messages to bytes and back, within the node's limits."""
-        self.payloads: Serializer = PAYLOADS.with_limits(config.limits)
+        self.payloads = payloads
         """Flow payloads, arguments and results, within the node's limits."""
         self.party = Party(config.name)
-        self.clock: Clock = clock or SystemClock()
-        self.cordapps = Cordapps(config.cordapps)
+        self.clock = clock
+        self.cordapps = cordapps
+        self.worker = worker
+        """The process running the node (its id names its lease and its transport consumer)."""
         self._lease = lease
         self._owns_lease = lease is None
-        self.worker = lease.worker if lease is not None else WorkerInfo.of_this_process()
-        """The process running the node (its id names its lease and its transport consumer)."""
-        self.database: NodeDatabase | InMemoryStore = (
-            InMemoryStore()
-            if config.database_url == MEMORY_URL
-            else NodeDatabase(
-                config.database_url,
-                synchronous=config.synchronous,
-                schema_name=config.database_schema,
-                mac_key=identity.mac_key(),
-                application_name=application_name(self.worker.worker_id),
-            )
-        )
+        self.database = database
         self.messaging = messaging
-        self.relay: Relay
-        if relay_factory is not None:
-            self.relay = relay_factory(self.database.outbox, self.authenticator)
-        elif background_relay:
-            self.relay = BackgroundOutboxRelay(
-                messaging,
-                self.database.outbox,
-                authenticator=self.authenticator,
-                deletes=self.database.outbox,  # the rows taken ride in the next transaction
-            )
-        else:
-            self.relay = OutboxRelay(
-                messaging, self.database.outbox, on_boundary, authenticator=self.authenticator
-            )
+        self.inbound = inbound
+        """Where the transport's messages pass on their way to the manager (tag check included)."""
+        self.relay = relay
         self.relay.abandon = self.abandoned_reason
-        self.wakeup = threading.Event()
+        self.wakeup = wakeup
         """Set whenever a message arrives (a node process's loop sleeps on it)."""
-        self.busy = busy or BusyMonitor()
+        self.busy = busy
         """Which flow's code runs now (the node process's watchdog reads it)."""
-        self.effects = FlowEffectRegistry(self.busy)
-        self.operations = ExternalOperations(
-            self.payloads,
-            threads=config.operation_threads,
-            max_result_bytes=self.codec.max_payload_bytes,
-            wake=self.wakeup.set,
-        )
+        self.effects = effects
+        self.operations = operations
         """Runs flows' external operations off the scheduler (``FlowLogic.call_external``)."""
-        fibers = GreenletFiberFactory(
-            self.party,
-            self.clock.now,
-            self.cordapps.flow_class,
-            self.effects,
-            config.receive_timeout,
-            self.busy,
-            payloads=self.payloads,
-            max_payload_bytes=self.codec.max_payload_bytes,
-            operations=self.operations,
-            unknown_party=self.unknown_party,
-        )
-        self._instruments = instruments
-        store: CheckpointStore = self.database.checkpoints
-        fiber_factory: FiberFactory = fibers
-        if instruments is not None:
-            store = instruments.checkpoint_store(store)
-            fiber_factory = instruments.fibers(fibers)
-        self.manager = StateMachineManager(
-            our_identity=config.name,
-            store=store,
-            codec=self.codec,
-            outbound=self.relay,
-            fibers=fiber_factory,
-            responders=self.cordapps,
-            acknowledge=self._acknowledge,
-            clock=self.clock,
-            on_boundary=on_boundary,
-            effects=self.effects,
-            failures=hospital,
-            operations=self.operations,
-            hibernation=HibernationPolicy(
-                idle_seconds=config.hibernate_after,
-                memory_budget_bytes=(
-                    None if config.memory_budget_mb is None else config.memory_budget_mb << 20
-                ),
-                resident_bytes=resident_bytes,
-            ),
-            compatibility=self.cordapps.compatibility_problem,
-        )
-        self.manager.add_end_listener(lambda end: self.effects.forget(end.flow_id))
-        self.manager.add_end_listener(log_flow_failure)
-        self.flow_requests = FlowRequestIntake(
-            party=self.party,
-            control=self.database.control,
-            manager=self.manager,
-            cordapps=self.cordapps,
-            clock=self.clock,
-            hospital=hospital,
-        )
+        self.manager = manager
+        self.hospital = hospital
+        self.flow_requests = flow_requests
         """Starts the flows clients asked for through the database."""
+        self.scheduler = scheduler
+        """Fires the due slots of the node's schedules (None on the non-durable store)."""
+        self._after_round = after_round
         self.operator_commands = OperatorCommands(
             party=self.party,
-            control=self.database.control,
-            clock=self.clock,
+            control=database.control,
+            clock=clock,
             hospital=hospital,
             flow_commands={
                 "kill": self.kill_flow,
@@ -343,10 +190,6 @@ class Node:
             refusals=(KeyError, UntrustedCheckpointError, RetryFailedError),
         )
         """Carries out the operator commands queued in the database."""
-        schedules = self.database.schedules
-        self.scheduler = None if schedules is None else FlowScheduler(schedules, self.clock.now)
-        """Fires the due slots of the node's schedules (None on the non-durable store)."""
-        messaging.add_handler(SESSION_TOPIC, self._on_message)
         self.restored_flows = 0
         """How many checkpoints the node found at start (restored lazily)."""
         self.resent_messages = 0
@@ -355,32 +198,10 @@ class Node:
         """The partitions of the node's flows this node runs: None for a node run as one
         process (all of them); for a worker of a node run by several workers, those its lease
         held when the node started (:mod:`persistence.lease`; a change rebuilds the node)."""
-        if instruments is not None:
-            instruments.bind(self)
 
     def _check_running(self) -> None:
         if self._stopped:
             raise NodeStoppedError(f"node {self.party} was stopped")
-
-    def _on_message(self, message: Message) -> None:
-        partitions = self.partitions
-        if (
-            partitions is not None
-            and partition_of_message(message.message_id, message.sender) not in partitions
-        ):
-            # Another worker's (the transport claimed it before a hand-over): give it back.
-            self._partitioned_inbound().release(message)
-            return
-        problem = self.verifier.problem(message)
-        self.manager.deliver(
-            InboundMessage(message.message_id, message.sender, message.data, problem, message)
-        )
-        self.wakeup.set()
-
-    def _acknowledge(self, inbound: InboundMessage) -> None:
-        """Settle the transport delivery an inbound message came from."""
-        if isinstance(inbound.delivery, Message):
-            self.messaging.acknowledge(inbound.delivery)
 
     @property
     def stopped(self) -> bool:
@@ -405,7 +226,7 @@ class Node:
         self.database.lease = self._lease
         if self._lease is not None and self._lease.shared:
             self.partitions = frozenset(self._lease.epochs)
-            self._partitioned_inbound().consume_partitions(self.partitions)
+            self.inbound.consume_partitions(self.partitions)
         self.restored_flows = self.manager.restore(self.partitions)
         control = self.database.control
         for flow_id in control.paused_flows():
@@ -421,10 +242,6 @@ class Node:
                 [worker.worker_id for worker in self._lease.taken_over_from]
             )
         self.messaging.start()
-
-    def _partitioned_inbound(self) -> PartitionedInbound:
-        """The transport, as one that routes messages by partition (workers need one)."""
-        return as_partitioned(self.messaging, f"node {self.party}")
 
     @property
     def incompatible_flows(self) -> dict[str, str]:
@@ -564,7 +381,7 @@ class Node:
         or finished: no checkpoint left). A live flow's row is kept and tried again (the
         party may join again); ``fiberflow outbox list`` shows it.
         """
-        if self.knows_party(row.target):
+        if self.counterparties.knows(row.target):
             return None
         if not self.database.outbox.contains(row.message_id):
             return "dropped by an operator"
@@ -576,19 +393,6 @@ class Node:
         if self.database.checkpoints.has_checkpoint(flow_id):
             return None
         return f"{row.target} is not on the network map and flow {flow_id} has ended"
-
-    def knows_party(self, name: str) -> bool:
-        """True if the network map has an entry for party ``name`` that verified (or it is us)."""
-        return name == self.config.name or self.peers.agreement_key(name) is not None
-
-    def unknown_party(self, name: str) -> str | None:
-        """Why party ``name`` cannot be reached (not on the network map, its entry refused)."""
-        if self.knows_party(name):
-            return None
-        refusal = self.peers.refusal(name)
-        if refusal is not None:
-            return f"its node-info on the network map is refused ({refusal})"
-        return "it is not on this node's network map (check the name)"
 
     def retry_and_observe(self, flow_id: str) -> None:
         """Retry a hospitalized flow and replay it at once (the operator's ``flow retry``).
@@ -741,8 +545,8 @@ class Node:
         did_work = self.relay.retry_due()
         did_work = self.manager.run_once() or did_work
         self.relay.flush()
-        if self._instruments is not None:
-            self._instruments.after_round()
+        if self._after_round is not None:
+            self._after_round()
         return did_work
 
     def next_deadline(self) -> float | None:
@@ -757,17 +561,11 @@ def new_flow_ids(count: int) -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_RECEIVE_TIMEOUT",
-    "FiberflowError",
-    "FlowHandle",
-    "FlowHospitalizedError",
-    "FlowOutcomes",
     "Node",
-    "encode_arguments",
     "NodeDrainingError",
     "NodeStoppedError",
     "RetryFailedError",
     "UntrustedCheckpointError",
-    "NodeConfig",
-    "SystemClock",
+    "log_flow_failure",
+    "new_flow_ids",
 ]

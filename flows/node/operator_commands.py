@@ -1,7 +1,8 @@
 """Operator commands queued in the node database, carried out by the running node.
 
 ``fiberflow flow kill|pause|resume|retry`` and ``fiberflow node drain|undrain``
-(:mod:`flows.node.inspection`) write a row to ``node_operator_requests``; the node process calls
+(:mod:`flows.cli.local`, or the HTTP API) write a row to ``node_operator_requests`` and wait
+for its outcome (:func:`await_operation`); the node process calls
 :meth:`OperatorCommands.process` in its loop, which carries each command out through the
 node's own methods and records its outcome for the waiting command to print. A command
 that fails for a reason pinned on it is answered with the error; the node goes on.
@@ -10,10 +11,12 @@ that fails for a reason pinned on it is answered with the error; the node goes o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping
 
 from flows.party import Party
 from persistence.node_store import ControlPlane
+from persistence.store import NodeDatabase
 from statemachine.partitions import partition_of
 from statemachine.ports import Clock, FailurePolicy
 
@@ -101,3 +104,30 @@ def _is_for(flow_id: str | None, partitions: Collection[int]) -> bool:
     if flow_id is None:
         return 0 in partitions  # node-wide: the holder of partition 0
     return partition_of(flow_id) in partitions
+
+
+def await_operation(
+    database: NodeDatabase,
+    action: str,
+    flow_id: str | None,
+    timeout: float,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> str | None:
+    """Queue an operator command and wait for the node's outcome (None: not within timeout).
+
+    The command stays queued if the node does not carry it out in time: it runs when the
+    node next polls. ``should_stop`` ends the wait early (None is returned).
+    """
+    request_id = database.control.request_operation(action, flow_id, time.time())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not should_stop():
+        outcome = database.control.operation_outcome(request_id)
+        if outcome is not None:
+            return outcome
+        time.sleep(0.05)
+    return None
+
+
+def operation_succeeded(outcome: str) -> bool:
+    """True if a node's outcome of an operator command says it was done."""
+    return outcome.startswith(("ok", "draining", "accepting"))

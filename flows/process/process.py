@@ -36,11 +36,11 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from flows.config.runtime import ConfigError, RuntimeConfig, load_config
 from flows.network.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network.map import NetworkMap, NetworkMapError
-from flows.network.peer_directory import NetworkMapDirectory
 from flows.network.trust import NetworkTrustError, NodeTrust
+from flows.node.assembly import bridge_relay, build_node, node_transport
 from flows.node.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.node.hospital import RECOVERED_AFTER_SECONDS, Hospital
-from flows.node.node import Node, RelayFactory
+from flows.node.node import Node
 from flows.process.gc_tuning import tune_collector
 from foundation.engine import (
     application_name,
@@ -48,17 +48,12 @@ from foundation.engine import (
     is_permanent_connect_error,
     url_without_password,
 )
-from messaging.authentication import MessageAuthenticator
 from messaging.bridges import BridgeManager
-from messaging.inbound_set import InboundSet
-from messaging.relay import OutboxStore, Relay
 from messaging.service import (
-    MessagingService,
     TransportAuthenticationError,
     fatal_transport_error,
 )
 from messaging.tls import TlsSetupError
-from messaging.transports import open_transport
 from persistence.lease import (
     LeaseError,
     LeaseHeldError,
@@ -506,37 +501,16 @@ class NodeProcess:
         config = self.config
         assert self._identity_cache is not None
         network_map = NetworkMap(config.network_map or Path("network-map"), self.trust.root)
-        settings = config.tls_settings()
-        tls = settings.context
-        transport: MessagingService = open_transport(
-            settings.libpq_url(config.transport_url),
-            config.name,
-            consumer_id=self.worker.worker_id,
-            tls=tls,
-            heartbeat=consumer_heartbeat(config.lease_seconds),
-        )
-        if config.former_inbounds:
-            former = [
-                open_transport(
-                    settings.libpq_url(url),
-                    config.name,
-                    consumer_id=self.worker.worker_id,
-                    tls=tls,
-                    heartbeat=consumer_heartbeat(config.lease_seconds),
-                )
-                for url in config.former_inbounds
-            ]
-            transport = InboundSet(transport, former)
-        node = Node(
+        node = build_node(
             config.node_config(),
-            transport,
+            node_transport(config, self.worker.worker_id),
             identity=self._identity_cache,
             peers=NetworkMapPeerKeys(network_map),
             background_relay=True,
             lease=self.lease,
             hospital=self.hospital,
             busy=self.busy,
-            relay_factory=self._bridges(network_map) if config.topology == "p2p" else None,
+            relay_factory=bridge_relay(config, network_map) if config.topology == "p2p" else None,
             instruments=None if self.metrics is None else self.metrics.instruments(),
         )
         self.node = node
@@ -549,24 +523,6 @@ class NodeProcess:
                 node.stop()
             raise
         return node
-
-    def _bridges(self, network_map: NetworkMap) -> RelayFactory:
-        """The peer-to-peer relay: a bridge per peer, to the inbound it published."""
-        directory = NetworkMapDirectory(network_map)
-
-        def build(outbox: OutboxStore, authenticator: MessageAuthenticator) -> Relay:
-            return BridgeManager(
-                outbox,
-                directory,
-                self.config.name,
-                authenticator=authenticator,
-                credentials=self.config.bridge_credentials,
-                tls=self.config.tls_settings().context,
-                libpq_tls=self.config.tls_settings().libpq_url,
-                require_tls=self.config.require_tls,
-            )
-
-        return build
 
     def _recover(self, error: BaseException) -> None:
         """A node-wide failure: drop the node's memory, resume from the last checkpoints.
@@ -791,17 +747,6 @@ class NodeProcess:
             temporary.replace(path)
         except OSError as error:  # a full disk or a removed directory must not stop the node
             log.warning("%s: cannot write the status file %s: %s", self.config.name, path, error)
-
-
-def consumer_heartbeat(lease_seconds: float) -> int:
-    """The AMQP heartbeat of a node process's consumer: a quarter of its lease, at least 2 s.
-
-    A process frozen past its lease must not keep the deliveries the broker pushed to it:
-    the broker closes a connection silent for about its heartbeat and gives them to the
-    worker that took the partitions over (the broker's default, 60 s, would hold them up
-    to three minutes).
-    """
-    return max(2, round(lease_seconds / 4))
 
 
 def worker_status_path(path: Path, worker: str) -> Path:

@@ -3,9 +3,9 @@
 The API never touches the state machine. A start is a row in ``node_flow_requests`` (as
 :class:`flows.node.client.NodeClient` writes it), which the node's loop starts or refuses
 (:mod:`flows.node.flow_requests`); an operation is a row in ``node_operator_requests``, whose
-outcome the node records (:func:`flows.node.inspection.await_operation`); everything else is a read
-of the node's tables, shaped by the functions ``fiberflow flow list`` and ``checkpoints
-dump`` use (:mod:`flows.node.inspection`).
+outcome the node records (:func:`flows.node.operator_commands.await_operation`); everything
+else is a read of the node's tables, shaped by the functions ``fiberflow flow list`` and
+``checkpoints dump`` use (:mod:`flows.node.inspection`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,10 @@ import attrs
 from sqlalchemy import func, select
 
 from flows.config.rpc import RpcUser
+from flows.cordapps import Cordapps
 from flows.markings import is_startable_by_rpc, responder_initiator
-from flows.node.cordapps import Cordapps
-from flows.node.inspection import (
-    await_operation,
-    checkpoint_document,
-    describe_flow_row,
-    operation_succeeded,
-    partition_owners,
-)
+from flows.node.inspection import checkpoint_document, describe_flow_row, partition_owners
+from flows.node.operator_commands import await_operation, operation_succeeded
 from flows.rpc.arguments import build_flow
 from flows.rpc.outcomes import iso_time, outcome_document
 from persistence import schema

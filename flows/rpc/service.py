@@ -12,7 +12,7 @@ from typing import Any
 from starlette.types import ASGIApp
 
 from flows.config.runtime import RuntimeConfig
-from flows.node.cordapps import Cordapps
+from flows.cordapps import Cordapps
 from flows.rpc.app import build_app
 from flows.rpc.auth import Authenticator
 from flows.rpc.gateway import NodeGateway
