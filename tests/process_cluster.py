@@ -30,7 +30,7 @@ from sqlalchemy import select
 from flows.flow_logic import FlowLogic
 from flows.node.client import NodeClient, decode_outcome
 from flows.party import Party
-from flows.process.process import worker_status_path
+from flows.process.status import worker_status_path
 from foundation.engine import drop_schema
 from messaging.transports import purge_queues
 from persistence import schema

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from flows.config.runtime import load_config
 from flows.node.inspection import list_flows
-from flows.process.process import load_config
 from foundation.engine import drop_schema
 from messaging.transports import purge_queues
 from tests.cordapp import BusyFlow

@@ -14,7 +14,7 @@ import pytest
 
 from flows.cli import main as cli
 from flows.cli.main import main
-from flows.process.process import configure_logging
+from flows.process.logs import configure_logging
 from persistence.store import NodeDatabase
 
 ROOT = Path(__file__).resolve().parent.parent

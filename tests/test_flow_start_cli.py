@@ -15,8 +15,8 @@ import attrs
 import pytest
 
 from flows.cli.main import main
-from flows.config.runtime import load_config
-from flows.process.process import NodeProcess, RuntimeConfig
+from flows.config.runtime import RuntimeConfig, load_config
+from flows.process.process import NodeProcess
 from flows.rpc.client import RpcClient
 from tests.rpc_cordapp import gate
 from tests.rpc_helpers import PASSWORDS, users_table, write_node_config

@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy import func, select
 
 from flows.config.rpc import RpcConfig, RpcUser
-from flows.process.process import NodeProcess, RuntimeConfig
+from flows.config.runtime import RuntimeConfig
+from flows.process.process import NodeProcess
 from persistence import schema
 from persistence.store import NodeDatabase
 from tests.conftest import POSTGRES_URL

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from flows.config.rpc import RpcConfig
+from flows.config.runtime import RuntimeConfig
 from flows.errors import FlowStillRunningError
 from flows.node.client import FlowWaitTimeoutError, NodeClient
-from flows.process.process import NodeProcess, RuntimeConfig
+from flows.process.process import NodeProcess
 from flows.rpc.client import RpcClient
 from flows.rpc.client_errors import (
     RpcAuthenticationError,

@@ -216,7 +216,8 @@ def test_a_node_without_rpc_never_loads_the_rpc_stack(tmp_path: Path) -> None:
     path = write_node_config(tmp_path / "n.toml", fields(), None)
     probe = (
         "import json, sys\n"
-        "from flows.process.process import NodeProcess, load_config\n"
+        "from flows.config.runtime import load_config\n"
+        "from flows.process.process import NodeProcess\n"
         f"NodeProcess(load_config({str(path)!r}))\n"
         "print(json.dumps(sorted(sys.modules)))"
     )

@@ -20,6 +20,7 @@ import attrs
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from flows.config.runtime import ConfigError, RuntimeConfig, load_config
 from flows.errors import FlowFailedError
 from flows.network.doorman import ROOT_CERTIFICATE_FILE, RootAuthority, certificate_request
 from flows.network.identity import load_or_create_identity
@@ -27,7 +28,7 @@ from flows.network.map import NetworkMap, node_key
 from flows.network.trust import NetworkRoot
 from flows.node.client import NodeClient, decode_outcome
 from flows.party import Party
-from flows.process.process import EXIT_REFUSED, ConfigError, NodeProcess, RuntimeConfig, load_config
+from flows.process.process import EXIT_REFUSED, NodeProcess
 from foundation.engine import drop_schema
 from messaging.peer_senders import Credentials
 from messaging.sqlqueue import SqlQueueBroker

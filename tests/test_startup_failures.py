@@ -21,7 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from flows.config.runtime import load_config
-from flows.process.process import NodeProcess, configure_logging
+from flows.process.logs import configure_logging
+from flows.process.process import NodeProcess
 from tests.conftest import (
     POSTGRES_URL,
     RABBITMQ_URL,

@@ -21,7 +21,7 @@ from flows.config.runtime import load_config
 from flows.node.client import decode_outcome
 from flows.node.inspection import list_flows, process_reports
 from flows.party import Party
-from flows.process.process import run_node, worker_name_problem
+from flows.process.command import run_node, worker_name_problem
 from persistence import schema
 from samples.pingpong import PingFlow
 from statemachine.partitions import PARTITIONS, partition_of, partition_ranges

@@ -41,7 +41,7 @@ from flows.cordapps import CordappError, Cordapps
 from flows.flow_logic import FlowLogic
 from flows.node.client import NodeClient, decode_outcome
 from flows.party import Party
-from flows.process.process import startup_problem
+from flows.process.command import startup_problem
 from flows.testing import MockNetwork
 from foundation.engine import drop_schema
 from messaging.transports import purge_queues

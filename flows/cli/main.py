@@ -17,7 +17,8 @@ from flows.cli.flow import add_connection_arguments, add_flow_start_arguments, r
 from flows.cli.network import add_network_arguments, run_network_command
 from flows.cli.schedule import add_schedule_arguments
 from flows.node.inspection import FAILED_SHOWN
-from flows.process.process import LOG_LEVELS, configure_logging, run_node, startup_problem
+from flows.process.command import run_node, startup_problem
+from flows.process.logs import LOG_LEVELS, configure_logging
 from messaging.transports import TransportUrlError, transport_scheme
 
 

@@ -1,8 +1,12 @@
-"""The node runtime: one node in its own process, from a TOML config file.
+"""A node in its own process: :class:`NodeProcess`, its lifecycle, signals and serving loop.
 
-``fiberflow node run --config node.toml`` loads the config (:mod:`flows.config.runtime`),
-builds a :class:`NodeProcess` and runs it until SIGTERM or SIGINT, then shuts down cleanly
-(stop consuming, stop the relay, close the database; every flow stays checkpointed).
+``fiberflow node run --config node.toml`` (:mod:`flows.process.command`) loads the config
+(:mod:`flows.config.runtime`), builds a :class:`NodeProcess` and runs it until SIGTERM or
+SIGINT, then shuts down cleanly (stop consuming, stop the relay, close the database; every
+flow stays checkpointed). Its parts: the node kept running across failures and rebalances
+(:mod:`flows.process.node_keeper`), the servers beside it (:mod:`flows.process.side_servers`),
+its status (:mod:`flows.process.status`) and the wait for its database
+(:mod:`flows.process.database_wait`).
 
 One process runs a node at a time: at start the process takes the node's lease
 (:mod:`persistence.lease`) and renews it on a thread of its own. A second process on the same
@@ -17,23 +21,18 @@ use or a bad certificate is a start-up failure (exit status 2).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import queue
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import attrs
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError
 
-from flows.config.runtime import ConfigError, RuntimeConfig, load_config
+from flows.config.runtime import ConfigError, RuntimeConfig
 from flows.network.identity import NetworkMapPeerKeys, NodeIdentity, load_or_create_identity
 from flows.network.map import NetworkMap, NetworkMapError
 from flows.network.trust import NetworkTrustError, NodeTrust
@@ -41,14 +40,14 @@ from flows.node.assembly import bridge_relay, build_node, node_transport
 from flows.node.busy import BusyMonitor, BusyWatchdog, NodeStopping
 from flows.node.hospital import RECOVERED_AFTER_SECONDS, Hospital
 from flows.node.node import Node
+from flows.process.database_wait import open_node_database
 from flows.process.gc_tuning import tune_collector
+from flows.process.node_keeper import NodeKeeper
+from flows.process.side_servers import SideServers
+from flows.process.status import ProcessStatus
 from foundation.engine import (
-    application_name,
-    first_line,
-    is_permanent_connect_error,
     url_without_password,
 )
-from messaging.bridges import BridgeManager
 from messaging.service import (
     TransportAuthenticationError,
     fatal_transport_error,
@@ -59,17 +58,13 @@ from persistence.lease import (
     LeaseHeldError,
     LeaseLostError,
     NodeLease,
-    Rebalance,
     WorkerInfo,
 )
 from persistence.lease_keeper import LeaseKeeper
-from persistence.migration import SchemaVersionError
-from persistence.store import NodeDatabase
-from statemachine.limits import WORKER_NAME_CHARS
 from statemachine.partitions import partition_ranges
 
 if TYPE_CHECKING:
-    from flows.metrics import MetricsServer, NodeMetrics
+    from flows.metrics import MetricsServer
 
 log = logging.getLogger("fiberflow.runtime")
 
@@ -97,21 +92,14 @@ class NodeProcess:
         """
         self.config = config
         self.worker_name = worker_name
-        self._rebalances: queue.SimpleQueue[Rebalance] = queue.SimpleQueue()
-        """Partition changes the lease keeper found, for the serving loop to carry out."""
         self._stop = threading.Event()
-        self.node: Node | None = None
         self.hospital = Hospital()
-        self.recoveries = 0
-        """Node-wide failures: rounds that failed and were resumed from the last checkpoints
-        (failures pinned on a flow or a message are counted by ``hospital.pinned``)."""
-        self._last_failure = 0.0
         self._next_poll = 0.0
+        self._next_counts = 0.0
         self._identity_cache: NodeIdentity | None = None
         self._identity_note = ""
         self.trust = NodeTrust()
         """The network root the node trusts and its certificate (loaded at start)."""
-        self._started_at = time.time()
         self.worker = WorkerInfo.of_this_process(name=worker_name or "")
         """This process as a worker of the node (its id names its lease and consumer)."""
         self.lease: NodeLease | None = None
@@ -123,14 +111,45 @@ class NodeProcess:
         self.refused: TransportAuthenticationError | None = None
         """Set when the transport refused the node's login while it ran: the process stops
         and exits with status 2 (retrying cannot help)."""
-        self.metrics: NodeMetrics | None = None
-        """The node's Prometheus metrics, with the config's ``[metrics]`` (across rebuilds)."""
-        self.metrics_server: MetricsServer | None = None
-        """The HTTP server serving them, while the process runs."""
-        self.rpc_server: Any = None
+        self.servers = SideServers(config, worker_name)
+        """The metrics and API servers beside the node, when the config asks for them."""
+        self.status = ProcessStatus(config, worker_name, self.worker, time.time())
+        """The process's statistics, status file and report."""
+        self.keeper = NodeKeeper(
+            config.name,
+            self._new_node,
+            self.hospital,
+            self._stop,
+            self._on_lease_lost,
+            self._refused_by_transport,
+            worker_name,
+        )
+        """The node, started, rebuilt after node-wide failures and on rebalances."""
+
+    @property
+    def node(self) -> Node | None:
+        """The node now running (None before it starts)."""
+        return self.keeper.node
+
+    @property
+    def recoveries(self) -> int:
+        """Node-wide failures the process recovered from (see :class:`NodeKeeper`)."""
+        return self.keeper.recoveries
+
+    @property
+    def rpc_server(self) -> Any:
         """The API server (:class:`flows.rpc.server.RpcServer`) while it serves, else None."""
-        self.metrics_app: Any = None
-        """An ASGI app the API serves at ``/metrics`` (set before :meth:`run`), or None."""
+        return self.servers.rpc_server
+
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        """The metrics' own HTTP server while the process runs, else None."""
+        return self.servers.metrics_server
+
+    @property
+    def status_path(self) -> Path | None:
+        """Where this process writes its status (see :attr:`ProcessStatus.status_path`)."""
+        return self.status.status_path
 
     def request_stop(self) -> None:
         """Ask the loop to stop after its current round (safe from any thread)."""
@@ -175,42 +194,16 @@ class NodeProcess:
         except TlsSetupError as error:
             log.error("%s: %s; refusing to start", config.name, error)
             return EXIT_REFUSED
-        if not self._serve_metrics():
+        if not self.servers.serve_metrics():
             return EXIT_REFUSED
         try:
             return self._run_serving_metrics()
         finally:
-            if self.metrics_server is not None:
-                self.metrics_server.close()
-                self.metrics_server = None
-
-    def _serve_metrics(self) -> bool:
-        """Serve the metrics if the config has ``[metrics]``; False if the port is taken.
-
-        ``prometheus_client`` is imported here, only when metrics are configured.
-        """
-        settings = self.config.metrics
-        if settings is None:
-            return True
-        from flows.metrics import MetricsServerError, NodeMetrics, serve_metrics
-
-        self.metrics = NodeMetrics()
-        try:
-            self.metrics_server = serve_metrics(self.metrics, settings.address, settings.port)
-        except MetricsServerError as error:
-            log.error("%s: %s; refusing to start", self.config.name, error)
-            return False
-        log.info(
-            "%s: metrics at http://%s:%d/metrics",
-            self.config.name,
-            settings.address,
-            self.metrics_server.port,
-        )
-        return True
+            self.servers.stop_metrics()
 
     def _run_serving_metrics(self) -> int:
         config = self.config
-        lease_database = self._open_database()
+        lease_database = open_node_database(config, self.worker.worker_id, self._stop)
         if lease_database is None:
             return EXIT_REFUSED
         try:
@@ -235,7 +228,10 @@ class NodeProcess:
                 return EXIT_REFUSED
             self.lease = lease
             try:
-                serving = self._start_rpc()  # before any line is logged: a failure is one line
+                assert self._identity_cache is not None
+                serving = self.servers.start_rpc(  # before any line is logged: one line if not
+                    self._identity_cache.mac_key(), self._ready, self._process_info
+                )
             except BaseException:
                 lease.release()
                 raise
@@ -246,7 +242,7 @@ class NodeProcess:
                 lease,
                 self._on_lease_lost,
                 config.name,
-                on_rebalance=self._on_rebalance if shared else None,
+                on_rebalance=self.keeper.on_rebalance if shared else None,
             )
             keeper.start()
             watchdog = BusyWatchdog(
@@ -261,7 +257,7 @@ class NodeProcess:
             try:
                 return self._run_holding_lease(lease)
             finally:
-                self._stop_rpc()
+                self.servers.stop_rpc()
                 watchdog.close()
                 self._watchdog = None
                 keeper.stop()
@@ -269,58 +265,6 @@ class NodeProcess:
                     lease.release()
         finally:
             lease_database.close()
-
-    def _open_database(self) -> NodeDatabase | None:
-        """The node database, waiting (with backoff) while it cannot be reached.
-
-        One log line per attempt. A problem waiting cannot cure (a wrong password, a missing
-        database) ends the wait at once; so does running out of ``database_wait_seconds``.
-        Returns None when the node must not start (the reason was logged).
-        """
-        config = self.config
-        url = url_without_password(config.database_url)
-        deadline = time.monotonic() + config.database_wait_seconds
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return NodeDatabase(
-                    config.database_url,
-                    synchronous=config.synchronous,
-                    schema_name=config.database_schema,
-                    application_name=application_name(self.worker.worker_id),
-                )
-            except SchemaVersionError as error:
-                log.error("%s: %s; refusing to start", config.name, error)
-                return None
-            except (SQLAlchemyError, OSError) as error:
-                problem = first_line(error)
-                if is_permanent_connect_error(error):
-                    log.error("%s: cannot use the database %s: %s", config.name, url, problem)
-                    return None
-                delay = min(0.5 * 2 ** (attempt - 1), 10.0)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.error(
-                        "%s: gave up on the database %s after %d attempts in %.0f s: %s",
-                        config.name,
-                        url,
-                        attempt,
-                        config.database_wait_seconds,
-                        problem,
-                    )
-                    return None
-                delay = min(delay, left)
-                log.warning(
-                    "%s: cannot reach the database %s (attempt %d): %s; next try in %.1f s",
-                    config.name,
-                    url,
-                    attempt,
-                    problem,
-                    delay,
-                )
-                if self._stop.wait(delay):
-                    return None
 
     def _on_lease_lost(self, error: LeaseLostError) -> None:
         """The lease was lost (from the keeper thread, or a fenced commit): stop at once."""
@@ -333,51 +277,13 @@ class NodeProcess:
             )
         self.request_stop()
 
-    def _on_rebalance(self, change: Rebalance) -> None:
-        """From the lease keeper's thread: the serving loop carries the change out."""
-        self._rebalances.put(change)
-        node = self.node
-        if node is not None:
-            node.wakeup.set()
-
-    def _apply_rebalances(self) -> None:
-        """Carry out the partition changes the lease keeper found (on the serving thread).
-
-        The node is stopped (its flows stay checkpointed; the transport gives back what it
-        held unsettled), the partitions to hand over are released, and the node is built
-        again on the partitions the lease holds now: flows of taken partitions are restored
-        lazily, as at any start.
-        """
-        to_release: set[int] = set()
-        while True:
-            try:
-                change = self._rebalances.get_nowait()
-            except queue.Empty:
-                break
-            to_release |= change.to_release
-        lease = self.lease
-        assert lease is not None and self.node is not None
-        before = self.node.partitions or frozenset()
-        self.node.stop()
-        lease.release_partitions(to_release)
-        self._build_node()
-        after = self.node.partitions or frozenset()
-        log.info(
-            "%s: worker %r now runs partitions %s (handed over %s, took %s)",
-            self.config.name,
-            self.worker_name,
-            partition_ranges(after),
-            partition_ranges(before - after),
-            partition_ranges(after - before),
-        )
-
     def _run_holding_lease(self, lease: NodeLease) -> int:
         config = self.config
         # The node-info first: the node's start re-sends its outbox, and a peer verifies
         # those messages by the keys on the map (an older entry it refuses, say one published
         # before an upgrade or with a lapsed certificate, would have them dead-lettered).
         map_note = self._publish()
-        node = self._build_node()
+        node = self.keeper.start()
         log.info("%s", self._identity_note)
         if map_note is not None:
             log.info("%s", map_note)
@@ -401,52 +307,13 @@ class NodeProcess:
         finally:
             final = self.node
             assert final is not None
-            self._write_status(final, running=False)
+            self.status.write(final, running=False)
             final.stop()
             if self.lease_lost is None and self.refused is None:
                 log.info("%s: stopped cleanly; every unfinished flow is checkpointed", config.name)
         if self.lease_lost is not None:
             return EXIT_LEASE_LOST
         return EXIT_REFUSED if self.refused is not None else 0
-
-    def _start_rpc(self) -> bool:
-        """Serve the API if the config asks for it; False (logged) if it cannot be served."""
-        rpc = self.config.rpc
-        if rpc is None:
-            return True
-        port = rpc.port_for(self.worker_name)
-        if port is None:
-            log.info(
-                "%s: worker %r serves no API (rpc.worker_ports does not name it)",
-                self.config.name,
-                self.worker_name,
-            )
-            return True
-        from flows.rpc.service import RpcStartError, start_rpc_server
-
-        assert self._identity_cache is not None
-        if self.metrics_app is None and self.metrics is not None:  # [metrics] too: at /metrics
-            from flows.metrics import metrics_asgi_app
-
-            self.metrics_app = metrics_asgi_app(self.metrics)
-        try:
-            self.rpc_server = start_rpc_server(
-                self.config,
-                port,
-                mac_key=self._identity_cache.mac_key(),
-                ready=self._ready,
-                process_info=self._process_info,
-                metrics_app=self.metrics_app,
-            )
-        except RpcStartError as error:
-            log.error("%s: %s; refusing to start", self.config.name, error)
-            return False
-        return True
-
-    def _stop_rpc(self) -> None:
-        if self.rpc_server is not None:
-            self.rpc_server.stop()
-            self.rpc_server = None
 
     def _ready(self) -> bool:
         """True while the process holds the node's lease and serves (``GET /ready``)."""
@@ -469,7 +336,7 @@ class NodeProcess:
             "pid": os.getpid(),
             "worker": self.worker_name,
             "worker_id": self.worker.worker_id,
-            "started_at": self._started_at,
+            "started_at": self.status.started_at,
             "lease_held": bool(lease is not None and lease.held and self.lease_lost is None),
             "lease_epoch": max(lease.epochs.values(), default=0) if lease is not None else None,
             "partitions": partitions,
@@ -496,12 +363,13 @@ class NodeProcess:
         self._refused_by_transport(error)
         return False
 
-    def _build_node(self) -> Node:
-        """A node from the config, started: flows restored, flows kept in the hospital kept."""
+    def _new_node(self) -> Node:
+        """A node from the config, on the transport it names, built (the keeper starts it)."""
         config = self.config
         assert self._identity_cache is not None
         network_map = NetworkMap(config.network_map or Path("network-map"), self.trust.root)
-        node = build_node(
+        metrics = self.servers.metrics
+        return build_node(
             config.node_config(),
             node_transport(config, self.worker.worker_id),
             identity=self._identity_cache,
@@ -511,65 +379,8 @@ class NodeProcess:
             hospital=self.hospital,
             busy=self.busy,
             relay_factory=bridge_relay(config, network_map) if config.topology == "p2p" else None,
-            instruments=None if self.metrics is None else self.metrics.instruments(),
+            instruments=None if metrics is None else metrics.instruments(),
         )
-        self.node = node
-        if self._stop.is_set():
-            node.wakeup.set()
-        try:
-            node.start()
-        except BaseException:
-            with contextlib.suppress(Exception):  # what started must not leak
-                node.stop()
-            raise
-        return node
-
-    def _recover(self, error: BaseException) -> None:
-        """A node-wide failure: drop the node's memory, resume from the last checkpoints.
-
-        (Failures pinned on one flow or one message never get here: the manager treats them
-        by the flow hospital's rules while the node goes on.)
-        """
-        diagnosis = self.hospital.diagnose(error)
-        delay = self.hospital.backoff_seconds()
-        self.recoveries += 1
-        self._last_failure = time.monotonic()
-        level = logging.WARNING if diagnosis.rule == "transient" else logging.ERROR
-        log.log(
-            level,
-            "%s: hospital rule %s (node-wide): %s; resuming every flow from its last "
-            "checkpoint in %.2f s",
-            self.config.name,
-            diagnosis.rule,
-            diagnosis.reason,
-            delay,
-            exc_info=diagnosis.rule == "unknown",
-        )
-        with contextlib.suppress(Exception):  # the database may be the thing that is down
-            if self.node is not None:
-                self.node.stop()
-        if self._stop.wait(delay):
-            return
-        while not self._stop.is_set():
-            try:
-                self._build_node()
-                return
-            except LeaseLostError as lost:
-                self._on_lease_lost(lost)
-                return
-            except TransportAuthenticationError as refused:
-                self._refused_by_transport(refused)
-                return
-            except Exception as rebuild_error:  # still down: keep trying, backing off
-                self.hospital.diagnose(rebuild_error)
-                delay = self.hospital.backoff_seconds()
-                log.warning(
-                    "%s: cannot resume yet (%s); next try in %.2f s",
-                    self.config.name,
-                    rebuild_error,
-                    delay,
-                )
-                self._stop.wait(delay)
 
     def _identity(self) -> NodeIdentity:
         if self.config.key_file is None:
@@ -603,19 +414,21 @@ class NodeProcess:
         )
 
     def _serve(self) -> None:
+        keeper = self.keeper
         self._next_poll = 0.0
         self._next_counts = 0.0
         next_status = 0.0
         next_report = time.monotonic() + REPORT_SECONDS
         while not self._stop.is_set():
             try:
-                if not self._rebalances.empty():
-                    self._apply_rebalances()
+                if keeper.rebalance_due:
+                    assert self.lease is not None
+                    keeper.apply_rebalances(self.lease)
             except LeaseLostError as error:
                 self._on_lease_lost(error)
                 break
             except Exception as error:
-                self._recover(error)
+                keeper.recover(error)
                 continue
             node = self.node
             assert node is not None
@@ -639,16 +452,16 @@ class NodeProcess:
                 )
                 break
             except Exception as error:
-                self._recover(error)
+                keeper.recover(error)
                 continue
             now = time.monotonic()
-            if self.hospital.consecutive and now - self._last_failure > RECOVERED_AFTER_SECONDS:
+            if self.hospital.consecutive and now - keeper.last_failure > RECOVERED_AFTER_SECONDS:
                 self.hospital.recovered()  # not after one good round: after a quiet while
             if now >= next_status:
-                self._write_status(node, running=True)
+                self.status.write(node, running=True)
                 next_status = now + STATUS_SECONDS
             if now >= next_report:
-                self._report(node)
+                self.status.report(node)
                 next_report = now + REPORT_SECONDS
             if not worked:
                 node.wakeup.wait(self._idle_wait(node))
@@ -680,163 +493,5 @@ class NodeProcess:
             wait = max(0.0, min(wait, deadline - node.clock.now()))
         return wait
 
-    def statistics(self, node: Node) -> dict[str, Any]:
-        """The node's counters as a JSON-able dict."""
-        stats = attrs.asdict(node.manager.statistics)
-        counts = node.manager.flow_counts()
-        stats.update(
-            name=self.config.name,
-            pid=os.getpid(),
-            started_at=self._started_at,
-            live_flows=counts.live,
-            flows_in_memory=counts.in_memory,
-            flows_dormant=counts.dormant,
-            flows_restoring=counts.restoring,
-            waiting_in_memory=counts.waiting_in_memory,
-            checkpoints_written=node.database.checkpoints.checkpoints_written,
-            messages_sent=node.relay.handed_off,
-            relay_waiting=node.relay.waiting(),
-            relay_refused=node.relay.refused,
-            topology=self.config.topology,
-            worker=self.worker_name,
-            worker_id=self.worker.worker_id,
-            partitions=None if node.partitions is None else sorted(node.partitions),
-        )
-        if isinstance(node.relay, BridgeManager):
-            stats["bridges"] = [attrs.asdict(bridge) for bridge in node.relay.status()]
-        return stats
 
-    def _report(self, node: Node) -> None:
-        stats = self.statistics(node)
-        if node.draining:
-            log.info("%s: draining, %d flow(s) left", self.config.name, stats["live_flows"])
-        log.info(
-            "%s: %d live flows (%d hibernated or not restored yet), %d completed, %d failed; "
-            "%d messages in, %d out; %d checkpoints written",
-            self.config.name,
-            stats["live_flows"],
-            stats["flows_dormant"],
-            stats["flows_completed"],
-            stats["flows_failed"],
-            stats["messages_received"],
-            stats["messages_sent"],
-            stats["checkpoints_written"],
-        )
-
-    @property
-    def status_path(self) -> Path | None:
-        """Where this process writes its status: the config's ``status_file``.
-
-        A worker writes its own beside it, its name after the first part of the file's
-        (``alice.status.json``: ``alice.w1.status.json``).
-        """
-        path = self.config.status_file
-        if path is None or self.worker_name is None:
-            return path
-        return worker_status_path(path, self.worker_name)
-
-    def _write_status(self, node: Node, running: bool) -> None:
-        path = self.status_path
-        if path is None:
-            return
-        stats = self.statistics(node)
-        stats["running"] = running
-        temporary = path.with_suffix(".tmp")
-        try:
-            temporary.write_text(json.dumps(stats, indent=2) + "\n")
-            temporary.replace(path)
-        except OSError as error:  # a full disk or a removed directory must not stop the node
-            log.warning("%s: cannot write the status file %s: %s", self.config.name, path, error)
-
-
-def worker_status_path(path: Path, worker: str) -> Path:
-    """The status file of worker ``worker`` of a node whose config names ``path``."""
-    head, dot, rest = path.name.partition(".")
-    return path.with_name(f"{head}.{worker}{dot}{rest}")
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-"""The levels ``log_level`` and ``--log-level`` take."""
-CHATTY_LIBRARIES = ("pika", "alembic")
-"""Libraries whose INFO lines (every connection step; Alembic's at every schema check) are
-shown only at DEBUG."""
-CONNECTION_FAILURE_LOGGERS = (
-    "pika.adapters.blocking_connection",
-    "pika.adapters.utils.connection_workflow",
-    "pika.adapters.utils.io_services_utils",
-    "pika.connection",
-)
-"""pika's loggers that report a failed connection attempt in ten ERROR lines and a traceback:
-shown only at DEBUG, since fiberflow reports each attempt (and a final failure) in one line."""
-
-
-def configure_logging(level: str) -> None:
-    """Log lines with time, level and logger to stderr, at ``level`` (one of LOG_LEVELS).
-
-    The chatty libraries log at WARNING and above unless ``level`` is DEBUG. (Like
-    ``logging.basicConfig``, it leaves a root logger that already has handlers alone.)
-    """
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-    quiet = logging.DEBUG if level == "DEBUG" else max(logging.WARNING, getattr(logging, level))
-    for library in CHATTY_LIBRARIES:
-        logging.getLogger(library).setLevel(quiet)
-    silent = logging.DEBUG if level == "DEBUG" else logging.CRITICAL
-    for name in CONNECTION_FAILURE_LOGGERS:
-        logging.getLogger(name).setLevel(silent)
-
-
-def run_node(
-    config_path: str | Path, worker: str | None = None, log_level: str | None = None
-) -> int:
-    """``fiberflow node run``: load the config, run the node; returns the exit code.
-
-    With ``worker``, as that worker of a node run by several workers (PostgreSQL only).
-    ``log_level`` (the command line's ``--log-level``) overrides the config's ``log_level``.
-    """
-    problem = None if worker is None else worker_name_problem(worker)
-    if problem is not None:
-        print(f"fiberflow node run: --worker: {problem}", file=sys.stderr)
-        return 2
-    try:
-        config = load_config(config_path)
-    except ConfigError as error:
-        print(f"fiberflow node run: {error}", file=sys.stderr)
-        return 2
-    configure_logging(log_level or config.log_level)
-    try:
-        return NodeProcess(config, worker_name=worker).run()
-    except Exception as error:  # a start-up failure: one line; the traceback at DEBUG only
-        log.debug("%s: the node could not start", config.name, exc_info=True)
-        print(f"fiberflow node run: {config.name}: {startup_problem(error)}", file=sys.stderr)
-        return EXIT_REFUSED
-
-
-def startup_problem(error: BaseException) -> str:
-    """One line saying why a command could not start: the error's class and first line.
-
-    (Run with ``--log-level DEBUG`` for the traceback.)
-    """
-    return f"{type(error).__name__}: {first_line(error)}"
-
-
-def worker_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a worker, or None."""
-    if not name or len(name) > WORKER_NAME_CHARS:
-        return f"a worker's name has 1 to {WORKER_NAME_CHARS} characters"
-    if not all(c.isalnum() or c in "-_." for c in name):
-        return f"{name!r}: a worker's name has letters, digits, '-', '_' and '.' only"
-    return None
-
-
-__all__ = [
-    "ConfigError",
-    "NodeProcess",
-    "RuntimeConfig",
-    "LOG_LEVELS",
-    "configure_logging",
-    "load_config",
-    "run_node",
-]
+__all__ = ["EXIT_LEASE_LOST", "EXIT_REFUSED", "NodeProcess"]
