@@ -150,7 +150,9 @@ def measure_restart(pairs: int) -> dict[str, float]:
             began = time.perf_counter()
             alice.restart()
             bob.restart()
-            restored = alice.node.manager.restore_all() + bob.node.manager.restore_all()
+            restored = (
+                alice.node.manager.dormancy.restore_all() + bob.node.manager.dormancy.restore_all()
+            )
             handle = alice.start_flow(PingFlow(bob.party))
             net.run_network(advance_clock=False)
             assert handle.result() == "Pong"
@@ -179,7 +181,9 @@ def measure_wake(flows: int, hibernate_responder: bool) -> list[float]:
                 net.run_network(advance_clock=False)
                 if hibernate_responder:
                     manager = bob.node.manager
-                    assert manager.hibernate([s.flow_id for s in manager.live_flows()]) == 1
+                    assert (
+                        manager.dormancy.hibernate([s.flow_id for s in manager.live_flows()]) == 1
+                    )
                 net.clock.advance(10.0)
                 began = time.perf_counter()
                 net.run_network(advance_clock=False)

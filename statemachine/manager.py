@@ -19,37 +19,29 @@ It applies decisions made elsewhere, each in a module of its own:
 * failures pinned on one flow or one message: :mod:`statemachine.isolation`, with a
   :class:`~statemachine.ports.FailurePolicy` (the node's flow hospital); without one, every
   error propagates (what a test wants to see);
-* when a waiting flow gives up its memory: :mod:`statemachine.hibernation`.
-
-Flows are restored lazily. At start the manager reads an index of the stored checkpoints
-(rows, not blobs): a flow that waits for a message or a timer stays *dormant* (only its id is
-in memory, see :class:`~statemachine.flow_table.FlowTable`) until a message for one of its
-sessions, its deadline or an operator's command arrives; the others are restored in the
-background, a batch a round, while new flows and messages are served from the first round.
-A hibernated flow is dormant in the same way. A flow restored and replayed to the point its
-checkpoint records writes nothing.
+* dormant flows, restored lazily and hibernated: :mod:`statemachine.dormancy` (with the
+  policy of :mod:`statemachine.hibernation`);
+* an operator's commands on flows: :mod:`statemachine.operator_controls`.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections import deque
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
 from statemachine.actions import Action
 from statemachine.deliveries import Deliveries
+from statemachine.dormancy import Compatibility, Dormancy
 from statemachine.events import (
     DeliverSessionMessage,
     Event,
-    Hibernate,
     Hospitalize,
     KillFlow,
     LoadFlow,
     OperationEnded,
-    RetryFlow,
     StartFlow,
     StartInitiatedFlow,
     WakeUp,
@@ -59,10 +51,10 @@ from statemachine.fiber_driver import FiberDriver
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.flow_table import FlowRuntime, FlowTable
-from statemachine.hibernation import HibernationPolicy, IdleFlows, MemoryBudget, may_hibernate
+from statemachine.hibernation import HibernationPolicy
 from statemachine.intake import Intake
 from statemachine.isolation import Batch, FailureIsolation
-from statemachine.partitions import partition_of
+from statemachine.operator_controls import OperatorControls
 from statemachine.ports import (
     CheckpointStore,
     Clock,
@@ -82,21 +74,12 @@ from statemachine.routing import (
     Start,
 )
 from statemachine.session_ids import identity_tag
-from statemachine.state import Checkpoint, FlowState, FlowStatus, StartedLocally, StoredFlow
-from statemachine.statistics import ManagerStatistics
+from statemachine.state import FlowState, FlowStatus, StartedLocally, StoredFlow
+from statemachine.statistics import FlowCounts, ManagerStatistics
 from statemachine.timers import WakeUps
 from statemachine.transition import KEPT_IN_HOSPITAL, transition
 
 log = logging.getLogger("fiberflow.statemachine")
-
-RESTORE_BATCH = 64
-"""Flows restored in the background per round (one read of their checkpoints)."""
-
-INCOMPATIBLE_CHECKPOINT = "flows.errors.IncompatibleCheckpointError"
-"""The error class recorded for a flow the installed flows cannot resume (kept in the hospital)."""
-
-Compatibility = Callable[[Checkpoint], "str | None"]
-"""Why the installed flows cannot resume a checkpoint, or None if they can."""
 
 
 class StateMachineManager:
@@ -124,16 +107,9 @@ class StateMachineManager:
 
         ``hibernation`` says when waiting flows give up their memory (None: never);
         ``compatibility`` checks each restored flow against the installed flows (one it finds
-        a problem with is kept in the hospital, and listed in :attr:`incompatible`).
+        a problem with is kept in the hospital, and listed in :attr:`Dormancy.incompatible`).
         """
         self.our_identity = our_identity
-        self._hibernation = hibernation if hibernation is not None and hibernation.enabled else None
-        self._idle = IdleFlows()
-        self._memory = None if hibernation is None else MemoryBudget(hibernation, clock.now)
-        self._compatibility = compatibility
-        self.incompatible: dict[str, str] = {}
-        """Restored flows the installed flows cannot resume, with why (kept in the hospital)."""
-        self._restore_queue: deque[str] = deque()
         self._operations = operations
         self._session_tag = identity_tag(our_identity)
         self._store = store
@@ -162,6 +138,24 @@ class StateMachineManager:
                 failures, self._flows, self._deliveries, self._wake_ups, self.executor, clock.now
             )
         )
+        self.dormancy = Dormancy(
+            our_identity=our_identity,
+            store=store,
+            flows=self._flows,
+            wake_ups=self._wake_ups,
+            executor=self.executor,
+            statistics=self.statistics,
+            clock=clock,
+            isolation=self._isolation,
+            hibernation=hibernation,
+            compatibility=compatibility,
+            load=self._load,
+            forget=lambda flow_id: self.forget_runtime(flow_id, ended=False),
+            commit=self._commit,
+            hospitalize=lambda flow_id, error: self.controls.hospitalize(flow_id, error),
+        )
+        """The dormant flows: restored lazily, hibernated (:mod:`statemachine.dormancy`)."""
+        self._hibernates = self.dormancy.hibernates
         self._intake = Intake(
             context=RoutingContext(our_identity, responders),
             store=store,
@@ -174,8 +168,17 @@ class StateMachineManager:
             statistics=self.statistics,
             start_responder=self._start_responder,
             isolation=self._isolation,
-            wake=self._wake,
+            wake=self.dormancy.wake,
         )
+        self.controls = OperatorControls(
+            flows=self._flows,
+            dormancy=self.dormancy,
+            clock=clock,
+            executor=self.executor,
+            intake=self._intake,
+            scheduling=self,
+        )
+        """An operator's commands on flows (:mod:`statemachine.operator_controls`)."""
 
     @property
     def draining(self) -> bool:
@@ -192,176 +195,16 @@ class StateMachineManager:
 
     # --- creating flows -----------------------------------------------------------------
 
-    def restore(self, partitions: Container[int] | None = None) -> int:
-        """Read the index of stored flows (not the flows); returns how many there are.
-
-        A flow waiting for a message or a timer stays dormant until one comes (its deadline
-        is armed now); the others are restored in the background, :data:`RESTORE_BATCH` a
-        round, oldest first (see the module docstring). With ``partitions`` (a worker of a
-        node run by several workers), only the flows of those partitions.
-        """
-        index = self._store.checkpoint_index()
-        if partitions is not None:
-            index = [entry for entry in index if partition_of(entry.flow_id) in partitions]
-        for entry in index:
-            if self._flows.holds(entry.flow_id):
-                continue
-            self._flows.add_dormant(entry.flow_id)
-            if not entry.waiting:
-                self._restore_queue.append(entry.flow_id)
-            elif entry.wake_at is not None:
-                self._wake_ups.schedule(entry.flow_id, entry.wake_at)
-        return len(index)
-
-    def restore_all(self) -> int:
-        """Restore every dormant flow now (tests, tools); returns how many were restored."""
-        dormant = [*self._restore_queue]
-        self._restore_queue.clear()
-        dormant.extend(flow_id for flow_id in self._flows.dormant_ids() if flow_id not in dormant)
-        return self._restore_now(dormant)
-
-    def _restore_now(self, flow_ids: Sequence[str]) -> int:
-        """Restore these dormant flows from their checkpoints (one read); returns how many.
-
-        The store reports what it found (a trusted checkpoint, or why not; what the flow's
-        row says); the transition decides (:class:`~statemachine.events.LoadFlow`). With a
-        failure policy, a checkpoint the state machine cannot restore keeps its flow in the
-        hospital; the others are restored all the same. A flow the installed flows cannot
-        resume is kept in the hospital.
-        """
-        taken = [flow_id for flow_id in flow_ids if self._flows.take_dormant(flow_id)]
-        if not taken:
-            return 0
-        stored_flows = self._store.load_checkpoints(taken)
-        actions: list[tuple[Action, ...]] = []
-        for stored in stored_flows:
-            try:
-                actions.append(self._load(stored))
-            except Exception as error:
-                if self._isolation is None or self._isolation.is_node_wide(error):
-                    raise
-                actions.append(self._keep_unrestorable(stored, error))
-        self.executor.execute(actions)
-        self.statistics.flows_restored += len(stored_flows)
-        if self._compatibility is not None:
-            for stored in stored_flows:
-                self._check_compatibility(stored.flow_id)
-        return len(stored_flows)
-
-    def _check_compatibility(self, flow_id: str) -> None:
-        """Keep a restored flow the installed flows cannot resume in the hospital."""
-        assert self._compatibility is not None
-        runtime = self._flows.get(flow_id)
-        if runtime is None or runtime.state.status is FlowStatus.HOSPITALIZED:
-            return
-        problem = self._compatibility(runtime.state.checkpoint)
-        if problem is None:
-            return
-        self.incompatible[flow_id] = problem
-        log.error(
-            "%s: flow %s cannot be resumed by the installed CorDapps and is kept in the "
-            "hospital: %s",
-            self.our_identity,
-            flow_id,
-            problem,
-        )
-        self.hospitalize(flow_id, FlowError(ErrorKind.INTERNAL, INCOMPATIBLE_CHECKPOINT, problem))
-
-    def _wake(self, flow_id: str) -> None:
-        """Restore a dormant flow now: something arrived for it."""
-        if self._restore_now([flow_id]):
-            self.statistics.flows_woken += 1
-
-    def _restore_some(self) -> bool:
-        """Restore the next batch of flows queued for a background restore; True if any."""
-        batch: list[str] = []
-        while self._restore_queue and len(batch) < RESTORE_BATCH:
-            flow_id = self._restore_queue.popleft()
-            if self._flows.is_dormant(flow_id):
-                batch.append(flow_id)
-        return self._restore_now(batch) > 0
-
-    def restoring(self) -> int:
-        """Flows still queued for a background restore."""
-        return len(self._restore_queue)
-
-    # --- hibernation --------------------------------------------------------------------
-
-    def _note_status(self, runtime: FlowRuntime) -> None:
-        """Keep the idle list up to date after a transition of ``runtime``."""
-        if runtime.state.status is FlowStatus.SUSPENDED:
-            self._idle.suspended(runtime.flow_id, self._clock.now())
-        else:
-            self._idle.discard(runtime.flow_id)
-
-    def _hibernate_idle(self) -> None:
-        """Hibernate the flows the policy says have waited long enough (after the commit)."""
-        policy = self._hibernation
-        if policy is None or not len(self._idle):
-            return
-        assert self._memory is not None
-        if self._memory.over():
-            cutoff = None
-        elif policy.idle_seconds is None:
-            return
-        else:
-            cutoff = self._clock.now() - policy.idle_seconds
-        self.hibernate(self._idle.take_idle_since(cutoff))
-
-    def hibernate(self, flow_ids: Sequence[str]) -> int:
-        """Drop these waiting flows' memory, keeping only their ids; returns how many.
-
-        Only flows that :func:`~statemachine.hibernation.may_hibernate` and are not paused
-        or ready to run; what one took in since its last commit is committed first (one
-        transaction for all). Their deadlines stay armed.
-        """
-        now = self._clock.now()
-        chosen: list[FlowRuntime] = []
-        batch: Batch = []
-        for flow_id in flow_ids:
-            runtime = self._flows.get(flow_id)
-            if runtime is None or not may_hibernate(runtime, now):
-                continue
-            if self._flows.is_paused(flow_id) or self._flows.is_ready(flow_id):
-                continue
-            if runtime.state.is_dirty():
-                result = transition(runtime.state, Hibernate(now))
-                runtime.state = result.state
-                batch.append((flow_id, result.actions))
-            chosen.append(runtime)
-        if batch:
-            self._commit(batch)
-        hibernated = 0
-        for runtime in chosen:
-            if self._flows.get(runtime.flow_id) is not runtime or runtime.state.is_dirty():
-                continue  # its commit failed: it was restored from its checkpoint meanwhile
-            self._flows.remove(runtime.flow_id, forget_pause=False)
-            self._idle.discard(runtime.flow_id)
-            if runtime.fiber is not None:
-                runtime.fiber.abort()
-                runtime.fiber = None
-            self._flows.add_dormant(runtime.flow_id)
-            hibernated += 1
-        self.statistics.flows_hibernated += hibernated
-        return hibernated
-
     def _load(self, stored: StoredFlow) -> tuple[Action, ...]:
         """Make the flow the store found a runtime; returns the actions to commit for it."""
         result = transition(None, LoadFlow(stored, self._clock.now()))
         runtime = FlowRuntime(result.state)
-        self._add(runtime)
-        self._set_continuation(runtime, result.continuation)
+        self.add_runtime(runtime)
+        self.set_continuation(runtime, result.continuation)
         if result.state.status is FlowStatus.HOSPITALIZED and stored.checkpoint is None:
             reason = result.state.checkpoint.error.message if result.state.checkpoint.error else ""
             log.error("flow %s kept in the hospital: %s", stored.flow_id, reason)
         return result.actions
-
-    def _keep_unrestorable(self, stored: StoredFlow, error: Exception) -> tuple[Action, ...]:
-        """Keep a flow whose checkpoint the state machine cannot restore (its row says why)."""
-        self._forget(stored.flow_id, ended=False)
-        reason = f"its checkpoint cannot be restored: {type(error).__name__}: {error}"
-        self.statistics.flows_hospitalized += 1
-        return self._load(attrs.evolve(stored, checkpoint=None, problem=reason))
 
     def start_flow(self, flow_class: str, arguments: bytes, instance: object) -> str:
         """Create a flow and commit its Unstarted checkpoint now; it runs on the next round."""
@@ -381,27 +224,28 @@ class StateMachineManager:
         self.executor.execute([*(result.actions for result in results), tuple(also)])
         for flow, result in zip(flows, results, strict=True):
             runtime = FlowRuntime(result.state, instance=flow.instance)
-            self._add(runtime)
-            self._set_continuation(runtime, result.continuation)
+            self.add_runtime(runtime)
+            self.set_continuation(runtime, result.continuation)
             self.statistics.flows_started += 1
         return [flow.flow_id for flow in flows]
 
-    def _add(self, runtime: FlowRuntime) -> None:
+    def add_runtime(self, runtime: FlowRuntime) -> None:
+        """Take a new flow runtime in (messages parked for its sessions are released)."""
         self._intake.release_parked(self._flows.add(runtime))
 
     def _index(self, runtime: FlowRuntime) -> None:
         self._intake.release_parked(self._flows.index(runtime))
-        if self._hibernation is not None:
-            self._note_status(runtime)
+        if self._hibernates:
+            self.dormancy.note_status(runtime)
 
-    def _forget(self, flow_id: str, *, ended: bool) -> FlowRuntime | None:
+    def forget_runtime(self, flow_id: str, *, ended: bool) -> FlowRuntime | None:
         """Drop a flow's runtime (not its checkpoint); its fiber is aborted."""
         runtime = self._flows.remove(flow_id, forget_pause=ended)
         if runtime is not None and runtime.fiber is not None:
             runtime.fiber.abort()
             runtime.fiber = None
         self._wake_ups.forget(flow_id)
-        self._idle.discard(flow_id)
+        self.dormancy.forget(flow_id)
         if self._operations is not None:
             self._operations.abandon(flow_id)
         return runtime
@@ -430,13 +274,13 @@ class StateMachineManager:
         )
         result = transition(None, event)
         runtime = FlowRuntime(result.state)
-        self._add(runtime)
-        self._set_continuation(runtime, result.continuation)
+        self.add_runtime(runtime)
+        self.set_continuation(runtime, result.continuation)
         self.statistics.flows_started += 1
         if self._isolation is not None:
             failed = self._isolation.fail_on_start.pop(start.flow_id, None)
             if failed is not None:  # its first step failed for good: it ends at once
-                self.kill_flow(start.flow_id, *failed)
+                self.controls.kill_flow(start.flow_id, *failed)
 
     def _settle(self, message_ids: Sequence[str], fenced: bool) -> None:
         self._deliveries.settle(message_ids, fenced, self.executor.transactions)
@@ -460,7 +304,7 @@ class StateMachineManager:
         now = self._clock.now()
         due = self._wake_ups.due(now, self._flows.holds)
         dormant = [flow_id for flow_id in due if self._flows.is_dormant(flow_id)]
-        self.statistics.flows_woken += self._restore_now(dormant)
+        self.statistics.flows_woken += self.dormancy.restore_now(dormant)
         for flow_id in due:
             if flow_id in self._flows:
                 self._flows.queue_event(flow_id, WakeUp(now))
@@ -472,7 +316,7 @@ class StateMachineManager:
             return False
         flows = self._isolation.flows_due()
         for flow_id in flows:
-            self._resume_from_checkpoint(flow_id)
+            self.resume_from_checkpoint(flow_id)
         messages = self._isolation.messages_due()
         self._intake.requeue(messages)
         return bool(flows or messages)
@@ -487,7 +331,7 @@ class StateMachineManager:
 
     def has_work(self) -> bool:
         """True if a round would do something now (not counting future timers)."""
-        if self._intake.has_messages() or self._flows.has_ready() or self._restore_queue:
+        if self._intake.has_messages() or self._flows.has_ready() or self.dormancy.restoring():
             return True
         deadline = self.next_deadline()
         return deadline is not None and deadline <= self._clock.now()
@@ -505,7 +349,7 @@ class StateMachineManager:
         did_work = self._retry_due() or did_work
         did_work = self._intake.expire_parked() or did_work
         did_work = self._intake.route_all() or did_work
-        did_work = self._restore_some() or did_work
+        did_work = self.dormancy.restore_some() or did_work
         batch: Batch = []
         to_continue: list[FlowRuntime] = []
         awaiting: set[str] = set()  # flows with actions in the batch: their fibers wait
@@ -532,7 +376,7 @@ class StateMachineManager:
                     raise
                 self._flow_failed(runtime, error, [])
         self._deliveries.settle_dropped(self.executor.transactions, self._store.check_lease)
-        self._hibernate_idle()
+        self.dormancy.hibernate_idle()
         return did_work
 
     def _commit(self, batch: Batch) -> None:
@@ -588,7 +432,8 @@ class StateMachineManager:
         if runtime.continuation is not None:
             to_continue.append(runtime)
 
-    def _set_continuation(self, runtime: FlowRuntime, continuation: Continuation) -> None:
+    def set_continuation(self, runtime: FlowRuntime, continuation: Continuation) -> None:
+        """Make ``continuation`` the flow's next step (ready for the next round)."""
         if not isinstance(continuation, ProcessEvents):
             runtime.continuation = continuation
             self._flows.mark_ready(runtime.flow_id)
@@ -619,7 +464,7 @@ class StateMachineManager:
             reason = state.checkpoint.error.message if state.checkpoint.error else ""
             log.error("flow %s kept in the hospital: %s", state.flow_id, reason)
             return
-        self._forget(state.flow_id, ended=True)
+        self.forget_runtime(state.flow_id, ended=True)
         late = [e.message_id for e in runtime.events if isinstance(e, DeliverSessionMessage)]
         runtime.events.clear()
         self._deliveries.settle(late, False, self.executor.transactions)
@@ -643,7 +488,7 @@ class StateMachineManager:
         for listener in self._end_listeners:
             listener(end)
 
-    def _apply_now(self, runtime: FlowRuntime, event: Event) -> None:
+    def apply_now(self, runtime: FlowRuntime, event: Event) -> None:
         """Apply an operator's or the node's event to a flow at once (committed now)."""
         result = transition(runtime.state, event)
         if result.actions:
@@ -655,7 +500,7 @@ class StateMachineManager:
             self._flows.unready(runtime.flow_id)
             self._abort(runtime)
         else:
-            self._set_continuation(runtime, result.continuation)
+            self.set_continuation(runtime, result.continuation)
 
     # --- failures pinned on one flow or one message ----------------------------------------
 
@@ -667,16 +512,16 @@ class StateMachineManager:
         self.statistics.failures_pinned += 1
         flow_id = runtime.flow_id
         if treatment.action is FailureAction.KEEP:
-            self._resume_from_checkpoint(flow_id, keep=treatment.reason)
+            self.resume_from_checkpoint(flow_id, keep=treatment.reason)
         elif treatment.action is FailureAction.FAIL:
             assert treatment.error is not None
-            self._resume_from_checkpoint(flow_id)
+            self.resume_from_checkpoint(flow_id)
             if flow_id in self._flows:
-                self.kill_flow(flow_id, treatment.reason, treatment.error)
+                self.controls.kill_flow(flow_id, treatment.reason, treatment.error)
             else:  # a responder that never committed: it ends as soon as it is created again
                 self._isolation.fail_on_start[flow_id] = (treatment.reason, treatment.error)
 
-    def _resume_from_checkpoint(self, flow_id: str, keep: str | None = None) -> None:
+    def resume_from_checkpoint(self, flow_id: str, keep: str | None = None) -> None:
         """Drop a failed flow's memory and restore it from its stored checkpoint.
 
         With ``keep`` (the reason), the flow is then kept in the hospital (a
@@ -686,7 +531,7 @@ class StateMachineManager:
         messages routed again: its initial message creates it again (with ``keep``, it then
         ends at once with the reason and its initiator is told).
         """
-        runtime = self._forget(flow_id, ended=False)
+        runtime = self.forget_runtime(flow_id, ended=False)
         assert runtime is not None
         events = [e for e in runtime.events if isinstance(e, KillFlow)]
         self._intake.requeue(runtime.held.values())
@@ -703,76 +548,9 @@ class StateMachineManager:
         if events:
             self._flows.mark_ready(flow_id)
         if failure is not None:
-            self._apply_now(fresh, Hospitalize(failure, self._clock.now()))
+            self.apply_now(fresh, Hospitalize(failure, self._clock.now()))
 
     # --- operators: each a flag, or an event of the transition table ------------------------
-
-    def _live(self, flow_id: str) -> FlowRuntime:
-        if self._flows.is_dormant(flow_id):
-            self._wake(flow_id)  # an operator's command is for the flow as it is now
-        runtime = self._flows.get(flow_id)
-        if runtime is None:
-            raise KeyError(f"flow {flow_id} is not running here (finished, or never was)")
-        return runtime
-
-    def pause_flow(self, flow_id: str) -> None:
-        """Stop running a live flow (its events wait) until :meth:`resume_flow`."""
-        self._live(flow_id)
-        self._flows.pause(flow_id)
-
-    def resume_flow(self, flow_id: str) -> None:
-        """Let a paused flow run again."""
-        if not self._flows.is_paused(flow_id):
-            raise KeyError(f"flow {flow_id} is not paused")
-        self._flows.resume(flow_id)
-
-    def paused(self) -> set[str]:
-        """The flows paused now."""
-        return self._flows.paused()
-
-    def hospitalize(self, flow_id: str, error: FlowError) -> None:
-        """Keep a live flow for observation (an operator retries or kills it); it does not run.
-
-        Its row says HOSPITALIZED with the reason, at once.
-        """
-        self._apply_now(self._live(flow_id), Hospitalize(error, self._clock.now()))
-
-    def retry_flow(self, checkpoint: Checkpoint) -> None:
-        """Take a hospitalized flow out of the hospital: replay it from ``checkpoint``.
-
-        ``checkpoint`` is the flow's stored checkpoint, read again (the code, or the stored
-        blob, may have been fixed since). If replay still fails, it is hospitalized again.
-        """
-        if self._flows.is_dormant(checkpoint.flow_id):
-            self._wake(checkpoint.flow_id)
-        runtime = self._flows.get(checkpoint.flow_id)
-        if runtime is None or runtime.state.status is not FlowStatus.HOSPITALIZED:
-            raise KeyError(f"flow {checkpoint.flow_id} is not in the hospital here")
-        result = transition(runtime.state, RetryFlow(checkpoint, self._clock.now()))
-        self.executor.execute([result.actions])
-        self._forget(checkpoint.flow_id, ended=False)
-        fresh = FlowRuntime(result.state, events=runtime.events)
-        self._intake.requeue(runtime.held.values())  # held for it: routed to it now
-        self._intake.parking.forget_held(checkpoint.flow_id)  # its sessions release them
-        self._add(fresh)
-        self._set_continuation(fresh, result.continuation)
-        if fresh.events:
-            self._flows.mark_ready(checkpoint.flow_id)
-
-    def kill_flow(self, flow_id: str, reason: str, error: FlowError | None = None) -> None:
-        """End a live flow wherever it is (the next round does it); KeyError if not live.
-
-        It ends with ``error``, or by default ``FlowKilledException`` with ``reason``.
-        """
-        runtime = self._live(flow_id)
-        if runtime.retry_at is not None:
-            # Waiting for a retry after a failure, its memory is ahead of its checkpoint:
-            # the kill starts from the checkpoint.
-            self._resume_from_checkpoint(flow_id)
-            if flow_id not in self._flows:
-                return  # it never committed: nothing is left to kill
-        self._flows.unpause(flow_id)  # a kill runs even if the flow was paused
-        self._flows.queue_event(flow_id, KillFlow(reason, self._clock.now(), error))
 
     # --- queries ------------------------------------------------------------------------
 
@@ -806,32 +584,13 @@ class StateMachineManager:
         return FlowCounts(
             in_memory=in_memory,
             dormant=self._flows.dormant_count(),
-            restoring=len(self._restore_queue),
+            restoring=self.dormancy.restoring(),
             waiting_in_memory=waiting,
         )
 
     def parked_message_count(self) -> int:
         """Messages waiting for a session that has not been opened yet."""
         return self._intake.parking.count()
-
-
-@attrs.frozen
-class FlowCounts:
-    """How many of a node's live flows are where (:meth:`StateMachineManager.flow_counts`)."""
-
-    in_memory: int
-    """Flows with their state (and fiber) in memory."""
-    dormant: int
-    """Flows with only their id in memory: hibernated, or not restored since the start."""
-    restoring: int
-    """Dormant flows queued for a background restore (they have something to do)."""
-    waiting_in_memory: dict[str, int]
-    """Suspended flows in memory by what they wait for (Receive, Sleep, RunOperation)."""
-
-    @property
-    def live(self) -> int:
-        """Every unfinished flow: in memory or dormant."""
-        return self.in_memory + self.dormant
 
 
 def _take_actions_of(flow_id: str, batch: Batch) -> list[tuple[Action, ...]]:

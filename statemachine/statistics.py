@@ -27,3 +27,22 @@ class ManagerStatistics:
     """Dormant flows restored because something arrived for them."""
     flows_hibernated: int = 0
     """Waiting flows that gave up their memory (:mod:`statemachine.hibernation`)."""
+
+
+@attrs.frozen
+class FlowCounts:
+    """How many of a node's live flows are where (``StateMachineManager.flow_counts``)."""
+
+    in_memory: int
+    """Flows with their state (and fiber) in memory."""
+    dormant: int
+    """Flows with only their id in memory: hibernated, or not restored since the start."""
+    restoring: int
+    """Dormant flows queued for a background restore (they have something to do)."""
+    waiting_in_memory: dict[str, int]
+    """Suspended flows in memory by what they wait for (Receive, Sleep, RunOperation)."""
+
+    @property
+    def live(self) -> int:
+        """Every unfinished flow: in memory or dormant."""
+        return self.in_memory + self.dormant

@@ -24,7 +24,7 @@ def restore_now(node: MockNode) -> int:
 
     Their replays run in the next rounds; returns how many were restored.
     """
-    return node.node.manager.restore_all()
+    return node.node.manager.dormancy.restore_all()
 
 
 def results_by_class(node: MockNode) -> dict[str, int]:

@@ -381,7 +381,7 @@ def _hibernate_all(mock: MockNode) -> None:
     """Hibernate every waiting flow of ``mock`` (a crash in the commit first restarts it)."""
     manager = mock.node.manager
     try:
-        manager.hibernate([state.flow_id for state in manager.live_flows()])
+        manager.dormancy.hibernate([state.flow_id for state in manager.live_flows()])
     except SimulatedCrash:
         mock.crashes += 1
         mock.restart()
@@ -390,7 +390,7 @@ def _hibernate_all(mock: MockNode) -> None:
 def _wake_all(mock: MockNode) -> None:
     """Restore every dormant flow of ``mock`` (a crash while restoring restarts it)."""
     try:
-        mock.node.manager.restore_all()
+        mock.node.manager.dormancy.restore_all()
     except SimulatedCrash:
         mock.crashes += 1
         mock.restart()

@@ -149,8 +149,8 @@ def test_a_restored_flow_that_replays_to_where_it_waited_writes_nothing(
     before = {flow_id: status for flow_id, _, status in alice.checkpoints()}
     alice.restart()
     bob.restart()
-    assert alice.node.manager.restore_all() == 4
-    assert bob.node.manager.restore_all() == 3
+    assert alice.node.manager.dormancy.restore_all() == 4
+    assert bob.node.manager.dormancy.restore_all() == 3
     net.run_network(advance_clock=False)  # replayed to where they waited (and hibernated)
     assert alice.node.database.checkpoints.checkpoints_written == 0
     assert bob.node.database.checkpoints.checkpoints_written == 0
@@ -182,9 +182,9 @@ def test_runnable_flows_are_restored_in_the_background_after_a_restart(tmp_path:
         handles = [alice.start_flow(PingFlow(bob.party)) for _ in range(150)]
     alice.restart()  # before any ran: 150 unstarted flows, none waiting
     manager = alice.node.manager
-    assert manager.restoring() == 150
+    assert manager.dormancy.restoring() == 150
     alice.run_once()
-    assert manager.restoring() == 150 - 64  # a batch a round: new work is not held up
+    assert manager.dormancy.restoring() == 150 - 64  # a batch a round: new work is not held up
     net.run_network()
     assert [handle.result() for handle in handles] == ["Pong"] * 150
     net.stop_nodes()

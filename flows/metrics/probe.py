@@ -130,7 +130,7 @@ class NodeProbe:
             hospitalized=sum(
                 1 for state in manager.live_flows() if state.status is FlowStatus.HOSPITALIZED
             ),
-            paused=len(manager.paused()),
+            paused=len(manager.controls.paused()),
             messages_received=statistics.messages_received,
             messages_sent=node.relay.handed_off,
             duplicates=statistics.duplicates_dropped,

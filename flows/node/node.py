@@ -227,11 +227,11 @@ class Node:
         if self._lease is not None and self._lease.shared:
             self.partitions = frozenset(self._lease.epochs)
             self.inbound.consume_partitions(self.partitions)
-        self.restored_flows = self.manager.restore(self.partitions)
+        self.restored_flows = self.manager.dormancy.restore(self.partitions)
         control = self.database.control
         for flow_id in control.paused_flows():
             if self.manager.holds(flow_id):
-                self.manager.pause_flow(flow_id)
+                self.manager.controls.pause_flow(flow_id)
         if control.setting("draining") is not None:
             self.manager.draining = True
             log.info("%s: draining (set before the restart): no new flows", self.party)
@@ -250,7 +250,7 @@ class Node:
         Flows are restored lazily (see :mod:`statemachine.manager`): a flow is checked when
         it is restored, not all at start.
         """
-        return self.manager.incompatible
+        return self.manager.dormancy.incompatible
 
     def stop(self) -> None:
         """Stop receiving and relaying, release a lease of its own, close the database.
@@ -346,13 +346,13 @@ class Node:
     def pause_flow(self, flow_id: str) -> None:
         """Stop running ``flow_id`` (it keeps its place and messages) until resumed."""
         self._check_running()
-        self.manager.pause_flow(flow_id)
+        self.manager.controls.pause_flow(flow_id)
         self.database.control.set_paused(flow_id, True, self.clock.now())
 
     def resume_flow(self, flow_id: str) -> None:
         """Let a paused flow run again."""
         self._check_running()
-        self.manager.resume_flow(flow_id)
+        self.manager.controls.resume_flow(flow_id)
         self.database.control.set_paused(flow_id, False, self.clock.now())
         self.wakeup.set()
 
@@ -370,7 +370,8 @@ class Node:
                 f"flow {flow_id} cannot be retried: {stored.problem}; restore its checkpoint "
                 "(blob and MAC) from a backup first, or kill it"
             )
-        self.manager.retry_flow(stored.checkpoint)  # its row shows the status it resumes with
+        # (its row shows the status it resumes with)
+        self.manager.controls.retry_flow(stored.checkpoint)
         self.wakeup.set()
 
     def abandoned_reason(self, row: OutboxRow) -> str | None:
@@ -455,7 +456,7 @@ class Node:
         if not self.manager.holds(flow_id):
             return
         error = FlowError(ErrorKind.INTERNAL, "flows.errors.FlowFailedError", reason)
-        self.manager.hospitalize(flow_id, error)  # its row says so too (logged there)
+        self.manager.controls.hospitalize(flow_id, error)  # its row says so too (logged there)
 
     def kill_flow(self, flow_id: str, reason: str = "killed by an operator") -> None:
         """End a flow wherever it is (running, suspended, in the hospital).
@@ -465,7 +466,7 @@ class Node:
         next round. Raises KeyError if the flow is not running on this node.
         """
         self._check_running()
-        self.manager.kill_flow(flow_id, reason)
+        self.manager.controls.kill_flow(flow_id, reason)
         self.wakeup.set()
 
     def fail_flow(self, flow_id: str, error: FlowError) -> None:
@@ -475,7 +476,7 @@ class Node:
         describes, and its counterparties see what an error in flow code would show them.
         """
         self._check_running()
-        self.manager.kill_flow(flow_id, error.message, error)
+        self.manager.controls.kill_flow(flow_id, error.message, error)
         self.wakeup.set()
 
     def flow_handle(self, flow_id: str) -> FlowHandle[Any]:
