@@ -302,3 +302,21 @@ def url_without_password(url: str) -> str:
         user = credentials.split(":", 1)[0]
         return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
     return url
+
+
+def end_sessions(connection: Connection, worker_ids: Sequence[str]) -> int:
+    """PostgreSQL: end every database session of these workers (not this one); how many.
+
+    A worker's sessions are known by their :func:`application_name`.
+    """
+    if not worker_ids:
+        return 0
+    return int(
+        connection.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = ANY(:names) AND pid <> pg_backend_pid()"
+            ),
+            {"names": [application_name(worker_id) for worker_id in worker_ids]},
+        ).scalar_one()
+    )

@@ -17,7 +17,8 @@ from collections.abc import Collection, Iterator
 from sqlalchemy import Connection, Engine
 
 from foundation.engine import read_engine, write_engine
-from persistence.lease import NodeLease, WorkerInfo
+from persistence.lease import NodeLease
+from persistence.worker_process import WorkerInfo
 
 
 class FencedEngine:

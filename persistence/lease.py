@@ -46,42 +46,40 @@ Rules:
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import time
 from collections.abc import Collection
-from typing import Any
 
 import attrs
 from sqlalchemy import (
-    BigInteger,
     Connection,
     Engine,
-    Integer,
-    bindparam,
-    cast,
     delete,
-    extract,
-    func,
-    insert,
     select,
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 
-from foundation.engine import application_name
+from foundation.engine import end_sessions
 from persistence import schema
+from persistence.lease_rows import (
+    FENCE_QUERIES,
+    Holder,
+    create_partition_rows,
+    database_now,
+    insert_worker_row,
+    is_dead,
+    other_holders,
+    read_assignment,
+    read_holders,
+)
 from persistence.worker_process import (
     WorkerInfo,
-    process_is_gone,
-    process_start_ticks,
-    process_state,
 )
 from statemachine.limits import WORKER_NAME_CHARS
-from statemachine.partitions import PARTITIONS, assign_partitions, partition_of
+from statemachine.partitions import assign_partitions, partition_of
 
 log = logging.getLogger("fiberflow.lease")
 
@@ -120,60 +118,6 @@ class PartitionNotHeldError(LeaseError):
 
     A bug: nothing was committed, and the node is rebuilt on the partitions it holds.
     """
-
-
-def database_now(connection: Connection) -> Any:
-    """A SQL expression for the database's clock in integer milliseconds since the epoch."""
-    if connection.dialect.name == "postgresql":
-        return cast(func.floor(extract("epoch", func.clock_timestamp()) * 1000), BigInteger)
-    return cast((func.julianday("now") - 2440587.5) * 86400000.0, Integer)
-
-
-def _utc(milliseconds: int) -> str:
-    moment = datetime.datetime.fromtimestamp(milliseconds / 1000, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-@attrs.frozen
-class Holder:
-    """A worker holding (some of) the node's partitions, as its row says."""
-
-    worker: WorkerInfo
-    started_at: int
-    renewed_at: int
-    expires_at: int
-    shared: bool = False
-    """True for a worker of a node run by several workers (``--worker``)."""
-    flow_counts: str | None = None
-    """What the worker last said of its flows (JSON), as of its last renewal."""
-
-    def describe(self, now: int) -> str:
-        """Who holds the lease, since when, and for how much longer."""
-        return (
-            f"{self.worker.describe()} since {_utc(self.started_at)}, lease renewed "
-            f"{(now - self.renewed_at) / 1000:.1f} s ago, expiring in "
-            f"{(self.expires_at - now) / 1000:.1f} s"
-        )
-
-
-def _holder(row: Any) -> Holder:
-    worker = WorkerInfo(
-        row.worker_id,
-        row.pid,
-        row.host,
-        row.boot_id,
-        row.process_start,
-        row.pid_namespace,
-        row.name,
-    )
-    return Holder(
-        worker, row.started_at, row.renewed_at, row.expires_at, bool(row.shared), row.flow_counts
-    )
-
-
-def _is_dead(holder: Holder, now: int) -> bool:
-    """True if ``holder``'s lease ran out or its process (on this host) is gone."""
-    return holder.expires_at <= now or process_is_gone(holder.worker)
 
 
 @attrs.frozen
@@ -287,36 +231,8 @@ class NodeLease:
         now = int(connection.execute(select(database_now(connection))).scalar_one())
         if connection.dialect.name == "postgresql":
             connection.execute(text(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}"))
-        _create_partitions(connection)
+        create_partition_rows(connection)
         return now
-
-    def _others(self, connection: Connection) -> list[Holder]:
-        workers = schema.node_workers
-        return [
-            _holder(row)
-            for row in connection.execute(
-                select(workers)
-                .where(workers.c.worker_id != self.worker_id)
-                .order_by(workers.c.worker_id)
-            )
-        ]
-
-    def _insert_worker(self, connection: Connection, now: int) -> None:
-        connection.execute(
-            insert(schema.node_workers).values(
-                worker_id=self.worker_id,
-                pid=self.worker.pid,
-                host=self.worker.host,
-                boot_id=self.worker.boot_id,
-                process_start=self.worker.process_start,
-                pid_namespace=self.worker.pid_namespace,
-                started_at=now,
-                renewed_at=now,
-                expires_at=now + round(self.lease_seconds * 1000),
-                name=self.worker.name,
-                shared=self.shared,
-            )
-        )
 
     def _acquire(self, connection: Connection) -> None:
         """Take every partition (a node run as one process)."""
@@ -328,8 +244,8 @@ class NodeLease:
         rows = connection.execute(query.order_by(partitions.c.partition)).all()
         holder_ids = {row.holder for row in rows if row.holder is not None}
         taken: list[WorkerInfo] = []
-        for holder in self._others(connection):
-            if _is_dead(holder, now):
+        for holder in other_holders(connection, self.worker_id):
+            if is_dead(holder, now):
                 if holder.worker.worker_id in holder_ids:
                     taken.append(holder.worker)
                 continue
@@ -343,7 +259,7 @@ class NodeLease:
                 f"the node is already running: {holder.describe(now)}; refusing to start "
                 "(two processes on one node would run its flows twice)"
             )
-        self._insert_worker(connection, now)
+        insert_worker_row(connection, self.worker, now, self.lease_seconds, self.shared)
         connection.execute(
             update(partitions).values(
                 holder=self.worker_id, epoch=partitions.c.epoch + 1, acquired_at=now
@@ -365,8 +281,8 @@ class NodeLease:
     def _join(self, connection: Connection) -> dict[int, int]:
         """Join the workers of a shared node and take a fair share; returns what was taken."""
         now = self._begin_change(connection)
-        for holder in self._others(connection):
-            if _is_dead(holder, now):
+        for holder in other_holders(connection, self.worker_id):
+            if is_dead(holder, now):
                 continue
             if not holder.shared:
                 raise LeaseHeldError(
@@ -378,7 +294,7 @@ class NodeLease:
                     f"worker {self.worker.name!r} of the node is already running: "
                     f"{holder.describe(now)}; refusing to start a second one of that name"
                 )
-        self._insert_worker(connection, now)
+        insert_worker_row(connection, self.worker, now, self.lease_seconds, self.shared)
         taken, taken_from, _ = self._take_share(connection, now, {})
         self.taken_over_from = taken_from
         return taken
@@ -397,8 +313,10 @@ class NodeLease:
         rows = connection.execute(
             select(partitions.c.partition, partitions.c.holder, partitions.c.epoch)
         ).all()
-        others = {holder.worker.worker_id: holder for holder in self._others(connection)}
-        live = {w for w, holder in others.items() if not _is_dead(holder, now)}
+        others = {
+            holder.worker.worker_id: holder for holder in other_holders(connection, self.worker_id)
+        }
+        live = {w for w, holder in others.items() if not is_dead(holder, now)}
         live.add(self.worker_id)
         current = {row.partition: row.holder if row.holder in live else None for row in rows}
         target = assign_partitions(current, live)
@@ -457,15 +375,8 @@ class NodeLease:
         """
         if not workers or self.engine.dialect.name != "postgresql":
             return
-        names = [application_name(worker.worker_id) for worker in workers]
         with self.engine.connect() as connection:
-            ended = connection.execute(
-                text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE application_name = ANY(:names) AND pid <> pg_backend_pid()"
-                ),
-                {"names": names},
-            ).scalar_one()
+            ended = end_sessions(connection, [worker.worker_id for worker in workers])
             connection.commit()
         if ended:
             log.warning("ended %d database session(s) of the workers taken over", ended)
@@ -484,24 +395,17 @@ class NodeLease:
             return False
         with self.engine.connect() as connection:
             now = int(connection.execute(select(database_now(connection))).scalar_one())
-            ended = 0
-            for holder in self._others(connection):
-                if not _is_dead(holder, now):
+            expired = []
+            for holder in other_holders(connection, self.worker_id):
+                if not is_dead(holder, now):
                     if refuse:
                         raise LeaseHeldError(
                             f"the node is already running: {holder.describe(now)}; refusing "
                             "to start (two processes on one node would run its flows twice)"
                         ) from error
                     continue
-                ended += int(
-                    connection.execute(
-                        text(
-                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                            "WHERE application_name = :name AND pid <> pg_backend_pid()"
-                        ),
-                        {"name": application_name(holder.worker.worker_id)},
-                    ).scalar_one()
-                )
+                expired.append(holder.worker.worker_id)
+            ended = end_sessions(connection, expired)
             connection.commit()
         log.warning("ended %d database session(s) of expired lease holders", ended)
         return True
@@ -524,7 +428,7 @@ class NodeLease:
             )
         if not held:
             return  # a worker holding no partition writes no flow
-        query = _FENCE_QUERIES[connection.dialect.name == "postgresql"]
+        query = FENCE_QUERIES[connection.dialect.name == "postgresql"]
         found = {row[0]: row[1] for row in connection.execute(query, {"holder": self.worker_id})}
         lost = sorted(p for p, e in held.items() if found.get(p) != e)
         if lost:
@@ -673,96 +577,14 @@ class NodeLease:
             self._joined = False
 
 
-def read_holders(engine: Engine) -> list[Holder]:
-    """Every worker row of the node database behind ``engine``, oldest first."""
-    workers = schema.node_workers
-    with engine.connect() as connection:
-        rows = connection.execute(select(workers).order_by(workers.c.started_at)).all()
-    return [_holder(row) for row in rows]
-
-
-def live_holders(connection: Connection) -> tuple[int, list[Holder]]:
-    """The database's clock (ms) and the workers whose lease runs and whose process lives.
-
-    A row whose lease expired, or whose process on this host is gone (a SIGKILLed node),
-    is not a live holder.
-    """
-    now = int(connection.execute(select(database_now(connection))).scalar_one())
-    workers = schema.node_workers
-    rows = connection.execute(select(workers).order_by(workers.c.started_at)).all()
-    return now, [h for h in map(_holder, rows) if not _is_dead(h, now)]
-
-
-def read_assignment(engine: Engine) -> dict[int, str | None]:
-    """Which worker id holds each partition of the node behind ``engine`` (None: free)."""
-    partitions = schema.node_partitions
-    with engine.connect() as connection:
-        return {
-            row.partition: row.holder
-            for row in connection.execute(select(partitions.c.partition, partitions.c.holder))
-        }
-
-
-def database_clock(engine: Engine) -> int:
-    """The database's clock now, in milliseconds (what lease times are in)."""
-    with engine.connect() as connection:
-        return int(connection.execute(select(database_now(connection))).scalar_one())
-
-
-def _fence_query(postgres: bool) -> Any:
-    """The partitions a worker holds, with their epochs, in the lock order of a takeover.
-
-    Built once (per dialect): the worker is a bound parameter, ``holder``.
-    """
-    partitions = schema.node_partitions
-    query = (
-        select(partitions.c.partition, partitions.c.epoch)
-        .where(partitions.c.holder == bindparam("holder"))
-        .order_by(partitions.c.partition)
-    )
-    return query.with_for_update(read=True) if postgres else query
-
-
-_FENCE_QUERIES = {postgres: _fence_query(postgres) for postgres in (False, True)}
-"""The fence's query on SQLite (False) and on PostgreSQL (True, rows locked FOR SHARE)."""
-
-
-def _create_partitions(connection: Connection) -> None:
-    """Make the partition rows if this database has none yet (concurrent callers are fine)."""
-    partitions = schema.node_partitions
-    existing = set(connection.execute(select(partitions.c.partition)).scalars())
-    missing = [
-        {"partition": p, "holder": None, "epoch": 0, "acquired_at": None}
-        for p in range(PARTITIONS)
-        if p not in existing
-    ]
-    if not missing:
-        return
-    module: Any = postgresql if connection.dialect.name == "postgresql" else sqlite
-    connection.execute(
-        module.insert(partitions).on_conflict_do_nothing(index_elements=["partition"]), missing
-    )
-
-
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
-    "PARTITIONS",
     "RENEWAL_SECONDS",
     "SQLITE_SINGLE_PROCESS",
-    "Holder",
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
     "PartitionNotHeldError",
     "NodeLease",
     "Rebalance",
-    "WorkerInfo",
-    "database_now",
-    "database_clock",
-    "partition_of",
-    "process_is_gone",
-    "process_start_ticks",
-    "process_state",
-    "read_assignment",
-    "read_holders",
 ]

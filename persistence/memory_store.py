@@ -38,7 +38,8 @@ from statemachine.ports import InboundMessage, OutboxRow
 from statemachine.state import Checkpoint, FlowStatus, IndexEntry, StoredFlow
 
 if TYPE_CHECKING:
-    from persistence.lease import NodeLease, WorkerInfo
+    from persistence.lease import NodeLease
+    from persistence.worker_process import WorkerInfo
 
 MEMORY_URL = "memory://"
 """The database URL that selects the in-memory store."""

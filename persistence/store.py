@@ -28,7 +28,7 @@ from persistence import schema
 from persistence.checkpoint_store import SqlCheckpointStore
 from persistence.control_plane import SqlControlPlane
 from persistence.fencing import FencedEngine
-from persistence.lease import NodeLease, WorkerInfo
+from persistence.lease import NodeLease
 from persistence.migration import (
     NodeDatabaseMissingError,
     SchemaVersionError,
@@ -42,6 +42,7 @@ from persistence.migration import (
 from persistence.outbox import SqlOutbox
 from persistence.schedule_store import SqlSchedules
 from persistence.schema import millis
+from persistence.worker_process import WorkerInfo
 
 
 class NodeDatabase:

@@ -30,12 +30,13 @@ import pytest
 from sqlalchemy import update
 
 from persistence import schema
-from persistence.lease import LeaseLostError, WorkerInfo
+from persistence.lease import LeaseLostError
 from persistence.memory_store import NO_OPERATIONS, NO_REQUESTS, InMemoryStore
 from persistence.node_store import FlowRequest, OperatorRequest, StoredOutcome
 from persistence.schema import millis
 from persistence.sql_transaction import FlowRequestClaimError
 from persistence.store import NodeDatabase
+from persistence.worker_process import WorkerInfo
 from statemachine.actions import (
     ClaimFlowRequests,
     PersistCheckpoint,

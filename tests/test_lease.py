@@ -22,20 +22,12 @@ from sqlalchemy.exc import OperationalError
 
 from flows.node.assembly import build_node
 from flows.testing import MockNetwork
-from foundation.engine import drop_schema
+from foundation.engine import application_name, drop_schema
 from persistence import schema
-from persistence.lease import (
-    PARTITIONS,
-    LeaseHeldError,
-    LeaseLostError,
-    NodeLease,
-    WorkerInfo,
-    application_name,
-    partition_of,
-    process_start_ticks,
-    process_state,
-)
+from persistence.lease import LeaseHeldError, LeaseLostError, NodeLease
 from persistence.store import NodeDatabase
+from persistence.worker_process import WorkerInfo, process_start_ticks, process_state
+from statemachine.partitions import PARTITIONS, partition_of
 from statemachine.ports import InboundMessage
 from tests.conftest import database_for
 from tests.cordapp import PaymentFlow, ledger_entries

@@ -226,7 +226,7 @@ def test_flow_list_shows_failed_flows_with_their_errors_and_all_shows_every_fini
     """A failed flow has no checkpoint left; flow list shows it (class and message) in the
     table and in --json, the most recent ones by default, every one (and the completed
     flows) with --all."""
-    from flows import operator
+    from flows.node import inspection
     from flows.config.runtime import RuntimeConfig
     from tests.cordapp import FailingInitiator
 
@@ -258,7 +258,7 @@ def test_flow_list_shows_failed_flows_with_their_errors_and_all_shows_every_fini
     assert [f["class"] for f in failed] == ["FailingResponder"] * 2
     assert {f["error_class"] for f in failed} == {"builtins.KeyError"}
     assert document["failed_not_shown"] == 0
-    monkeypatch.setattr(operator, "FAILED_SHOWN", 1)
+    monkeypatch.setattr(inspection, "FAILED_SHOWN", 1)
     assert print_flow_list(config) == 0
     table = capsys.readouterr().out
     assert "2 failed flow(s) (the 1 most recent shown; --all lists every one)" in table

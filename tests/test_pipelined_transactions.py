@@ -17,8 +17,8 @@ from sqlalchemy.exc import IntegrityError
 
 from benchmarks.round_trips import counting_wait
 from foundation.engine import drop_schema
-from persistence.lease import WorkerInfo
 from persistence.store import NodeDatabase
+from persistence.worker_process import WorkerInfo
 from statemachine.actions import ClaimFlowRequests, StoreFlowResult
 from statemachine.ports import OutboxRow
 from tests.conftest import POSTGRES_URL, postgres_problem, require_service

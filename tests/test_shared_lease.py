@@ -21,18 +21,17 @@ from sqlalchemy.exc import OperationalError
 from foundation.engine import drop_schema
 from persistence import schema
 from persistence.lease import (
-    PARTITIONS,
     SQLITE_SINGLE_PROCESS,
     LeaseError,
     LeaseHeldError,
     LeaseLostError,
     NodeLease,
     PartitionNotHeldError,
-    WorkerInfo,
-    partition_of,
 )
 from persistence.store import NodeDatabase
+from persistence.worker_process import WorkerInfo
 from statemachine.actions import RemoveCheckpoint
+from statemachine.partitions import PARTITIONS, partition_of
 from tests.test_lease import Opened, dead_process, postgres_opened
 
 __all__ = ["postgres_opened"]  # (a fixture, shared with tests/test_lease.py)

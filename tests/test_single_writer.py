@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from flows.party import Party
 from persistence import schema
-from persistence.lease import database_now
+from persistence.lease_rows import database_now
 from tests.conftest import (
     POSTGRES_URL,
     RABBITMQ_URL,

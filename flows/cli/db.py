@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from flows.config.runtime import ConfigError, RuntimeConfig, load_config
 from foundation.engine import open_engine
-from persistence.lease import live_holders
+from persistence.lease_rows import live_holders
 from persistence.migration import (
     NodeDatabaseMissingError,
     SchemaVersionError,

@@ -52,9 +52,10 @@ from messaging.pair_keys import PairKeyCache
 from messaging.relay import OutboxStore, Relay
 from messaging.service import MessagingService
 from messaging.transports import open_transport
-from persistence.lease import NodeLease, WorkerInfo
+from persistence.lease import NodeLease
 from persistence.memory_store import MEMORY_URL, InMemoryStore
 from persistence.store import NodeDatabase
+from persistence.worker_process import WorkerInfo
 from statemachine.hibernation import HibernationPolicy
 from statemachine.manager import StateMachineManager
 from statemachine.ports import CheckpointStore, Clock, FailurePolicy, FiberFactory

@@ -23,7 +23,7 @@ from flows.network.identity import load_or_create_identity
 from foundation.serialization import PAYLOADS, SerializationError
 from persistence import schema
 from persistence.checkpoint_codec import decode_checkpoint
-from persistence.lease import database_clock, read_assignment, read_holders
+from persistence.lease_rows import database_clock, read_assignment, read_holders
 from persistence.store import NodeDatabase
 from statemachine.partitions import partition_of, partition_ranges
 

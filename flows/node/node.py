@@ -45,10 +45,11 @@ from messaging.inbound_path import InboundPath
 from messaging.pair_keys import PairKeyCache
 from messaging.relay import Relay
 from messaging.service import MessagingService
-from persistence.lease import NodeLease, WorkerInfo
+from persistence.lease import NodeLease
 from persistence.memory_store import InMemoryStore
 from persistence.node_store import CheckpointSummary
 from persistence.store import NodeDatabase
+from persistence.worker_process import WorkerInfo
 from statemachine.flow_end import FlowEnd, FlowToStart
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.manager import StateMachineManager

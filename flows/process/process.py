@@ -53,14 +53,9 @@ from messaging.service import (
     fatal_transport_error,
 )
 from messaging.tls import TlsSetupError
-from persistence.lease import (
-    LeaseError,
-    LeaseHeldError,
-    LeaseLostError,
-    NodeLease,
-    WorkerInfo,
-)
+from persistence.lease import LeaseError, LeaseHeldError, LeaseLostError, NodeLease
 from persistence.lease_keeper import LeaseKeeper
+from persistence.worker_process import WorkerInfo
 from statemachine.partitions import partition_ranges
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import attrs
 from flows.config.runtime import RuntimeConfig
 from flows.node.node import Node
 from messaging.bridges import BridgeManager
-from persistence.lease import WorkerInfo
+from persistence.worker_process import WorkerInfo
 
 log = logging.getLogger("fiberflow.runtime")
 
