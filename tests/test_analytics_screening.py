@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from persistence.analytics import (
     CheckSettings,
     find_jdbc_jars,
+    flow_index,
     load_nodes,
     parse_node_argument,
     screening,
@@ -462,7 +463,7 @@ def test_the_export_layout_screens_as_the_tables_do_without_a_shuffle(
     scan, and (more than ``MISSING_IN_DRIVER``) an anti-join."""
     if joined:
         monkeypatch.setattr(screening, "MISSING_IN_DRIVER", 0)
-    from persistence.analytics.export import load_export
+    from persistence.analytics.export_reading import load_export
     from persistence.analytics.screening import _conversations
 
     data, injected = broken
@@ -506,7 +507,7 @@ def test_a_flow_of_which_only_the_blob_is_left_is_missing_to_the_export_layout(
     """Alice's lingering initiator loses its checkpoint row (its blob stays): Bob's responder
     end has no counterpart, from the export's layout as from the databases (the layout's
     flows hold blob-only flows too, which the screening must not count as known)."""
-    from persistence.analytics.export import load_export
+    from persistence.analytics.export_reading import load_export
 
     data = clean.copy_to(tmp_path / "data")
     first = data.lingering[0]
@@ -576,7 +577,8 @@ def test_the_export_layout_knows_most_ends_own_flows(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from persistence.analytics.export import export_nodes, load_export
+    from persistence.analytics.export import export_nodes
+    from persistence.analytics.export_reading import load_export
     from persistence.analytics.layout import FAILED, FINISHED, LIVE, SEEN_OWN_KNOWN
 
     require_jdbc()
@@ -590,7 +592,7 @@ def test_the_export_layout_knows_most_ends_own_flows(
         judged = screening._judged(screening._conversations(snapshot, old_before))
         judged = judged.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            return {row[0] for row in screening._wanted(judged).collect()}
+            return {row[0] for row in flow_index.wanted_keys(judged).collect()}
         finally:
             judged.unpersist()
 

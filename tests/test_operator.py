@@ -226,8 +226,8 @@ def test_flow_list_shows_failed_flows_with_their_errors_and_all_shows_every_fini
     """A failed flow has no checkpoint left; flow list shows it (class and message) in the
     table and in --json, the most recent ones by default, every one (and the completed
     flows) with --all."""
-    from flows.node import inspection
     from flows.config.runtime import RuntimeConfig
+    from flows.node import inspection
     from tests.cordapp import FailingInitiator
 
     net = mock(tmp_path)

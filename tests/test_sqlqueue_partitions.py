@@ -25,18 +25,17 @@ from statemachine.session_ids import (
     message_id,
     responder_flow_id,
 )
-from tests.conftest import database_for
 from tests.waiting import wait_until
 
 SENDER = "O=Sender,L=Paris,C=FR"
 TOPIC = "test.topic"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def queue_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
+@pytest.fixture
+def queue_url(backend: str, tmp_path: Path) -> str:
+    if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'queue.db'}"
-    return database_for("postgresql")
+    return backend  # (the PostgreSQL URL)
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,12 +56,10 @@ from persistence.analytics.session_flows import (
     arrow_flow_keys,
     arrow_record_keys,
 )
-from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource, check_unique_names
 from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.waiting import (
     IDLE_SINCE,
-    STUCK_COLUMNS,
     UNTIL,
     WAIT_ROWS,
     WAIT_SINCE,
@@ -69,14 +67,11 @@ from persistence.analytics.waiting import (
     arrow_stuck_columns,
     arrow_waits,
     arrow_waits_type,
-    with_stuck_columns,
-    with_waits,
 )
 from statemachine.session_ids import MESSAGE_ID_PREFIX
 
 if TYPE_CHECKING:
     import pyarrow
-    from pyspark.sql import DataFrame, SparkSession
 
 BUCKET_CHARS = 5
 """Key characters (after the ``N-`` of message ids) that name a fingerprint bucket: 5 hex
@@ -224,7 +219,7 @@ def _snapshot(group: list[NodeSource]) -> Iterator[tuple[_Reader, str, int]]:
             taken = time.time()
             yield (
                 _Reader(connection, None),
-                f"SQLite read transaction on {path} at {_iso(taken)}",
+                f"SQLite read transaction on {path} at {iso_time(taken)}",
                 round(taken * 1000),
             )
         finally:
@@ -241,7 +236,8 @@ def _snapshot(group: list[NodeSource]) -> Iterator[tuple[_Reader, str, int]]:
             opened.connection.engine.dispose()
 
 
-def _iso(seconds: float) -> str:
+def iso_time(seconds: float) -> str:
+    """A moment (epoch seconds) in ISO-8601, UTC, to the millisecond."""
     return (
         time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
         + f".{int(seconds % 1 * 1000):03d}Z"
@@ -536,114 +532,3 @@ def export_nodes(
                 temporary.replace(manifest_path)
                 done.append(export)
     return done
-
-
-def load_export(
-    spark: SparkSession, directory: str | Path, sources: Sequence[NodeSource]
-) -> Snapshot:
-    """The :class:`Snapshot` of ``sources`` as exported in ``directory`` (Spark reads Parquet).
-
-    Each node's snapshot time is its export's (the report shows how fresh the data is).
-    On a cluster ``directory`` must be readable by every executor.
-    """
-    import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from persistence.analytics.loading import union_frames
-    from persistence.analytics.naming import apply_names, infer_node_names
-
-    folder = Path(directory)
-    manifest = json.loads((folder / MANIFEST).read_text())
-    loads: dict[str, NodeLoad] = {}
-    parts: dict[str, list[DataFrame]] = {frame: [] for frame in TABLES}
-    for source in sources:
-        entry = manifest["nodes"].get(source.name)
-        if entry is None:
-            raise AnalyticsLoadError(f"{source.name} is not in the export {folder}")
-        export = entry["export"]
-        for frame, (_, _, columns) in TABLES.items():
-            path = (folder / entry["folder"] / f"{frame}.parquet").resolve()
-            # the file holds what the manifest says it does (its footer, not a Spark job), and
-            # its schema goes to Spark with it (no footer read again to infer it)
-            footer = pq.read_metadata(path)
-            found, written = footer.num_rows, export["tables"][frame]["rows"]
-            if found != written:
-                raise AnalyticsLoadError(
-                    f"{source.name}: {path} holds {found} rows of {TABLES[frame][0]} but the "
-                    f"export wrote {written}: the export changed while it was read"
-                )
-            schema = from_arrow_schema(footer.schema.to_arrow_schema())
-            data = spark.read.schema(schema).parquet(str(path))
-            names = [name for name, _ in columns]
-            # what the export derived and stored beside each row (waiting.py, session_flows.py)
-            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FLOW_KEY, *RECORD_KEYS)
-            names += [name for name in stored if name in data.columns]
-            data = data.select(F.lit(source.name).alias("node"), *names)
-            if frame == "checkpoints":  # an export of an earlier format lacks some
-                data = with_stuck_columns(with_waits(data))
-            parts[frame].append(data)
-        loads[source.name] = NodeLoad(
-            name=source.name,
-            url=source.display_url(),
-            path="export",
-            detail=(
-                f"Parquet export in {folder} ({'full' if export['full'] else 'incremental'} "
-                f"export of {_iso(export['taken_at_ms'] / 1000)}, {export['seconds']:.1f} s)"
-            ),
-            snapshot=f"exported: {export['snapshot']}",
-            taken_at_ms=export["taken_at_ms"],
-            rows={frame: table["rows"] for frame, table in export["tables"].items()},
-            # the keys hold the node's name: stored only when it was given (NAME=URL)
-            keys_stored=source.named and entry.get("format") == FORMAT,
-        )
-    frames = union_frames(parts)  # Parquet: read again by each check, only what it needs
-    if not all(source.named for source in sources):
-        frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
-    nodes = [loads[source.name] for source in sources]
-    layouts, tables = _layouts(spark, folder, manifest, sources)
-    snapshot = Snapshot(spark=spark, nodes=nodes, frames=frames, layouts=layouts)
-    for table in tables:
-        snapshot.on_close(_dropper(spark, table))
-    return snapshot
-
-
-def _dropper(spark: SparkSession, table: str) -> Callable[[], object]:
-    """What drops ``table`` from the session's catalog (its files stay: the export's)."""
-
-    def drop() -> object:
-        return spark.sql(f"DROP TABLE IF EXISTS {table}")
-
-    return drop
-
-
-def _layouts(
-    spark: SparkSession, folder: Path, manifest: dict[str, Any], sources: Sequence[NodeSource]
-) -> tuple[dict[str, DataFrame], list[str]]:
-    """The bucketed datasets of every node, when each has them in this layout (else none)."""
-    from persistence.analytics.layout import (
-        BUCKETS,
-        EVIDENCE,
-        EVIDENCE_SCHEMA,
-        FLOWS,
-        FLOWS_SCHEMA,
-        LAYOUT,
-        register,
-    )
-
-    entries = [manifest["nodes"][source.name] for source in sources]
-    if not all(
-        source.named
-        and entry.get("format") == FORMAT
-        and (entry.get("layout") or {}).get("version") == LAYOUT
-        and (entry.get("layout") or {}).get("buckets") == BUCKETS
-        for source, entry in zip(sources, entries, strict=True)
-    ):
-        return {}, []
-    layouts: dict[str, DataFrame] = {}
-    made: list[str] = []
-    for name, columns in ((EVIDENCE, EVIDENCE_SCHEMA), (FLOWS, FLOWS_SCHEMA)):
-        folders = [folder / entry["folder"] / name for entry in entries]
-        layouts[name], tables = register(spark, folders, name, columns)
-        made += tables
-    return layouts, made

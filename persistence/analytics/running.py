@@ -136,7 +136,7 @@ def analyze(
     started = time.perf_counter()
     plural = "s" if len(sources) != 1 else ""
     if export_dir is not None:
-        from persistence.analytics.export import load_export
+        from persistence.analytics.export_reading import load_export
 
         with (
             progress.step(

@@ -26,11 +26,10 @@ one aggregation (:func:`_conversations`). Per conversation it tells:
   and the responder (the rows carry both, :mod:`~persistence.analytics.session_flows`), and
   whether a flow waiting on the end with that very id already shows it live.
 
-Then one more aggregation (:func:`_flow_index`) brings together every flow the nodes know
-(the keys of ``node_checkpoints``, ``node_flow_results`` and ``node_flow_exceptions``) with
-the flow keys the healthy conversations still need: a needed key no node table holds makes
-its conversation a candidate, and a flow in more than one of the three tables is an
-**overlap** (what node integrity and the flow counts need).
+Then one more aggregation (:mod:`~persistence.analytics.flow_index`) brings together every
+flow the nodes know with the flow keys the healthy conversations still need: a needed key
+no node table holds makes its conversation a candidate, and a flow in more than one of a
+node's tables is an **overlap** (what node integrity and the flow counts need).
 
 A healthy conversation (right shape, right messages, every needed flow known) gives exactly
 what the checks' full rules would: each of its ends ``ok`` (or ``not analyzed`` when the
@@ -49,6 +48,11 @@ from typing import TYPE_CHECKING
 import attrs
 
 from persistence.analytics.checking import CheckSettings, as_of_ms
+from persistence.analytics.flow_index import (
+    few_wanted,
+    flow_index,
+    flow_index_of_few,
+)
 from persistence.analytics.layout import (
     EVIDENCE,
     FLOWS,
@@ -74,7 +78,6 @@ from persistence.analytics.session_flows import (
     RESPONDER_NODE,
     SESSION_KEYS,
     by_node,
-    flow_keys,
     node_hashes,
     session_keys,
     stored_keys,
@@ -112,18 +115,16 @@ UNUSUAL = 1 << 8
 """Something the screening does not judge: a malformed row, an irregular id, an old outbox
 message, an initiator session tagged for another node."""
 
-SCREEN_ABOVE_ROWS = 200_000
-"""Snapshots with fewer consumed messages and checkpoints than this are not screened: the
-checks' rules judge every conversation (the screening's own Spark jobs cost more than it
-saves on so few rows); only the flow index is built (for its overlaps)."""
 
 MISSING_IN_DRIVER = 10_000
 """Needed flow keys no table holds, up to which they are looked up in a set of literals in
 each conversation (a hash set in the generated code); more are joined (and the joined
 conversations cached, as they are read twice)."""
 
-LIVE, FINISHED, FAILED, NEEDED = 1, 2, 4, 8
-"""Flags of the flow index: a checkpoint row, a result, an error, a key a conversation needs."""
+SCREEN_ABOVE_ROWS = 200_000
+"""Snapshots with fewer consumed messages and checkpoints than this are not screened: the
+checks' rules judge every conversation (the screening's own Spark jobs cost more than it
+saves on so few rows); only the flow index is built (for its overlaps)."""
 
 
 @attrs.frozen
@@ -381,128 +382,6 @@ def _judged(conversations: DataFrame) -> DataFrame:
     )
 
 
-def _flow_index(snapshot: Snapshot, judged: DataFrame) -> DataFrame:
-    """The needed flow keys no table holds (``missing``), and the overlaps, with their flags.
-
-    Needed: by a healthy conversation; an overlap: a flow in more than one of a node's
-    checkpoints, results and exceptions.
-    """
-    from pyspark.sql import functions as F
-
-    if FLOWS in snapshot.layouts:
-        return _flow_index_of_layout(snapshot.layouts[FLOWS], judged)
-
-    def known(frame: DataFrame, flag: int) -> DataFrame:
-        return flow_keys(snapshot, frame, F.lit(flag).alias("f"))
-
-    union = (
-        known(snapshot.checkpoints, LIVE)
-        .unionByName(known(snapshot.results, FINISHED))
-        .unionByName(known(snapshot.exceptions, FAILED))
-        .unionByName(_wanted(judged))
-    )
-    flags = union.groupBy("flow_key").agg(F.bit_or("f").alias("flags"))
-    return _flagged(flags)
-
-
-def _wanted(judged: DataFrame) -> DataFrame:
-    """The flow keys the healthy conversations need looked up (``flow_key``, ``f``)."""
-    from pyspark.sql import functions as F
-
-    healthy = judged.where(~F.col("unusual"))
-    return (
-        healthy.where("lookup_initiator")
-        .select(F.col("initiator_key").alias("flow_key"), F.lit(NEEDED).alias("f"))
-        .unionByName(
-            healthy.where("lookup_responder").select(
-                F.col("responder_key").alias("flow_key"), F.lit(NEEDED).alias("f")
-            )
-        )
-    )
-
-
-def _flow_index_of_layout(flows: DataFrame, judged: DataFrame) -> DataFrame:
-    """:func:`_flow_index` from the export's flows, bucketed by key.
-
-    Each flow is one row with its tables already, so the overlaps are a filter, and the
-    needed keys no flow holds an anti-join in which only the needed keys move.
-    """
-    from pyspark.sql import functions as F
-
-    flags = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
-    known = flows.select("flow_key", flags.alias("flags"))
-    # the key named anew: Spark then keeps the union's bucketing and moves only the wanted keys.
-    # A flow of which only a checkpoint blob is left is not known (as in the tables' index:
-    # the rules look flows up in checkpoints, results and exceptions)
-    keys = flows.where(flags != 0).select(F.col("flow_key").alias("flow_key"))
-    # each needed key once (so the flows are joined once, not once per side of the union)
-    wanted = _wanted(judged).select("flow_key").distinct()
-    missing = wanted.join(keys, "flow_key", "left_anti").select(
-        "flow_key", F.lit(NEEDED).alias("flags")
-    )
-    return _flagged(known.unionByName(missing))
-
-
-def _few_wanted(judged: DataFrame) -> list[int] | None:
-    """The flow keys the healthy conversations need looked up (at most a few), else None.
-
-    None when there are more than :data:`MISSING_IN_DRIVER` (then they are joined).
-    With the export's layout most ends' own flows are known already (``SEEN_OWN_KNOWN``), so
-    what is left to look up is usually a handful: an end whose node holds no row of it.
-    """
-    rows = _wanted(judged).select("flow_key").distinct().limit(MISSING_IN_DRIVER + 1).collect()
-    if len(rows) > MISSING_IN_DRIVER:
-        return None
-    return sorted(int(row["flow_key"]) for row in rows if row["flow_key"] is not None)
-
-
-def _flow_index_of_few(flows: DataFrame, wanted: list[int]) -> tuple[DataFrame, list[int]]:
-    """The overlaps (as :func:`_flow_index` gives them) and the ``wanted`` keys no table holds.
-
-    One scan of the export's flows keeps the overlaps and the rows of the wanted keys (a set
-    in the generated code): no join, no shuffle. A flow of which only a checkpoint blob is
-    left is not known.
-    """
-    from pyspark.sql import functions as F
-
-    flags = F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED)
-    tables = sum(
-        (flags.bitwiseAND(flag).cast("boolean").cast("int") for flag in (LIVE, FINISHED, FAILED)),
-        F.lit(0),
-    )
-    asked = F.col("flow_key").isin(wanted) if wanted else F.lit(False)
-    kept = (
-        flows.where((tables > 1) | asked)
-        .select("flow_key", flags.alias("flags"))
-        .localCheckpoint(eager=True)
-    )
-    found: set[int] = set()
-    if wanted:
-        held = kept.where(F.col("flow_key").isin(wanted) & (F.col("flags") != 0))
-        found = {int(row["flow_key"]) for row in held.select("flow_key").collect()}
-    overlaps = _flagged(kept).drop("missing")
-    return overlaps, [key for key in wanted if key not in found]
-
-
-def _flagged(flags: DataFrame) -> DataFrame:
-    """(``flow_key``, ``flags``) as the index's rows: missing keys and overlaps only."""
-    from pyspark.sql import functions as F
-
-    tables = (
-        F.col("flags").bitwiseAND(LIVE).cast("boolean").cast("int")
-        + F.col("flags").bitwiseAND(FINISHED).cast("boolean").cast("int")
-        + F.col("flags").bitwiseAND(FAILED).cast("boolean").cast("int")
-    )
-    missing = F.col("flags") == NEEDED
-    return flags.where(missing | (tables > 1)).select(
-        "flow_key",
-        missing.alias("missing"),
-        F.col("flags").bitwiseAND(LIVE).cast("boolean").alias("live"),
-        F.col("flags").bitwiseAND(FINISHED).cast("boolean").alias("finished"),
-        F.col("flags").bitwiseAND(FAILED).cast("boolean").alias("failed"),
-    )
-
-
 @contextmanager
 def _without_partial_aggregation(snapshot: Snapshot) -> Iterator[None]:
     """Group without a partial aggregation before the shuffle, while in the block.
@@ -538,7 +417,7 @@ def _whole(snapshot: Snapshot) -> Screen:
         F.lit(False).alias("lookup_responder"),
         F.lit(True).alias("unusual"),
     )
-    overlaps = _flow_index(snapshot, empty).drop("missing").localCheckpoint(eager=True)
+    overlaps = flow_index(snapshot, empty).drop("missing").localCheckpoint(eager=True)
     return Screen(
         conversations=0,
         candidates=None,
@@ -565,15 +444,15 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
     try:
         # small results are checkpointed: their (long) lineage would be planned, and printed
         # into every plan that uses them, again and again
-        few = _few_wanted(judged) if FLOWS in snapshot.layouts else None
+        few = few_wanted(judged, MISSING_IN_DRIVER) if FLOWS in snapshot.layouts else None
         missing: DataFrame | None = None
         missing_keys: list[int] | None = None
         if few is not None:  # the export's flows read once, the needed keys as a set
-            overlaps, missing_keys = _flow_index_of_few(snapshot.layouts[FLOWS], few)
+            overlaps, missing_keys = flow_index_of_few(snapshot.layouts[FLOWS], few)
             missing_count = len(missing_keys)
         else:
             with _without_partial_aggregation(snapshot):
-                index = _flow_index(snapshot, judged).localCheckpoint(eager=True)
+                index = flow_index(snapshot, judged).localCheckpoint(eager=True)
             missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
             overlaps = index.where(~F.col("missing")).drop("missing")
             missing_count = missing.count()
