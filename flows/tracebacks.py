@@ -29,11 +29,12 @@ _HEAD_CHARS = 5_000
 """How much of a cut traceback's beginning is kept (the rest of the room goes to its end)."""
 
 _FIBERFLOW_ROOT = Path(__file__).resolve().parent.parent
-_FIBERFLOW_PACKAGES = tuple(
+FIBERFLOW_PACKAGES = tuple(
     str(_FIBERFLOW_ROOT / package) + "/"
-    for package in ("flows", "statemachine", "messaging", "persistence")
+    for package in ("flows", "foundation", "statemachine", "messaging", "persistence")
 )
-_FIBER_FILE = str(Path(__file__).resolve().parent / "fiber.py")
+"""The folders of fiberflow's own packages (a frame of a file in one is not flow code)."""
+_FIBER_FILE = str(_FIBERFLOW_ROOT / "flows" / "node" / "fiber.py")
 
 
 class FlowTraceback(Exception):
@@ -54,7 +55,7 @@ def is_fiberflow_file(filename: str) -> bool:
         resolved = str(Path(filename).resolve())
     except (OSError, ValueError):
         return False
-    return resolved.startswith(_FIBERFLOW_PACKAGES)
+    return resolved.startswith(FIBERFLOW_PACKAGES)
 
 
 def flow_traceback(exception: BaseException) -> str:

@@ -10,7 +10,7 @@ Every message a node's transport delivers passes here, in this order:
    fails is still delivered, with the problem, so the state machine dead-letters it with the
    reason (never silently dropped, never run);
 3. the delivery: the message becomes an :class:`~statemachine.ports.InboundMessage` for the
-   state machine manager (``deliver``), and the node's loop is woken.
+   state machine manager (its ``deliver``), and the node's loop is woken.
 
 After the commit that consumed it, the manager acknowledges the message through
 :meth:`InboundPath.acknowledge`, which settles the transport delivery it came from.
@@ -19,6 +19,7 @@ After the commit that consumed it, the manager acknowledges the message through
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from messaging.authentication import MessageVerifier
 from messaging.service import (
@@ -30,6 +31,13 @@ from messaging.service import (
 )
 from statemachine.partitions import partition_of_message
 from statemachine.ports import InboundMessage
+
+
+class InboundSink(Protocol):
+    """Where checked messages go: the state machine manager."""
+
+    def deliver(self, message: InboundMessage) -> None:
+        """Queue an inbound message (safe from the transport's thread)."""
 
 
 class InboundPath:
@@ -52,11 +60,11 @@ class InboundPath:
         self.owner = owner
         self.partitions: frozenset[int] | None = None
         """The partitions whose messages pass: None for a node run as one process (all)."""
-        self._deliver: Callable[[InboundMessage], None] | None = None
+        self._sink: InboundSink | None = None
 
-    def connect(self, deliver: Callable[[InboundMessage], None]) -> None:
-        """Hand every session message, checked, to ``deliver`` (the state machine manager)."""
-        self._deliver = deliver
+    def connect(self, sink: InboundSink) -> None:
+        """Hand every session message, checked, to ``sink`` (the state machine manager)."""
+        self._sink = sink
         self.transport.add_handler(SESSION_TOPIC, self.on_message)
 
     def on_message(self, message: Message) -> None:
@@ -68,10 +76,12 @@ class InboundPath:
         ):
             self.partitioned().release(message)  # another worker's: give it back
             return
-        deliver = self._deliver
-        assert deliver is not None, "the inbound path delivers only once connected"
+        sink = self._sink
+        assert sink is not None, "the inbound path delivers only once connected"
         problem = self.verifier.problem(message)
-        deliver(InboundMessage(message.message_id, message.sender, message.data, problem, message))
+        sink.deliver(
+            InboundMessage(message.message_id, message.sender, message.data, problem, message)
+        )
         self.wake()
 
     def acknowledge(self, inbound: InboundMessage) -> None:

@@ -200,7 +200,7 @@ def build_node(
     )
     manager.add_end_listener(lambda end: effects.forget(end.flow_id))
     manager.add_end_listener(log_flow_failure)
-    inbound.connect(manager.deliver)
+    inbound.connect(manager)
     schedules = database.schedules
     node = Node(
         config,

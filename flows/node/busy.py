@@ -25,16 +25,14 @@ from types import FrameType
 
 import attrs
 
+from flows.tracebacks import FIBERFLOW_PACKAGES
+
 log = logging.getLogger("fiberflow.busy")
 
 STOP_GRACE_SECONDS = 2.0
 """After SIGTERM, flow code still running this long is interrupted (see NodeStopping)."""
 REPEAT_SECONDS = 30.0
 """A flow still running is logged again this often."""
-_FRAMEWORK = tuple(
-    str(Path(__file__).resolve().parent.parent / package)
-    for package in ("flows", "statemachine", "messaging", "persistence")
-)
 
 
 class NodeStopping(BaseException):
@@ -115,7 +113,7 @@ def where(running: Running) -> str:
     innermost: FrameType | None = None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_FRAMEWORK):
+        if not filename.startswith(FIBERFLOW_PACKAGES):
             if innermost is None:
                 innermost = frame
             module = frame.f_globals.get("__name__", "")
