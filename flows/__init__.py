@@ -1,6 +1,6 @@
 """fiberflow's user-facing API: write flows with these names.
 
-See docs/writing-flows.md. The export list is pinned by ``tests/test_exports.py``.
+See docs/writing-flows.md. The export list is pinned by ``tests/unit/test_exports.py``.
 
 Importing the names flow code uses (``FlowLogic``, ``FlowSession``, the decorators, ``Party``,
 the exceptions) loads no database, transport or cryptography library; ``Node``,

@@ -5,7 +5,7 @@ stores it, and the database columns that store a field are exactly as wide as it
 value that got past a decoder always fits its column. ``persistence/schema.py``, the SQL
 queue's tables, ``messaging/frame.py``, the session message classes (their annotations, see
 :mod:`statemachine.wire_fields`) and ``flows/party.py`` take their sizes from here, and
-``tests/test_limits.py`` checks that they agree. :func:`text_problem` is the one check of a
+``tests/unit/test_limits.py`` checks that they agree. :func:`text_problem` is the one check of a
 text field against its limit.
 
 Lengths are in characters (what a PostgreSQL ``varchar(n)`` counts), sizes in bytes.

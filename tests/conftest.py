@@ -1,6 +1,13 @@
-"""Shared fixtures: the CorDapps, the database backends, the mock network.
+"""Shared fixtures: the CorDapps, the database backends, the mock network; the tiers.
 
-Every network test runs on SQLite and on PostgreSQL. PostgreSQL is taken from
+Tests live in a folder per tier: ``tests/unit`` (no services, no processes, no Spark: the
+fast loop), ``tests/integration`` (PostgreSQL, RabbitMQ), ``tests/process`` (real node
+processes, subprocesses, a browser) and ``tests/analytics`` (Spark). Each test is marked with
+its folder's tier. The modules beside this one are the tests' shared support (CorDapps,
+harnesses, campaigns).
+
+Every network test runs on SQLite and on PostgreSQL (in the unit tier on SQLite, and again
+in the integration tier on PostgreSQL: ``tests/integration/postgresql``). PostgreSQL is taken from
 ``FIBERFLOW_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``); if it
 cannot be reached the PostgreSQL cases skip with the reason, unless
 ``FIBERFLOW_REQUIRE_SERVICES=1`` (set by ``.ci/run``), which turns the skip into a failure.
@@ -44,6 +51,19 @@ def pytest_make_collect_report(
         report.outcome = "failed"
         report.longrepr = f"required here (FIBERFLOW_REQUIRE_SERVICES=1): {reason}"
     return report
+
+
+TIERS = ("unit", "integration", "process", "analytics")
+"""The test tiers, a folder each under ``tests/``; a test's tier is its folder."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, from the folder it is in (``-m unit`` selects a tier)."""
+    root = Path(__file__).resolve().parent
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(root).parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
 
 
 NODE_LOG_TAIL_LINES = 40

@@ -13,9 +13,9 @@ import httpx
 from flows.config.rpc import RpcConfig
 from flows.process.process import NodeProcess
 from flows.rpc.console.sessions import SESSION_COOKIE
+from tests.process.test_rpc_api import node_config, rpc_users
+from tests.process.test_runtime import running
 from tests.rpc_helpers import PASSWORDS, basic
-from tests.test_rpc_api import node_config, rpc_users
-from tests.test_runtime import running
 from tests.waiting import wait_until
 
 STEPS = "tests.rpc_cordapp.StepsFlow"

@@ -4,7 +4,7 @@
 were delivered (acknowledging each), then prints one JSON line: the message ids delivered, the
 frames it dead-lettered, its resident set size once ready to consume (``baseline_kib``) and
 its peak resident set size over its whole life (``peak_kib``, from ``getrusage``). Used by
-``tests/test_sqlqueue_flooding.py`` to check that a huge row is never loaded.
+``tests/process/test_sqlqueue_flooding.py`` to check that a huge row is never loaded.
 
 The peak is the kernel's high-water mark of the resident set (``VmHWM``), reset just before
 consuming starts where the kernel allows it (``/proc/self/clear_refs``); ``getrusage``'s

@@ -3,7 +3,7 @@
 :class:`Cluster` writes a config per node into a directory, runs each node as a child
 process (logs in ``<node>.log``), and talks to the nodes through their databases
 (:class:`~flows.node.client.NodeClient`). :func:`run_kill_campaign` is the SIGKILL driver used by
-``tests/test_sigkill.py`` and ``python -m tests.kill_campaign``: it streams ping/pong,
+``tests/process/test_sigkill.py`` and ``python -m tests.kill_campaign``: it streams ping/pong,
 three-party trade and payment flows into Alice while killing a seeded-random node with
 SIGKILL at seeded-random moments and restarting it, then checks that every flow completed
 exactly once on every node.

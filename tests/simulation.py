@@ -20,7 +20,7 @@ SQLite nodes, lets the network drain, and checks the invariants:
   twice;
 * nothing left: no checkpoint, no outbox row, no message queued or unacknowledged.
 
-``tests/test_simulation.py`` explores schedules with hypothesis; ``python -m tests.campaign``
+``tests/unit/test_simulation.py`` explores schedules with hypothesis; ``python -m tests.campaign``
 runs a long campaign from seeds. Every failure names the command that replays it.
 """
 

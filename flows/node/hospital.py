@@ -42,8 +42,8 @@ something else, ``FlowNonDeterminismError``), ``untrusted_checkpoint`` (its MAC 
 match, it does not decode, or it is older than what the node committed for it),
 ``unrestorable_checkpoint`` (the state machine cannot restore it) and
 ``incompatible_checkpoint`` (the installed flows cannot resume it). Each rule has a test that
-injects its error (``tests/test_hospital.py``, ``tests/test_quarantine.py`` and the tests
-named in docs/operations.md).
+injects its error (``tests/process/test_hospital.py``, ``tests/unit/test_quarantine.py`` and
+the tests named in docs/operations.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ The checks run as Spark SQL only (no Python UDF, so a cluster's executors need n
 fiberflow), so they cannot call the Python functions row by row. Each expression here
 restates one of them, built from that module's constants (the responder suffix, the session
 separator, the message-id prefix, the tag length, the UUID-5 namespace), and
-``tests/test_analytics.py`` holds each to agree with its Python function on the session ids
-real nodes wrote, tagged and untagged:
+``tests/analytics/test_analytics.py`` holds each to agree with its Python function on the
+session ids real nodes wrote, tagged and untagged:
 
 ================================  ==================================================
 Spark expression                  Python function (``statemachine.session_ids``)

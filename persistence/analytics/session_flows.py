@@ -9,8 +9,8 @@ beside it, like the parsed waits (``waiting.py``); where a stored value is null 
 absent (a JDBC or Arrow read, an older export, a node the export could not name), Spark
 computes it with the same definition. ``xxhash64`` is Spark's (``XXH64`` with seed 42, each
 further column hashed with the previous hash as its seed, nulls skipped), which the Python
-``xxhash`` package computes bit for bit; ``tests/test_analytics_screening.py`` holds the two
-forms to agree.
+``xxhash`` package computes bit for bit; ``tests/analytics/test_analytics_screening.py`` holds
+the two forms to agree.
 
 Of a session row of node ``N`` with session ``s`` and counterparty ``c`` (the sender of a
 consumed message, the counterparty waited on, an outbox message's target): the session is the

@@ -1,0 +1,1 @@
+"""The analytics tier: the Spark checks and their command line (``pytest tests/analytics``)."""

@@ -1,0 +1,1 @@
+"""The integration tier: tests against PostgreSQL and RabbitMQ (``pytest tests/integration``)."""

@@ -1,0 +1,1 @@
+"""The process tier: real node processes, subprocesses, a browser (``pytest tests/process``)."""
