@@ -37,13 +37,13 @@ from flows.testing import MockNetwork
 from persistence.analytics import find_jdbc_jars, load_nodes, parse_node_argument, spark_session
 from persistence.analytics.blob_facts import read_node_blobs
 from persistence.analytics.blobs import checkpoint_blobs
-from persistence.analytics.checking import CheckSettings
+from persistence.analytics.check_results import CheckSettings
 from persistence.analytics.opening import closer, open_sqlite
-from persistence.analytics.session import stop_spark
+from persistence.analytics.spark_session import stop_spark
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.store import NodeDatabase
-from statemachine.values import replace
+from statemachine.immutable import replace
 
 ALICE = "O=Alice,L=London,C=GB"
 BOB = "O=Bob,L=Paris,C=FR"

@@ -32,10 +32,10 @@ def run_passes(
     conf: dict[str, str],
 ) -> list[tuple[float, dict[str, float]]]:
     """Each pass's wall seconds and its checks' seconds, after printing Spark's start-up."""
-    from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.check_results import CheckSettings
     from persistence.analytics.running import analyze
-    from persistence.analytics.session import spark_session, stop_spark
     from persistence.analytics.sources import parse_node_argument
+    from persistence.analytics.spark_session import spark_session, stop_spark
 
     sources = [parse_node_argument(node) for node in nodes]
     began = time.perf_counter()

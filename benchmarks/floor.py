@@ -10,7 +10,7 @@ per pair. This script measures, in one run:
   receiver's :class:`~messaging.authentication.MessageVerifier` (docs/security.md promises
   it for every message);
 * the transitions one ping/pong takes and what one step of immutable state costs (a real
-  flow state given a new checkpoint: two :func:`~statemachine.values.replace` calls, the least
+  flow state given a new checkpoint: two :func:`~statemachine.immutable.replace` calls, the least
   a transition that checkpoints does);
 * fiberflow's own time per pair (``benchmarks/pingpong.py``'s ``off`` configuration).
 
@@ -37,9 +37,9 @@ from flows.process.gc_tuning import tune_collector
 from flows.testing import MockNetwork
 from messaging.service import Message
 from samples.pingpong import PingFlow
+from statemachine.immutable import replace
 from statemachine.state import FlowState
 from statemachine.transition import transition
-from statemachine.values import replace
 
 MESSAGES_PER_PAIR = 4
 """Session init, confirm, the pong, and the session end."""

@@ -28,9 +28,8 @@ from flows.errors import (
     UnexpectedFlowEndException,
     UnknownPartyError,
 )
-from flows.flow_logic import FOREVER, FlowLogic, FlowSession
+from flows.flow_logic import FOREVER, FlowLogic, FlowSession, UntrustworthyData
 from flows.party import Party
-from flows.untrustworthy import UntrustworthyData
 from statemachine.iorequests import RetryPolicy
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""``FlowLogic`` and ``FlowSession``: the API flow code is written against.
+"""``FlowLogic``, ``FlowSession`` and ``UntrustworthyData``: the API flow code is written against.
 
 Every operation here that talks to another node, waits, or produces a non-deterministic value
 builds an I/O request (:mod:`statemachine.iorequests`) and suspends the flow through its
@@ -22,7 +22,6 @@ import attrs
 from flows.errors import FlowArgumentError, FlowException
 from flows.markings import InitiatingInfo, initiating_info
 from flows.party import Party
-from flows.untrustworthy import UntrustworthyData
 from foundation.serialization import SerializationError, Serializer
 from statemachine.iorequests import (
     CloseSessions,
@@ -44,6 +43,26 @@ from statemachine.limits import ENVELOPE_HEADROOM, PROGRESS_STEP_CHARS
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class UntrustworthyData(Generic[T]):
+    """A value received from a counterparty. Call :meth:`unwrap` with a validator to use it.
+
+    The counterparty may be malicious or buggy: the validator is where a flow checks that the
+    value makes sense before acting on it (raise ``FlowException`` if it does not).
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+
+    def unwrap(self, validator: Callable[[T], R]) -> R:
+        """Pass the received value through ``validator`` and return what it returns."""
+        return validator(self._value)
+
+    def __repr__(self) -> str:
+        return f"UntrustworthyData({type(self._value).__name__})"
 
 
 class FlowRuntime(Protocol):

@@ -31,8 +31,8 @@ from foundation.serialization import (
 )
 from statemachine import flow_error, iorequests, session_messages, state
 from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.immutable import VECTOR_TYPE, replace
 from statemachine.iorequests import Plain, Receive, RetryPolicy, RunOperation, Sleep
-from statemachine.persistent import VECTOR_TYPE
 from statemachine.session_messages import (
     ConfirmSession,
     SessionData,
@@ -53,7 +53,6 @@ from statemachine.state import (
     StartedLocally,
     Value,
 )
-from statemachine.values import replace
 
 CHECKPOINT_FORMAT = 2
 """Version of the checkpoint blob layout written; bumped when a stored field changes meaning."""

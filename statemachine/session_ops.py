@@ -12,6 +12,7 @@ from typing import Any
 
 from statemachine.errors import UnknownSessionError
 from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.immutable import replace
 from statemachine.iorequests import (
     UNKNOWN_PARTY_EXCEPTION,
     InitiateSession,
@@ -46,7 +47,6 @@ from statemachine.state import (
     SessionState,
     Value,
 )
-from statemachine.values import replace
 
 
 def _session(state: FlowState, session_id: str) -> SessionState:

@@ -9,7 +9,7 @@ flow re-runs its ``call()`` and answers each request from the journal.
 messages accepted but not yet recorded, and the outbound messages decided but not yet written
 to the outbox. All of it is frozen; transitions build new values with ``attrs.evolve``.
 The sequences that grow with a flow (sessions, journal, messages since the last commit) are
-persistent vectors (pyrsistent's, see :mod:`statemachine.persistent`), so one step costs
+persistent vectors (pyrsistent's, see :mod:`statemachine.immutable`), so one step costs
 O(log n) however many sessions the flow has.
 """
 
@@ -23,8 +23,8 @@ import attrs
 from pyrsistent import PVector
 
 from statemachine.flow_error import FlowError
+from statemachine.immutable import replace, vector_of
 from statemachine.iorequests import Plain, Receive, RunOperation, Sleep
-from statemachine.persistent import vector_of
 from statemachine.session_messages import (
     InboundRecord,
     OutboundSessionMessage,
@@ -35,7 +35,6 @@ from statemachine.session_messages import (
     SessionReject,
 )
 from statemachine.session_table import SessionTable
-from statemachine.values import replace
 
 
 class FlowStatus(enum.Enum):
@@ -126,7 +125,7 @@ class EarlyMessage:
     body: SessionBody
 
 
-@attrs.frozen(weakref_slot=False)  # see statemachine.values
+@attrs.frozen(weakref_slot=False)  # see statemachine.immutable
 class SessionState:
     """One session as seen from our flow."""
 
@@ -178,7 +177,7 @@ def _journal(entries: Iterable[JournalEntry]) -> PVector[JournalEntry]:
     return vector_of(entries)
 
 
-@attrs.frozen(weakref_slot=False)  # see statemachine.values
+@attrs.frozen(weakref_slot=False)  # see statemachine.immutable
 class Checkpoint:
     """Everything about a flow that must survive a crash.
 
@@ -226,7 +225,7 @@ class Checkpoint:
         return replace(self, sessions=self.sessions.put_many(updated))
 
 
-@attrs.frozen(weakref_slot=False)  # see statemachine.values
+@attrs.frozen(weakref_slot=False)  # see statemachine.immutable
 class ReceiveProgress:
     """How far a flow suspended on a receive has got: derived, never stored.
 
@@ -299,7 +298,7 @@ class IndexEntry:
     wake_at: float | None
 
 
-@attrs.frozen(weakref_slot=False)  # see statemachine.values
+@attrs.frozen(weakref_slot=False)  # see statemachine.immutable
 class FlowState:
     """A checkpoint plus what happened since it was last committed."""
 

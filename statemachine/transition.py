@@ -55,8 +55,8 @@ from statemachine.transitions.delivery import (
     wake_up,
 )
 from statemachine.transitions.ending import FLOW_KILLED_EXCEPTION, fail, finish, kill
+from statemachine.transitions.external_operations import operation_ended
 from statemachine.transitions.hospital import hospitalize, retry
-from statemachine.transitions.operations import operation_ended
 from statemachine.transitions.replay import finish_replaying, suspend_replaying
 from statemachine.transitions.requests import suspend_live
 from statemachine.transitions.starting import (
@@ -112,7 +112,7 @@ TRANSITIONS: dict[tuple[FlowStatus | None, type], Handler] = {
     **{(status, WakeUp): ignore for status in (_S.RUNNABLE, _S.REPLAYING, _S.HOSPITALIZED)},
     **{(status, WakeUp): ignore for status in _ENDED},
     **{(status, DeliverSessionMessage): drop_late_message for status in _ENDED},
-    # external operations (statemachine.transitions.operations)
+    # external operations (statemachine.transitions.external_operations)
     (_S.SUSPENDED, OperationEnded): operation_ended,
     **{
         (status, OperationEnded): ignore

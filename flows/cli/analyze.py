@@ -29,7 +29,7 @@ from persistence.analytics.running import Progress, analyze, failure_line
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.check_results import CheckSettings
     from persistence.analytics.export import NodeExport
     from persistence.analytics.sources import NodeSource
 
@@ -175,13 +175,13 @@ def run_analyze(
     out = out or sys.stdout
     err = err or sys.stderr
     from flows.cli.analyze_keys import load_keys, node_config_argument, parse_key_argument
-    from persistence.analytics.session import spark_problem
     from persistence.analytics.sources import (
         KeyArgumentError,
         NodeArgumentError,
         check_unique_names,
         parse_node_argument,
     )
+    from persistence.analytics.spark_session import spark_problem
 
     try:
         node_keys = [parse_key_argument(item) for item in args.key_file]
@@ -235,7 +235,7 @@ def run_analyze(
     if problem is not None:
         err.write(f"fiberflow analyze: cannot run Spark here: {problem}\n")
         return 2
-    from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.check_results import CheckSettings
 
     settings = CheckSettings(
         as_of_ms=args.as_of,
@@ -331,11 +331,11 @@ def _run_spark(
     keys: dict[str, bytes] | None = None,
 ) -> int:
     """Start (or join) Spark, analyze, print and write the reports; the exit status."""
-    from persistence.analytics.checking import FAIL
+    from persistence.analytics.check_results import FAIL
     from persistence.analytics.report import render_text, write_json
     from persistence.analytics.report_html import write_html
-    from persistence.analytics.session import active_spark, spark_session
     from persistence.analytics.sources import find_jdbc_jars
+    from persistence.analytics.spark_session import active_spark, spark_session
 
     exporting: Future[list[NodeExport]] | None = None
     if args.export_dir is not None and not args.no_refresh:  # the refresh while the JVM starts
@@ -383,7 +383,7 @@ def _run_spark(
 
 def _stop(spark: SparkSession, progress: Progress) -> None:
     """Stop Spark; a step of its own when Java's ahead-of-time cache is made meanwhile."""
-    from persistence.analytics.session import makes_cache_at_stop
+    from persistence.analytics.spark_session import makes_cache_at_stop
 
     if not makes_cache_at_stop():
         _stop_quietly(spark)
@@ -397,7 +397,7 @@ def _stop(spark: SparkSession, progress: Progress) -> None:
 
 def _stop_quietly(spark: SparkSession) -> None:
     """Stop Spark and its JVM; a JVM already gone is not a second error to report."""
-    from persistence.analytics.session import stop_spark
+    from persistence.analytics.spark_session import stop_spark
 
     try:
         stop_spark(spark)

@@ -5,7 +5,7 @@ on a socket or computed for a while would stop every other flow of the node.
 ``FlowLogic.call_external(operation)`` hands the callable to the node instead and suspends;
 :class:`ExternalOperations` runs it on a bounded thread pool (a coroutine function on an
 event loop the node owns, in a thread of its own) and hands the end back to the scheduler,
-which journals it (:mod:`statemachine.transitions.operations` has the rules).
+which journals it (:mod:`statemachine.transitions.external_operations` has the rules).
 
 Each attempt gets an :class:`OperationContext` whose ``idempotency_key`` is the same on every
 attempt and every re-run of that step of the flow: an operation runs at least once per step
@@ -32,7 +32,7 @@ from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.iorequests import RetryPolicy
 from statemachine.ports import EndedAttempt
 from statemachine.state import Raised, Value
-from statemachine.transitions.operations import OPERATION_FAILED_EXCEPTION
+from statemachine.transitions.external_operations import OPERATION_FAILED_EXCEPTION
 
 log = logging.getLogger("fiberflow.operations")
 

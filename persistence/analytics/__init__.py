@@ -16,7 +16,7 @@ when a function needs it, so this package imports without it. See ``docs/analyti
             print(result.name, result.verdict)
 """
 
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     FAIL,
     INFO,
     OK,
@@ -48,7 +48,6 @@ from persistence.analytics.report import (
 )
 from persistence.analytics.report_html import render_html
 from persistence.analytics.running import analyze
-from persistence.analytics.session import spark_problem, spark_session, stop_spark
 from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import (
     JdbcJars,
@@ -57,6 +56,7 @@ from persistence.analytics.sources import (
     find_jdbc_jars,
     parse_node_argument,
 )
+from persistence.analytics.spark_session import spark_problem, spark_session, stop_spark
 from persistence.analytics.tables import AnalyticsLoadError
 
 __all__ = [

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.blob_facts import read_blob_facts
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     FAIL,
     INFO,
     OK,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.checking import CheckSettings, as_of_ms
+from persistence.analytics.check_results import CheckSettings, as_of_ms
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import (
     conversation_key,

@@ -1,7 +1,7 @@
 """The checks, in report order, and how to run them.
 
 Each check is a function of a :class:`~persistence.analytics.snapshot.Snapshot` that returns
-a :class:`~persistence.analytics.checking.CheckResult` (a DataFrame of findings and a
+a :class:`~persistence.analytics.check_results.CheckResult` (a DataFrame of findings and a
 verdict), documented in ``docs/analytics.md`` with what it reads and why a finding matters.
 They live by family:
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from persistence.analytics.blobs import checkpoint_blobs
-from persistence.analytics.checking import CheckFunction, CheckResult, CheckSettings
+from persistence.analytics.check_results import CheckFunction, CheckResult, CheckSettings
 from persistence.analytics.consistency import session_consistency
 from persistence.analytics.exactly_once import exactly_once_audit
 from persistence.analytics.integrity import node_integrity

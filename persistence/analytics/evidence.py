@@ -51,7 +51,7 @@ def known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     broadcast of their flow keys (a scan of each table's keys and statuses, no shuffle), not
     cached.
     """
-    from persistence.analytics.checking import shared
+    from persistence.analytics.check_results import shared
 
     if only is not None:
         return _known_flows(snapshot, only)
@@ -210,7 +210,7 @@ def judged_session_ends(snapshot: Snapshot) -> DataFrame:
     cached once per snapshot, for every check that asks whether a session end has its
     counterpart.
     """
-    from persistence.analytics.checking import shared
+    from persistence.analytics.check_results import shared
 
     return shared(snapshot, "judged_session_ends", lambda: _judged_session_ends(snapshot))
 

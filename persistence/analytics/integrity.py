@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     FAIL,
     OK,
     CheckResult,

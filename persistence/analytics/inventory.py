@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     DAY_MS,
     HOUR_MS,
     INFO,

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.candidates import candidate_snapshot
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     FAIL,
     OK,
     CheckResult,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     CheckResult,
     CheckSettings,
     FirstRows,

@@ -16,7 +16,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from persistence.analytics.checking import FAIL, INFO, OK, STATUS_ORDER, WARN, duration
+from persistence.analytics.check_results import FAIL, INFO, OK, STATUS_ORDER, WARN, duration
 from persistence.analytics.report import (
     AnalysisReport,
     CheckReport,

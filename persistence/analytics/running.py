@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from persistence.analytics.checking import CheckSettings
+    from persistence.analytics.check_results import CheckSettings
     from persistence.analytics.reading import ReadPath
     from persistence.analytics.report import AnalysisReport
     from persistence.analytics.snapshot import Snapshot
@@ -128,7 +128,7 @@ def analyze(
     Parquet export there (:func:`~persistence.analytics.export.export_nodes` made it)
     instead of the databases.
     """
-    from persistence.analytics.checking import write_findings
+    from persistence.analytics.check_results import write_findings
     from persistence.analytics.checks import CHECK_TITLES, CHECKS
     from persistence.analytics.report import collect_report
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from persistence.analytics.checking import CheckSettings, as_of_ms
+from persistence.analytics.check_results import CheckSettings, as_of_ms
 from persistence.analytics.flow_index import (
     few_wanted,
     flow_index,

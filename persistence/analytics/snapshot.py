@@ -96,7 +96,7 @@ class Snapshot:
         """The frame ``name`` several checks use: built by ``build()`` and cached once.
 
         The cache is released when the snapshot closes. Checks call it through
-        :func:`persistence.analytics.checking.shared`.
+        :func:`persistence.analytics.check_results.shared`.
         """
         if name not in self._shared:
             from pyspark import StorageLevel

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from persistence.analytics.checking import (
+from persistence.analytics.check_results import (
     OK,
     WARN,
     CheckResult,

@@ -24,12 +24,11 @@ from statemachine.actions import (
     WriteOutbox,
 )
 from statemachine.events import Hibernate
+from statemachine.immutable import EMPTY_VECTOR, replace
 from statemachine.iorequests import IORequest, Receive
-from statemachine.persistent import EMPTY_VECTOR
 from statemachine.result import ProcessEvents, TransitionResult, continuation_for
 from statemachine.session_ops import receive_progress
 from statemachine.state import FlowState, FlowStatus, JournalEntry, Outcome, Pending
-from statemachine.values import replace
 
 MAX_UNCOMMITTED_STEPS = 32
 """A live flow that keeps running without blocking commits after at least this many requests."""

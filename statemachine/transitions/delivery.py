@@ -11,7 +11,7 @@ from statemachine.session_messages import InboundRecord
 from statemachine.session_ops import receive_after_delivery, take_in
 from statemachine.state import NO_VALUE, FlowState, FlowStatus, Raised
 from statemachine.transitions.committing import commit, complete
-from statemachine.transitions.operations import operation_wake_up
+from statemachine.transitions.external_operations import operation_wake_up
 
 FLOW_TIMEOUT_EXCEPTION = "flows.errors.FlowTimeoutException"
 """The exception a flow gets when a receive outlives its timeout."""

@@ -9,7 +9,7 @@ from statemachine.result import Abort, TransitionResult
 from statemachine.session_ops import end_all_sessions
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import clean, record_and_send
-from statemachine.transitions.operations import keep_uncaught_failure
+from statemachine.transitions.external_operations import keep_uncaught_failure
 
 FLOW_KILLED_EXCEPTION = "flows.errors.FlowKilledException"
 """The error a killed flow's handle raises."""
@@ -32,7 +32,7 @@ def fail(state: FlowState, event: FlowFailed) -> TransitionResult:
     """``call()`` raised: tell the peers (a FlowException as itself), store the error.
 
     An external operation's failure that escapes ``call()`` keeps the flow in the hospital
-    instead (:func:`~statemachine.transitions.operations.keep_uncaught_failure`).
+    instead (:func:`~statemachine.transitions.external_operations.keep_uncaught_failure`).
     """
     kept = keep_uncaught_failure(state, event)
     if kept is not None:

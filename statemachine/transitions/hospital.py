@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from statemachine.actions import RecordStatus
 from statemachine.events import Hospitalize, RestoreFlow, RetryFlow
+from statemachine.immutable import replace
 from statemachine.result import Abort, TransitionResult
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import commit, with_status
 from statemachine.transitions.starting import restore_flow
-from statemachine.values import replace
 
 
 def hospitalize(state: FlowState, event: Hospitalize) -> TransitionResult:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from statemachine.events import FlowFailed, FlowFinished, Suspend
 from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.immutable import replace
 from statemachine.iorequests import Plain, Receive, RunOperation, Sleep
 from statemachine.result import Abort, TransitionResult, continuation_for
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import commit, with_status
-from statemachine.transitions.operations import resume_operation
+from statemachine.transitions.external_operations import resume_operation
 from statemachine.transitions.requests import receive, sleep
-from statemachine.values import replace
 
 
 def suspend_replaying(state: FlowState, event: Suspend) -> TransitionResult:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statemachine.events import Suspend
+from statemachine.immutable import replace
 from statemachine.iorequests import (
     CloseSessions,
     ContinueAsNew,
@@ -35,8 +36,7 @@ from statemachine.session_ops import (
 from statemachine.state import NO_VALUE, FlowState, Outcome, Pending, Value
 from statemachine.transitions.committing import block, complete
 from statemachine.transitions.continuing import continue_as_new
-from statemachine.transitions.operations import run_operation
-from statemachine.values import replace
+from statemachine.transitions.external_operations import run_operation
 
 RequestRule = Callable[[FlowState, Any, float], TransitionResult]
 """A rule for one request kind: ``(state, request, at) -> result``."""

@@ -14,6 +14,7 @@ from statemachine.actions import (
 from statemachine.errors import IllegalTransitionError
 from statemachine.events import LoadFlow, RestoreFlow, StartFlow, StartInitiatedFlow
 from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.immutable import replace
 from statemachine.result import ProcessEvents, Resume, TransitionResult
 from statemachine.session_ids import message_id, responder_session_id
 from statemachine.session_messages import (
@@ -25,7 +26,6 @@ from statemachine.session_messages import (
 )
 from statemachine.session_ops import confirm_session, responder_session
 from statemachine.state import Checkpoint, FlowState, FlowStatus, InitiatedBy, StartedLocally
-from statemachine.values import replace
 
 
 def start_flow(_: None, event: StartFlow) -> TransitionResult:

@@ -196,7 +196,7 @@ def test_key_range_predicates_cover_every_row_exactly_once(partitions: int) -> N
 def test_a_missing_java_is_named_as_the_reason_to_skip(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from persistence.analytics.session import java_problem
+    from persistence.analytics.spark_session import java_problem
 
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -495,7 +495,7 @@ def test_each_check_runs_its_spark_jobs_under_its_step_name(
     """The jobs of a check carry its name (``fiberflow.analysis.step``), cleared after."""
     require_jdbc()
     from persistence.analytics import checks
-    from persistence.analytics.checking import INFO, CheckResult, Verdict
+    from persistence.analytics.check_results import INFO, CheckResult, Verdict
     from persistence.analytics.running import STEP_PROPERTY
 
     context = spark.sparkContext

@@ -34,13 +34,13 @@ from flows.testing import MockNetwork
 from foundation.engine import normalize_url
 from persistence.analytics import load_nodes, parse_node_argument, session_consistency
 from persistence.analytics.blobs import checkpoint_blobs
-from persistence.analytics.checking import CheckResult, CheckSettings
+from persistence.analytics.check_results import CheckResult, CheckSettings
 from persistence.analytics.sources import KeyArgumentError
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from samples.pingpong import PingFlow
+from statemachine.immutable import replace
 from statemachine.session_ids import responder_flow_id
-from statemachine.values import replace
 from tests.analytics.test_analytics import require_jdbc, settings_for
 from tests.analytics.test_analytics_integrity import (
     copies_dropped_after,

@@ -66,7 +66,7 @@ def test_counts_and_first_rows_are_exact_whether_or_not_the_frame_fits(
     """Short frames are counted from their collected rows, long ones by Spark: same counts."""
     from pyspark.sql import functions as F
 
-    from persistence.analytics.checking import count_with_first_rows
+    from persistence.analytics.check_results import count_with_first_rows
 
     frame = (
         spark.range(6)
@@ -99,7 +99,7 @@ class _FrameThatMustNotRun:
 
 def test_the_report_shows_the_rows_its_check_collected_without_asking_spark_again() -> None:
     """A check's collected first rows are the report's table: no second query."""
-    from persistence.analytics.checking import FirstRows
+    from persistence.analytics.check_results import FirstRows
     from persistence.analytics.report import collect_table
 
     frame: Any = _FrameThatMustNotRun()
@@ -124,7 +124,7 @@ def test_the_series_from_flow_counts_hours_equals_a_pass_of_its_own(
     events cannot give (read anew in both runs).
     """
     from persistence.analytics import load_nodes
-    from persistence.analytics.checking import HOUR_MS, MINUTE_MS
+    from persistence.analytics.check_results import HOUR_MS, MINUTE_MS
     from persistence.analytics.inventory import flow_counts, flows_over_time
 
     require_jdbc()
@@ -178,7 +178,7 @@ def test_a_kept_frames_first_rows_are_a_top_n_of_its_cache_not_a_sort_of_every_r
     """
     from pyspark.sql import functions as F
 
-    from persistence.analytics.checking import keep, keep_in_order, take_first_rows
+    from persistence.analytics.check_results import keep, keep_in_order, take_first_rows
 
     def frame() -> Any:
         return spark.range(0, 5_000, numPartitions=4).select(

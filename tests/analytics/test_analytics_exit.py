@@ -24,7 +24,7 @@ import pytest
 
 from flows.cli.main import main as cli_main
 from persistence.analytics import checks
-from persistence.analytics.checking import CheckResult, CheckSettings
+from persistence.analytics.check_results import CheckResult, CheckSettings
 from persistence.analytics.checks import CHECKS
 from persistence.analytics.failures import first_line
 from persistence.analytics.snapshot import Snapshot

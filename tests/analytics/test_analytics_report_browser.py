@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from persistence.analytics.checking import FAIL, INFO, OK, STATUS_ORDER, WARN
+from persistence.analytics.check_results import FAIL, INFO, OK, STATUS_ORDER, WARN
 from persistence.analytics.report import AnalysisReport, CheckReport, Table
 from persistence.analytics.report_html import write_html
 from tests.browser import browser_problem, headless_chromium

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from persistence.analytics.class_archive import ClassArchive
-from persistence.analytics.session import LOCAL_GC, LOCAL_JIT, driver_java_options
+from persistence.analytics.spark_session import LOCAL_GC, LOCAL_JIT, driver_java_options
 
 LOG = "-Dlog4j2.configurationFile=file:/tmp/x/log4j2.properties"
 

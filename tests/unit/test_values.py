@@ -1,12 +1,12 @@
-"""``statemachine.values.replace`` makes what ``attrs.evolve`` makes, for the state classes too."""
+"""``statemachine.immutable.replace`` makes what ``attrs.evolve`` makes, for state classes too."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
 
+from statemachine.immutable import replace
 from statemachine.state import Checkpoint, FlowStatus, SessionState, StartedLocally
-from statemachine.values import replace
 
 
 @attrs.frozen
@@ -86,7 +86,7 @@ def test_a_replaced_value_is_a_frozen_instance_of_its_class_either_way(cls: type
 
 
 def test_the_flow_state_classes_are_built_without_object_setattr() -> None:
-    from statemachine import values
+    from statemachine import immutable as values
     from statemachine.state import FlowState, ReceiveProgress
 
     for cls in (FlowState, Checkpoint, SessionState, ReceiveProgress):

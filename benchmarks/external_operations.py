@@ -9,7 +9,7 @@ It prints the time the operations took against the bound ``flows x millis / thre
 the ratio, and the ping/pongs' latency p50/p99 during the run beside the same ping/pongs
 with no operation running (measured first, in the same run).
 
-Run: ``python benchmarks/operations.py [--flows 1000] [--millis 50] [--threads 16]``.
+Run: ``python benchmarks/external_operations.py [--flows 1000] [--millis 50] [--threads 16]``.
 """
 
 from __future__ import annotations

@@ -27,11 +27,11 @@ import hashlib
 from statemachine.actions import StartOperation
 from statemachine.events import FlowFailed, OperationEnded, WakeUp
 from statemachine.flow_error import ErrorKind, FlowError
+from statemachine.immutable import replace
 from statemachine.iorequests import RunOperation
 from statemachine.result import Abort, ProcessEvents, TransitionResult
 from statemachine.state import FlowState, FlowStatus, Pending, Raised, StartedLocally
 from statemachine.transitions.committing import block, commit, complete
-from statemachine.values import replace
 
 OPERATION_FAILED_EXCEPTION = "flows.errors.OperationFailedException"
 """What a flow sees when its external operation failed for good."""

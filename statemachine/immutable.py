@@ -1,40 +1,57 @@
-"""``replace``: a new frozen value with some fields changed, at the cost of those fields only.
+"""Immutable values for the flow state: :func:`replace` and persistent vectors.
 
-Every transition builds new :class:`~statemachine.state.FlowState`, ``Checkpoint`` and
-``SessionState`` values from old ones, dozens of times per ping/pong. ``attrs.evolve`` does
-it by calling the class's ``__init__`` with every field: it looks the fields up again each
-time and runs every field's converter, though an unchanged field was converted when its
-value was first built. :func:`replace` copies the unchanged fields as they are and runs the
-converter and validator of the changed fields only, which is what ``attrs.evolve`` produces,
-for less.
+**A changed copy.** :func:`replace` makes a new frozen value with some fields changed, at the
+cost of those fields only. Every transition builds new :class:`~statemachine.state.FlowState`,
+``Checkpoint`` and ``SessionState`` values from old ones, dozens of times per ping/pong.
+``attrs.evolve`` does it by calling the class's ``__init__`` with every field: it looks the
+fields up again each time and runs every field's converter, though an unchanged field was
+converted when its value was first built. :func:`replace` copies the unchanged fields as they
+are and runs the converter and validator of the changed fields only, which is what
+``attrs.evolve`` produces, for less.
 
-It does so with straight-line code generated once per class and *set of changed fields*
-(a transition changes the same few fields each time: ``status`` and ``pending``, say), so a
-call is one dictionary lookup and one call of a function that sets each field once, with no
-loop over the changes and no per-field checks at run time.
+It does so with straight-line code generated once per class and *set of changed fields* (a
+transition changes the same few fields each time: ``status`` and ``pending``, say), so a call is
+one dictionary lookup and one call of a function that sets each field once, with no loop over
+the changes and no per-field checks at run time.
 
 Setting a field of a frozen attrs instance must bypass the class's ``__setattr__`` (which
 refuses): ``object.__setattr__(new, name, value)``, a call per field. For a slotted class
-without a ``__weakref__`` slot (``@attrs.frozen(weakref_slot=False)``, as the flow state
-classes are declared), the new value is instead built as an instance of a *builder*: a plain
-class with the very same slots, whose fields are set by ordinary attribute stores (about five
-times cheaper), and then given its real class by ``__class__`` assignment, which CPython
-allows between classes of identical slot layout. The result is an ordinary frozen instance of
-the class. Where the layouts differ (a ``__weakref__`` slot, a base with slots), the replacer
-falls back to ``object.__setattr__``.
+without a ``__weakref__`` slot (``@attrs.frozen(weakref_slot=False)``, as the flow state classes
+are declared), the new value is instead built as an instance of a *builder*: a plain class with
+the very same slots, whose fields are set by ordinary attribute stores (about five times
+cheaper), and then given its real class by ``__class__`` assignment, which CPython allows
+between classes of identical slot layout. The result is an ordinary frozen instance of the
+class. Where the layouts differ (a ``__weakref__`` slot, a base with slots), the replacer falls
+back to ``object.__setattr__``.
 
 A class with ``__attrs_post_init__`` or a cached hash goes through ``attrs.evolve`` (the copy
 would skip the one and carry a stale other).
+
+**Persistent vectors.** A flow's state is a frozen value and every transition builds a new one.
+With plain tuples, changing one of N sessions or appending one of N journal entries copies all N
+items: a flow with many sessions (or a long journal) then costs O(N) per message and O(N^2) in
+all. The sequences that grow with a flow are therefore pyrsistent's ``PVector`` (a 32-way trie,
+in C when pyrsistent's extension is built): reading, replacing or appending one item copies one
+path of at most ``log32(N)`` nodes, and the rest is shared with the value it was built from.
+
+The C vector's garbage-collector traversal visits every item, so a young-generation collection
+that finds a freshly built vector of N items costs O(N) (docs/architecture.md).
+
+A ``PVector`` equals a list of the same items but not a tuple, and hashes differently from one;
+the checkpoint serializer encodes it exactly as the tuple of its items (see
+:mod:`persistence.checkpoint_codec`). Sessions live in a
+:class:`~statemachine.session_table.SessionTable`, which also indexes them by id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
 
 import attrs
+from pyrsistent import PVector, pvector
 
-__all__ = ["replace"]
+__all__ = ["EMPTY_VECTOR", "VECTOR_TYPE", "replace", "vector_of"]
 
 T = TypeVar("T")
 
@@ -136,3 +153,26 @@ def replace(instance: T, **changes: Any) -> T:
         replacer = _replacers[key] = _compile(type(instance), key[1])
     new: T = replacer(instance, **changes)
     return new
+
+
+VECTOR_TYPE: type = type(pvector())
+"""The concrete class of pyrsistent's vectors (the C extension's when it is built)."""
+
+
+EMPTY_VECTOR: PVector[object] = pvector()
+"""The empty vector (immutable, so shared): what a commit leaves in the state's queues."""
+
+
+def vector_of(items: Iterable[T]) -> PVector[T]:
+    """``items`` itself if it is already a persistent vector (O(1)), else a new one (O(n)).
+
+    attrs runs a field's converter on every ``attrs.evolve``, so passing a vector through
+    unchanged is what keeps a step O(log n). The exact type is checked first: an
+    ``isinstance`` against pyrsistent's abstract ``PVector`` costs several times more, and it
+    runs five times per step.
+    """
+    if type(items) is VECTOR_TYPE:
+        return cast("PVector[T]", items)
+    if items == ():
+        return cast("PVector[T]", EMPTY_VECTOR)
+    return pvector(items)
