@@ -71,7 +71,7 @@ def test_a_cluster_master_gives_the_report_the_local_session_gives(
         [
             sys.executable,
             "-m",
-            "flows.cli.main",
+            "flows.cli",
             *analyze_argv(data, injected, cluster_report),
             "--master",
             CLUSTER,

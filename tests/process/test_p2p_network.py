@@ -391,7 +391,7 @@ def test_node_infos_from_another_root_or_tampered_are_refused_and_nothing_goes_t
         [
             sys.executable,
             "-m",
-            "flows.cli.main",
+            "flows.cli",
             "node",
             "outbox",
             "--config",
