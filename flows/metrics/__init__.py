@@ -6,6 +6,9 @@ lists them); build a node with ``instruments=metrics.instruments()`` to feed it.
 ``/metrics``), :func:`serve_metrics` on ``prometheus_client``'s own HTTP server (a node
 config's ``[metrics]`` section). Importing this package imports ``prometheus_client``; the
 node imports it only when metrics are configured.
+
+It imports the node it observes (through :mod:`flows.node.instruments`); the node process
+and the test harness import it.
 """
 
 from __future__ import annotations

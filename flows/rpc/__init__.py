@@ -21,4 +21,7 @@ The client side (httpx only: ``pip install 'fiberflow[client]'``):
 Importing this package loads none of Starlette, uvicorn or argon2: the modules that need
 them import them, and only a node whose config has ``[rpc]`` imports those modules.
 See docs/rpc.md.
+
+It imports the node (its database, its inspection and operator commands), the config and
+the API's names; only the node process (to serve it) and the command line import it.
 """
