@@ -39,7 +39,7 @@ from persistence.analytics.blob_facts import read_node_blobs
 from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.check_results import CheckSettings
 from persistence.analytics.opening import closer, open_sqlite
-from persistence.analytics.spark_session import stop_spark
+from persistence.analytics.spark import stop_spark
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal
 from persistence.store import NodeDatabase

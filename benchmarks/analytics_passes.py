@@ -35,7 +35,7 @@ def run_passes(
     from persistence.analytics.check_results import CheckSettings
     from persistence.analytics.running import analyze
     from persistence.analytics.sources import parse_node_argument
-    from persistence.analytics.spark_session import spark_session, stop_spark
+    from persistence.analytics.spark import spark_session, stop_spark
 
     sources = [parse_node_argument(node) for node in nodes]
     began = time.perf_counter()

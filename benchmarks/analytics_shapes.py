@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from persistence.analytics.export import MANIFEST
-from persistence.analytics.spark_session import spark_session
+from persistence.analytics.spark import spark_session
 
 COLUMNS = (
     "flow_id",

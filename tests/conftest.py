@@ -193,7 +193,7 @@ def rabbitmq_problem() -> str | None:
 @functools.cache
 def spark_test_problem() -> str | None:
     """Why Spark cannot run the analytics tests here (PySpark or Java missing), or None."""
-    from persistence.analytics.spark_session import spark_problem
+    from persistence.analytics.spark import spark_problem
 
     return spark_problem()
 

@@ -181,7 +181,7 @@ def run_analyze(
         check_unique_names,
         parse_node_argument,
     )
-    from persistence.analytics.spark_session import spark_problem
+    from persistence.analytics.spark import spark_problem
 
     try:
         node_keys = [parse_key_argument(item) for item in args.key_file]
@@ -335,7 +335,7 @@ def _run_spark(
     from persistence.analytics.report import render_text, write_json
     from persistence.analytics.report_html import write_html
     from persistence.analytics.sources import find_jdbc_jars
-    from persistence.analytics.spark_session import active_spark, spark_session
+    from persistence.analytics.spark import active_spark, spark_session
 
     exporting: Future[list[NodeExport]] | None = None
     if args.export_dir is not None and not args.no_refresh:  # the refresh while the JVM starts
@@ -383,7 +383,7 @@ def _run_spark(
 
 def _stop(spark: SparkSession, progress: Progress) -> None:
     """Stop Spark; a step of its own when Java's ahead-of-time cache is made meanwhile."""
-    from persistence.analytics.spark_session import makes_cache_at_stop
+    from persistence.analytics.spark import makes_cache_at_stop
 
     if not makes_cache_at_stop():
         _stop_quietly(spark)
@@ -397,7 +397,7 @@ def _stop(spark: SparkSession, progress: Progress) -> None:
 
 def _stop_quietly(spark: SparkSession) -> None:
     """Stop Spark and its JVM; a JVM already gone is not a second error to report."""
-    from persistence.analytics.spark_session import stop_spark
+    from persistence.analytics.spark import stop_spark
 
     try:
         stop_spark(spark)

@@ -56,7 +56,7 @@ from persistence.analytics.sources import (
     find_jdbc_jars,
     parse_node_argument,
 )
-from persistence.analytics.spark_session import spark_problem, spark_session, stop_spark
+from persistence.analytics.spark import spark_problem, spark_session, stop_spark
 from persistence.analytics.tables import AnalyticsLoadError
 
 __all__ = [

@@ -196,7 +196,7 @@ def test_key_range_predicates_cover_every_row_exactly_once(partitions: int) -> N
 def test_a_missing_java_is_named_as_the_reason_to_skip(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from persistence.analytics.spark_session import java_problem
+    from persistence.analytics.spark import java_problem
 
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))

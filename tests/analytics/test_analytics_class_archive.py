@@ -160,7 +160,7 @@ def test_java_25_records_then_makes_and_later_maps_an_ahead_of_time_cache(
 
 SESSION = """
 import json, sys
-from persistence.analytics.spark_session import spark_session, stop_spark
+from persistence.analytics.spark import spark_session, stop_spark
 spark = spark_session("local[1]")
 jvm = spark.sparkContext._jvm
 arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.analytics_profile import _kind, _seconds, callers, main
-from persistence.analytics.spark_session import java_problem
+from persistence.analytics.spark import java_problem
 from tests.conftest import require_service
 
 

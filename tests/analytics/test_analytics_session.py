@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from persistence.analytics.class_archive import ClassArchive
-from persistence.analytics.spark_session import LOCAL_GC, LOCAL_JIT, driver_java_options
+from persistence.analytics.spark import LOCAL_GC, LOCAL_JIT, driver_java_options
 
 LOG = "-Dlog4j2.configurationFile=file:/tmp/x/log4j2.properties"
 
@@ -49,7 +49,7 @@ def test_a_setting_given_overrides_a_local_masters_own(monkeypatch: pytest.Monke
     """``conf`` wins over :data:`LOCAL_CONF` (checked on the builder, no JVM started)."""
     from pyspark.sql import SparkSession
 
-    from persistence.analytics import session
+    from persistence.analytics import spark as session
 
     given: dict[str, str] = {}
 
@@ -89,7 +89,8 @@ def test_stopping_a_jvm_that_records_javas_cache_is_a_step_of_its_own(
     """The first analysis on Java 25+ makes the cache as Spark stops: the operator sees why."""
     import io
 
-    from persistence.analytics import command, session
+    from flows.cli import analyze as command
+    from persistence.analytics import spark as session
 
     stopped: list[object] = []
     monkeypatch.setattr(command, "_stop_quietly", stopped.append)
