@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flows.testing import MockNetwork
 from persistence.analytics import find_jdbc_jars, load_nodes, parse_node_argument, spark_session
 from persistence.analytics.blob_facts import read_node_blobs
-from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.check_results import CheckSettings
+from persistence.analytics.checks.checkpoint_blobs import checkpoint_blobs
 from persistence.analytics.opening import closer, open_sqlite
 from persistence.analytics.spark import stop_spark
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint

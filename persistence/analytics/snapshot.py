@@ -66,7 +66,7 @@ class Snapshot:
     a key is given)."""
     checkpoint_keys: dict[str, bytes] = attrs.field(factory=dict, repr=False)
     """Node name to its checkpoint MAC key (``--key-file``): the nodes whose checkpoint
-    blobs are decoded and checked (:mod:`persistence.analytics.blobs`)."""
+    blobs are decoded and checked (:mod:`persistence.analytics.checks.checkpoint_blobs`)."""
     layouts: dict[str, DataFrame] = attrs.field(factory=dict)
     """The export's bucketed datasets of every node (``evidence``, ``flows``:
     :mod:`persistence.analytics.layout`), when each analyzed node has them; else empty."""

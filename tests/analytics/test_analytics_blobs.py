@@ -33,8 +33,8 @@ from flows.cli.main import main as cli_main
 from flows.testing import MockNetwork
 from foundation.engine import normalize_url
 from persistence.analytics import load_nodes, parse_node_argument, session_consistency
-from persistence.analytics.blobs import checkpoint_blobs
 from persistence.analytics.check_results import CheckResult, CheckSettings
+from persistence.analytics.checks.checkpoint_blobs import checkpoint_blobs
 from persistence.analytics.sources import KeyArgumentError
 from persistence.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from persistence.checkpoint_trust import CheckpointSeal

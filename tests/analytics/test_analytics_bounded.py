@@ -125,7 +125,7 @@ def test_the_series_from_flow_counts_hours_equals_a_pass_of_its_own(
     """
     from persistence.analytics import load_nodes
     from persistence.analytics.check_results import HOUR_MS, MINUTE_MS
-    from persistence.analytics.inventory import flow_counts, flows_over_time
+    from persistence.analytics.checks import flow_counts, flows_over_time
 
     require_jdbc()
     data = clean.copy_to(tmp_path / "spread")
@@ -224,7 +224,7 @@ def test_checkpoint_costs_rank_both_measures_from_one_scan(
     or above either measure's bound): a scan by the size bound alone would miss the longest
     journals of small checkpoints.
     """
-    from persistence.analytics.inventory import checkpoint_costs
+    from persistence.analytics.checks import checkpoint_costs
     from persistence.analytics.snapshot import Snapshot
 
     rows = [
