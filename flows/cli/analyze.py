@@ -372,27 +372,13 @@ def _run_spark(
     finally:
         progress.spark = None
         if running is None:
-            _stop(spark, progress)
+            _stop_quietly(spark)
     progress.doing = "writing the reports"
     out.write(render_text(report, max_rows=args.rows))
     write_json(report, str(args.json))
     write_html(report, str(args.html))
     out.write(f"Reports: {args.json} and {args.html}\n")
     return 1 if report.status == FAIL else 0
-
-
-def _stop(spark: SparkSession, progress: Progress) -> None:
-    """Stop Spark; a step of its own when Java's ahead-of-time cache is made meanwhile."""
-    from persistence.analytics.spark import makes_cache_at_stop
-
-    if not makes_cache_at_stop():
-        _stop_quietly(spark)
-        return
-    with progress.step(
-        "stop Spark and make Java's ahead-of-time cache (once)",
-        "making Java's ahead-of-time cache",
-    ):
-        _stop_quietly(spark)
 
 
 def _stop_quietly(spark: SparkSession) -> None:

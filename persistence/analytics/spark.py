@@ -4,8 +4,7 @@
 small machine are made here once: the driver binds to ``127.0.0.1`` (an unresolvable host
 name kills the JVM gateway), the Python workers are this interpreter, the web UI and Spark's
 own console progress bar are off (the report draws its own), Spark's log is cut down to
-errors, the driver JVM starts from the classes an earlier run archived
-(:mod:`persistence.analytics.class_archive`) and, on a ``local`` master, collects its garbage
+errors, and, on a ``local`` master, the driver JVM collects its garbage
 with the throughput collector (:data:`LOCAL_GC`), leaves Janino to C1 longer
 (:data:`LOCAL_JIT`) and caches frames uncompressed (:data:`LOCAL_CONF`).
 """
@@ -19,14 +18,6 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from persistence.analytics.class_archive import (
-    ClassArchive,
-    class_archive,
-    discard,
-    finish,
-    with_java_command,
-)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -89,10 +80,6 @@ screening caches millions of conversations, and memory is not what a single mach
 short of here (10 M stress rows: wall 0.981 and CPU 0.981 of the run with compression,
 docs/analytics.md)."""
 
-_archive: ClassArchive | None = None
-"""The class archive of the running driver JVM (see :mod:`persistence.analytics.class_archive`),
-put in place when :func:`stop_spark` has seen that JVM exit."""
-
 
 def _warehouse() -> Path:
     """Where Spark's catalog would keep managed tables (none are made): a temporary folder."""
@@ -129,16 +116,12 @@ def spark_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     if shuffle_partitions is None and master.startswith("local"):
         shuffle_partitions = max(2, os.cpu_count() or 2)
     log_option = f"-Dlog4j2.configurationFile=file:{_log_config()}"
-    global _archive
-    # a JVM already running keeps its options: no archive is written for it
-    archive = class_archive(jars, local_tuning(master)) if SparkContext._gateway is None else None
-    driver_options = driver_java_options(master, log_option, archive)
+    driver_options = driver_java_options(master, log_option)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -161,47 +144,16 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if archive is not None:
-        _archive = _knowing_the_jvm(archive, spark)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def makes_cache_at_stop() -> bool:
-    """Whether stopping the running driver JVM makes Java's ahead-of-time cache.
-
-    Tens of seconds, once: the first JVM on Java 25+ records what the cache is made from (see
-    :mod:`persistence.analytics.class_archive`).
-    """
-    return _archive is not None and _archive.recording is not None
-
-
-def _knowing_the_jvm(archive: ClassArchive, spark: SparkSession) -> ClassArchive:
-    """``archive`` with the driver JVM's command, when it records an ahead-of-time cache."""
-    if archive.recording is None:
-        return archive
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    system = jvm.java.lang.System
-    runtime = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    java = str(Path(str(system.getProperty("java.home"))) / "bin" / "java")
-    return with_java_command(
-        archive,
-        java,
-        [str(option) for option in runtime.getInputArguments()],
-        str(system.getProperty("java.class.path")),
-    )
-
-
-def driver_java_options(master: str, log_option: str, archive: ClassArchive | None) -> str:
+def driver_java_options(master: str, log_option: str) -> str:
     """The driver JVM's options (``spark.driver.extraJavaOptions``).
 
-    The log set-up, the class archive's options (when there is one) and, for a ``local``
-    master, :data:`LOCAL_GC` and :data:`LOCAL_JIT`.
+    The log set-up and, for a ``local`` master, :data:`LOCAL_GC` and :data:`LOCAL_JIT`.
     """
     options = [log_option]
-    if archive is not None:
-        options.append(archive.options)
     tuning = local_tuning(master)
     if tuning:
         options.append(tuning)
@@ -240,17 +192,11 @@ def stop_spark(spark: SparkSession) -> None:
     finally:
         SparkContext._gateway = None
         SparkContext._jvm = None
-        global _archive
-        archive, _archive = _archive, None
         if process is not None:
             if process.stdin is not None:
                 process.stdin.close()
             try:
-                # the first JVM of a machine writes its class archive as it exits
-                process.wait(timeout=60 if archive is not None else 30)
+                process.wait(timeout=30)
             except Exception:  # the JVM did not exit on its own: end it
                 process.kill()
                 process.wait(timeout=30)
-                discard(archive)  # what it was writing is not whole
-                archive = None
-            finish(archive)

@@ -1,31 +1,28 @@
-"""The driver JVM's options and Spark settings: the log set-up, the class archive, and what a
-local master gets (the throughput collector, Janino left to C1 longer, uncompressed caches)."""
+"""The driver JVM's options and Spark settings: the log set-up, and what a local master gets
+(the throughput collector, Janino left to C1 longer, uncompressed caches)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from persistence.analytics.class_archive import ClassArchive
 from persistence.analytics.spark import LOCAL_GC, LOCAL_JIT, driver_java_options
 
 LOG = "-Dlog4j2.configurationFile=file:/tmp/x/log4j2.properties"
 
 
 def test_a_local_master_gets_the_throughput_collector_and_a_cluster_driver_does_not() -> None:
-    archive = ClassArchive("-XX:SharedArchiveFile=/c/a.jsa", Path("/c/a.jsa"), None)
-    local = driver_java_options("local[*]", LOG, archive).split()
+    local = driver_java_options("local[*]", LOG).split()
     jit = LOCAL_JIT.split()
-    assert local == [LOG, "-XX:SharedArchiveFile=/c/a.jsa", LOCAL_GC, *jit]
+    assert local == [LOG, LOCAL_GC, *jit]
     assert LOCAL_GC == "-XX:+UseParallelGC"
     assert jit == [
         "-XX:CompileCommand=quiet",
         "-XX:CompileCommand=CompileThresholdScaling,org.codehaus.janino.*::*,20.0",
     ]
-    assert driver_java_options("local[2]", LOG, None).split() == [LOG, LOCAL_GC, *jit]
-    assert driver_java_options("spark://host:7077", LOG, None).split() == [LOG]
+    assert driver_java_options("local[2]", LOG).split() == [LOG, LOCAL_GC, *jit]
+    assert driver_java_options("spark://host:7077", LOG).split() == [LOG]
 
 
 @pytest.mark.spark
@@ -71,7 +68,6 @@ def test_a_setting_given_overrides_a_local_masters_own(monkeypatch: pytest.Monke
         pass
 
     monkeypatch.setattr(SparkSession, "builder", Builder())
-    monkeypatch.setattr(session, "class_archive", lambda jars: None)
     with pytest.raises(_Stop):
         session.spark_session(
             "local[2]", conf={"spark.sql.inMemoryColumnarStorage.compressed": "true"}
@@ -81,27 +77,3 @@ def test_a_setting_given_overrides_a_local_masters_own(monkeypatch: pytest.Monke
     with pytest.raises(_Stop):
         session.spark_session("spark://host:7077")
     assert "spark.sql.inMemoryColumnarStorage.compressed" not in given
-
-
-def test_stopping_a_jvm_that_records_javas_cache_is_a_step_of_its_own(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """The first analysis on Java 25+ makes the cache as Spark stops: the operator sees why."""
-    import io
-
-    from flows.cli import analyze as command
-    from persistence.analytics import spark as session
-
-    stopped: list[object] = []
-    monkeypatch.setattr(command, "_stop_quietly", stopped.append)
-    recording = ClassArchive(
-        "-XX:AOTMode=record", tmp_path / "a.aot", tmp_path / "a.tmp", tmp_path / "a.aotconf"
-    )
-    archive_only = ClassArchive("-XX:ArchiveClassesAtExit=x", tmp_path / "a.jsa", tmp_path / "x")
-    for archive, shown in ((recording, True), (archive_only, False), (None, False)):
-        monkeypatch.setattr(session, "_archive", archive)
-        assert session.makes_cache_at_stop() is shown
-        stream = io.StringIO()
-        command._stop("spark", command.Progress(stream=stream))  # type: ignore[arg-type]
-        assert stopped.pop() == "spark"
-        assert ("make Java's ahead-of-time cache (once)" in stream.getvalue()) is shown
