@@ -20,7 +20,8 @@ it, and keeps only small facts, per blob and per session:
 Decoding is Python (msgpack and HMAC), so it runs in the driver, in batches of
 :data:`BATCH_ROWS` rows streamed from the snapshot connection; the key never leaves this
 process. The facts go to Spark as Arrow tables (a few dozen bytes per session, the blobs
-themselves never reach Spark). Its cost is stated in docs/analytics.md (blobs per second).
+themselves never reach Spark). ``benchmarks/analytics_blobs.py`` measures its cost (blobs per
+second).
 """
 
 from __future__ import annotations

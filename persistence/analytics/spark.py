@@ -61,7 +61,7 @@ LOCAL_GC = "-XX:+UseParallelGC"
 """The garbage collector of a ``local`` master's JVM, which runs the tasks itself: the
 throughput collector. An analysis is a batch job on a few cores; G1 (Java's default) spends
 part of them on concurrent marking and its write barriers for pauses that do not matter
-here (10 M stress rows: wall 0.92 of G1's, docs/analytics.md)."""
+here. What it is worth: ``benchmarks/analytics_pieces.py parallel_gc``."""
 
 LOCAL_JIT = (
     "-XX:CompileCommand=quiet "
@@ -70,15 +70,14 @@ LOCAL_JIT = (
 """The JIT options of a ``local`` master's JVM: Janino's methods (the compiler Spark compiles
 its generated code with, on the driver) reach each tier of the JIT after 20 times as many
 calls. On a 10 M-row analysis C2 spent over 10 s compiling Janino itself, on two cores the
-tasks need (10 M stress rows: wall 0.979 and CPU 0.970 of the run without it,
-docs/analytics.md). ``quiet``: the JVM prints nothing about it."""
+tasks need. ``quiet``: the JVM prints nothing about it. What it is worth:
+``benchmarks/analytics_pieces.py janino_jit``."""
 
 LOCAL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 """Spark settings of a ``local`` master: cached frames are kept uncompressed. Choosing each
 column's compression costs a hash map update per value (Scala's, with boxed numbers) as the
 screening caches millions of conversations, and memory is not what a single machine runs
-short of here (10 M stress rows: wall 0.981 and CPU 0.981 of the run with compression,
-docs/analytics.md)."""
+short of here. What it is worth: ``benchmarks/analytics_pieces.py uncompressed_cache``."""
 
 
 def _warehouse() -> Path:
