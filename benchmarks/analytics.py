@@ -4,9 +4,10 @@ Generates two node databases (Alice and Bob, SQLite, the real schema made by
 ``NodeDatabase``) holding ``rows`` checkpoint rows between them: every pair is an Alice
 flow and the Bob responder it opened a session with (Bob's flow id is the UUID5 the node
 would give it), most waiting on a receive, some sleeping, runnable or in the hospital, with
-the dedup ids of the messages they consumed, a few outbox rows and finished flows; a few
-anomalies (a deleted responder, a message consumed twice, a lost dedup id, an old outbox
-row) so every check has something to find. Two mixes: ``stress`` (~93% of the rows wait on a
+the dedup ids of the messages they consumed and the session facts of every flow row (true
+to those records), a few outbox rows and finished flows; a few anomalies (a deleted
+responder, a message consumed twice, a lost dedup id, an old outbox row) so every check has
+something to find. Two mixes: ``stress`` (~93% of the rows wait on a
 receive and are stuck) and ``realistic`` (3% of the conversations waiting, most flows asleep,
 as many finished flows as live ones); the databases are generated once and kept in
 ``--cache`` (/tmp/fiberflow-bench). Then it runs ``fiberflow analyze`` as a subprocess (wall
@@ -46,7 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from persistence.analytics import CheckSettings
 from persistence.analytics.checks import CHECKS
 from persistence.analytics.exactly_once import GAPS_LISTED
+from persistence.sql_transaction import session_facts_text
 from persistence.store import NodeDatabase
+from statemachine.session_facts import SessionFacts
 from statemachine.session_ids import (
     MESSAGE_ID_PREFIX,
     RESPONDER_SUFFIX,
@@ -109,8 +112,27 @@ def _flow_rows(
             else:
                 status, on, waiting = "HOSPITALIZED", None, None
             error = "failed 3 times in a row: TimeoutError" if status == "HOSPITALIZED" else None
+            # the session facts each side's row keeps, true to the records below: Alice sent
+            # the opening message (and the outbox row's message 1), Bob confirmed it (and, for
+            # the gap, sent 1 and 2), each took in what the other's records say
+            gap = i % ANOMALY_EVERY == 3
+            mine = SessionFacts(session, 2 if i % 200 == 7 else 1, 3 if gap else 1, True)
+            theirs = SessionFacts(back_session, 3 if gap else 1, 1, True)
             alice_rows.append(
-                (flow, flow_class, status, None, on, waiting, journal, size, error, at, at)
+                (
+                    flow,
+                    flow_class,
+                    status,
+                    None,
+                    on,
+                    waiting,
+                    journal,
+                    size,
+                    error,
+                    at,
+                    at,
+                    session_facts_text([mine]),
+                )
             )
             back = json.dumps([{"session": back_session, "counterparty": ALICE}])
             bob_on = "Receive"
@@ -133,13 +155,14 @@ def _flow_rows(
                         None,
                         bob_at,
                         bob_at,
+                        session_facts_text([theirs]),
                     )
                 )
             extra["bob_ids"].append((message_id(session, 0), ALICE, back_session, 0, bob_at))
             extra["alice_ids"].append((message_id(back_session, 0), BOB, session, 0, bob_at + 3))
             if i % ANOMALY_EVERY == 2:  # consumed twice, under a second id
                 extra["bob_ids"].append((uuid.uuid4().hex, ALICE, back_session, 0, bob_at))
-            if i % ANOMALY_EVERY == 3:  # message 1 lost, 2 recorded: a gap
+            if gap:  # message 1 lost, 2 recorded: a gap
                 extra["alice_ids"].append(
                     (message_id(back_session, 2), BOB, session, 2, bob_at + 9)
                 )
@@ -162,7 +185,7 @@ def generate(directory: Path, rows: int, seed: int = 7, mix: str = "stress") -> 
     insert_cp = (
         "INSERT INTO node_checkpoints (flow_id, flow_class, status, progress_step, suspended_on,"
         " waiting_for, journal_length, checkpoint_bytes, error_message, created_at, updated_at,"
-        " checkpoint_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,1)"
+        " session_facts, checkpoint_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,1)"
     )
     insert_id = "INSERT INTO node_message_ids VALUES (?,?,?,?,?)"
     rng = random.Random(seed + 1)
@@ -178,11 +201,11 @@ def generate(directory: Path, rows: int, seed: int = 7, mix: str = "stress") -> 
         alice.executemany("INSERT INTO node_outbox VALUES (?,?,?,?)", extra["outbox"])
         for name, connection in connections.items():
             finished = len(alice_rows) // finished_share
-            results = [
-                (uuid.UUID(int=rng.getrandbits(128)).hex, "app.Payment", b"ok", START_MS + k)
+            results = [  # flows that talked to no one: no session facts
+                (uuid.UUID(int=rng.getrandbits(128)).hex, "app.Payment", b"ok", START_MS + k, "[]")
                 for k in range(finished)
             ]
-            connection.executemany("INSERT INTO node_flow_results VALUES (?,?,?,?)", results)
+            connection.executemany("INSERT INTO node_flow_results VALUES (?,?,?,?,?)", results)
             failed = [
                 (
                     uuid.UUID(int=rng.getrandbits(128)).hex,
@@ -192,11 +215,12 @@ def generate(directory: Path, rows: int, seed: int = 7, mix: str = "stress") -> 
                     f"refused by {name}",
                     START_MS + k,
                     None,
+                    "[]",
                 )
                 for k in range(finished // 10)
             ]
             connection.executemany(
-                "INSERT INTO node_flow_exceptions VALUES (?,?,?,?,?,?,?)", failed
+                "INSERT INTO node_flow_exceptions VALUES (?,?,?,?,?,?,?,?)", failed
             )
         for connection in connections.values():
             connection.commit()
@@ -514,7 +538,7 @@ def input_rows(paths: dict[str, Path]) -> int:
     return total
 
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 """Bump when the generated data changes: cached databases of another version are rebuilt."""
 
 

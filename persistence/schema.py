@@ -36,7 +36,7 @@ from statemachine.limits import (
     WORKER_NAME_CHARS,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Bumped whenever a table or column changes, with a migration of the same number
 (``persistence/migrations/versions``); a node refuses a database of another version."""
 
@@ -65,6 +65,7 @@ node_checkpoints = Table(
     Column("error_message", Text),
     Column("created_at", BigInteger, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
+    Column("session_facts", Text),
 )
 
 node_checkpoint_blobs = Table(
@@ -82,6 +83,7 @@ node_flow_results = Table(
     Column("flow_class", String(FLOW_CLASS_CHARS), nullable=False),
     Column("result", LargeBinary, nullable=False),
     Column("completed_at", BigInteger, nullable=False),
+    Column("session_facts", Text),
 )
 
 node_flow_exceptions = Table(
@@ -94,7 +96,11 @@ node_flow_exceptions = Table(
     Column("message", Text, nullable=False),
     Column("failed_at", BigInteger, nullable=False),
     Column("traceback", Text, nullable=True),
+    Column("session_facts", Text),
 )
+"""``session_facts`` (here, in ``node_flow_results`` and in ``node_checkpoints``): the facts
+of the flow's sessions (:mod:`statemachine.session_facts`) as JSON text, written with the
+row (null in rows written before schema version 9)."""
 
 node_message_ids = Table(
     "node_message_ids",

@@ -2,9 +2,11 @@
 
 Everything a group of transitions decided is written here, all or nothing: checkpoints (row
 and sealed blob), dedup ids of consumed messages, outbox rows, finished flows' outcomes, and
-the claims of client flow requests. The transaction's first statement checks the node's lease
-(:mod:`persistence.fencing`); its last deletes the outbox rows the relay has handed to the
-transport since the previous transaction (:class:`persistence.outbox.WaitingDeletes`).
+the claims of client flow requests. Each checkpoint, result and error row carries the facts of
+its flow's sessions (``session_facts``: :func:`session_facts_text`) in the same statement.
+The transaction's first statement checks the node's lease (:mod:`persistence.fencing`); its
+last deletes the outbox rows the relay has handed to the transport since the previous
+transaction (:class:`persistence.outbox.WaitingDeletes`).
 
 On PostgreSQL, once the lease check has come back, the writes are sent without waiting for
 each (:class:`persistence.pipeline.Pipeline`) and ``COMMIT`` follows them in the same round
@@ -44,6 +46,7 @@ from statemachine.actions import (
 )
 from statemachine.iorequests import Receive, RunOperation, Sleep
 from statemachine.ports import OutboxRow
+from statemachine.session_facts import SessionFacts, session_facts
 from statemachine.state import Checkpoint
 
 
@@ -79,6 +82,20 @@ def _waiting_for(checkpoint: Checkpoint) -> tuple[str | None, str | None]:
         counterparty = session.counterparty if session is not None else None
         waits.append({"session": session_id, "counterparty": counterparty})
     return "Receive", json.dumps(waits)
+
+
+def session_facts_text(facts: Sequence[SessionFacts]) -> str:
+    """The ``session_facts`` column: one JSON object per session, in order.
+
+    ``[{"session": id, "sent": n, "received": n, "confirmed": true or false}, ...]``
+    (``[]`` for a flow without sessions): see :mod:`statemachine.session_facts`.
+    """
+    entries = [
+        f'{{"session":{json.dumps(f.session_id)},"sent":{f.sent:d},"received":{f.received:d},'
+        f'"confirmed":{"true" if f.confirmed else "false"}}}'
+        for f in facts
+    ]
+    return "[" + ",".join(entries) + "]"
 
 
 def _wake_at(checkpoint: Checkpoint) -> int | None:
@@ -191,6 +208,7 @@ class SqlTransaction:
                     "error_message": checkpoint.error.message if checkpoint.error else None,
                     "created_at": millis(checkpoint.created_at),
                     "updated_at": millis(action.at),
+                    "session_facts": session_facts_text(session_facts(checkpoint.sessions)),
                 }
             )
             blobs.append(
@@ -253,6 +271,7 @@ class SqlTransaction:
                     "flow_class": a.flow_class,
                     "result": a.result,
                     "completed_at": millis(a.at),
+                    "session_facts": session_facts_text(a.sessions),
                 }
                 for a in actions
             ],
@@ -271,6 +290,7 @@ class SqlTransaction:
                     "message": a.error.message,
                     "failed_at": millis(a.at),
                     "traceback": a.traceback or None,
+                    "session_facts": session_facts_text(a.sessions),
                 }
                 for a in actions
             ],

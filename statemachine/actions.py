@@ -16,6 +16,7 @@ from typing import ClassVar, Union
 import attrs
 
 from statemachine.flow_error import FlowError
+from statemachine.session_facts import SessionFacts
 from statemachine.session_messages import (
     InboundRecord,
     OutboundSessionMessage,
@@ -76,13 +77,16 @@ class RunFlowEffects:
 
 @attrs.frozen
 class StoreFlowResult:
-    """Keep a finished flow's serialized result."""
+    """Keep a finished flow's serialized result (and the facts of its sessions)."""
 
     phase: ClassVar[Phase] = Phase.IN_TRANSACTION
     flow_id: str
     flow_class: str
     result: bytes
     at: float
+    sessions: tuple[SessionFacts, ...] = attrs.field(default=(), eq=False, repr=False)
+    """The facts of the flow's sessions as it ended (its ends counted), kept with the
+    result; derived from the flow's state, so not part of what the action compares by."""
 
 
 @attrs.frozen
@@ -95,6 +99,8 @@ class StoreFlowError:
     error: FlowError
     at: float
     traceback: str = ""
+    sessions: tuple[SessionFacts, ...] = attrs.field(default=(), eq=False, repr=False)
+    """As :attr:`StoreFlowResult.sessions` (none for a flow that never ran)."""
 
 
 @attrs.frozen

@@ -6,7 +6,7 @@ second session, takes the answer and sleeps for a day: its checkpoint, which hol
 sessions, stays in the database while the responder of the first conversation has finished.
 
 :class:`NappingFlow` leaves a confirmed session in a live checkpoint that waits only on
-time.
+time; :class:`HelloFlow` ends with one, the confirmation its only message taken in.
 """
 
 from __future__ import annotations
@@ -82,3 +82,37 @@ class NappingFlow(FlowLogic[str]):
 @initiated_by(NappingFlow)
 class NappingResponder(LingeringResponder):
     """Waits for the hello and then for the goodbye (a day later), and answers."""
+
+
+@initiating_flow
+class HelloFlow(FlowLogic[str]):
+    """Says hello, naps a second (taking in the responder's confirmation) and ends.
+
+    Its only message taken in is the confirmation: what a refusal would leave on its side,
+    but its row's session facts say the session was confirmed.
+    """
+
+    def __init__(self, peer: Party) -> None:
+        self.peer = peer
+
+    def call(self) -> str:
+        session = self.initiate_flow(self.peer)
+        session.send("hello")
+        self.sleep(1)
+        return "said hello"
+
+
+@initiated_by(HelloFlow)
+class HelloResponder(FlowLogic[str]):
+    """Takes the hello, then the initiator's end, and finishes."""
+
+    def __init__(self, session: FlowSession) -> None:
+        self.session = session
+
+    def call(self) -> str:
+        hello = self.session.receive(str, timeout=FOREVER).unwrap(lambda m: m)
+        try:
+            self.session.receive(str, timeout=FOREVER)
+        except UnexpectedFlowEndException:  # the initiator's end, taken in
+            return hello
+        raise AssertionError("the initiator sends nothing after hello")

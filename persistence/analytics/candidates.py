@@ -11,7 +11,9 @@ tables, only the rows that concern them (cached: they are few):
   candidate sessions (so no healthy session end is counted twice), and every flow a rule may
   look up for a candidate end (the initiating flow, the responder, the counterpart), with
   ``waits`` cut the same way;
-* ``results``, ``exceptions``, ``blobs``: the rows of those flows;
+* ``results``, ``exceptions``, ``blobs``: the rows of those flows (and the flows whose
+  facts alone show a candidate conversation), the ``facts`` of every flow row cut to the
+  candidate sessions as ``waits`` are;
 * ``paused`` and ``workers`` whole (small).
 
 Rules that need every row (the latest record per node and sender, a message id reused in
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.check_results import CheckSettings, as_of_ms
+from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, FACTS_TEXT, fact_keys, keys_stored
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import (
     conversation_key,
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
 
 CHECKPOINT_COLUMNS_LEFT = (
     "waiting_for",
+    FACTS_TEXT,
     "progress_step",
     "error_message",
     "journal_length",
@@ -113,10 +117,23 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
         ).unionByName(snapshot.outbox.where(outbox_session == ""))
     )
     waited = kept(by_node(snapshot, snapshot.checkpoints, waiting))
+
+    def facts(frame: DataFrame) -> DataFrame:
+        """(node, flow_id, pos, f): each session of the rows' facts in a candidate."""
+        exploded = frame.select("node", "flow_id", F.posexplode(FACTS).alias("pos", "f"))
+        return of_candidates(exploded, fact_keys(F.col("f"), keys_stored(frame))[0])
+
+    looked_up = _flows_looked_up(ids, outbox, waited)
+    if found.facts_only:  # conversations only facts show: their flows found by their facts
+        for name in FACT_FRAMES:
+            shown = facts(snapshot.frames[name])
+            looked_up = looked_up.unionByName(
+                shown.select(F.col("node").alias("k_node"), F.col("flow_id").alias("k_flow"))
+            )
     flows = kept(
-        _flows_looked_up(ids, outbox, waited)
-        .select("k_node", "k_flow", F.xxhash64("k_node", "k_flow").alias("k_key"))
-        .distinct()
+        looked_up.select(
+            "k_node", "k_flow", F.xxhash64("k_node", "k_flow").alias("k_key")
+        ).distinct()
     )
     few = _narrow(flows, flows.count())
     named = {"node": F.col("k_node"), "flow_id": F.col("k_flow")}
@@ -147,13 +164,31 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
     checkpoints = checkpoints.withColumn(WAITS, F.col("c_waits")).drop(
         "c_node", "c_flow", "c_waits"
     )
+
+    def cut_facts(frame: DataFrame) -> DataFrame:
+        """``frame`` with its ``facts`` cut to the candidate sessions (null stays null)."""
+        cut = (
+            facts(frame)
+            .groupBy(F.col("node").alias("x_node"), F.col("flow_id").alias("x_flow"))
+            .agg(
+                F.transform(
+                    F.sort_array(F.collect_list(F.struct("pos", "f"))), lambda entry: entry["f"]
+                ).alias("x_facts")
+            )
+        )
+        none = F.filter(F.col(FACTS), lambda _: F.lit(False))  # [] of the type, or null
+        joined = frame.join(cut, (frame.node == cut.x_node) & (frame.flow_id == cut.x_flow), "left")
+        return joined.withColumn(FACTS, F.coalesce(F.col("x_facts"), none)).drop(
+            "x_node", "x_flow", "x_facts"
+        )
+
     frames = dict(snapshot.frames)
     frames.update(
-        checkpoints=kept(checkpoints),
+        checkpoints=kept(cut_facts(checkpoints)),
         message_ids=ids,
         outbox=outbox,
-        results=kept(of_flows(snapshot.results)),
-        exceptions=kept(of_flows(snapshot.exceptions)),
+        results=kept(cut_facts(of_flows(snapshot.results))),
+        exceptions=kept(cut_facts(of_flows(snapshot.exceptions))),
         blobs=kept(of_flows(snapshot.blobs)),
     )
     return Snapshot(spark=snapshot.spark, nodes=snapshot.nodes, frames=frames, parent=snapshot)

@@ -31,6 +31,7 @@ from persistence.analytics.check_results import (
     small_frame,
 )
 from persistence.analytics.evidence import judged_session_ends
+from persistence.analytics.flow_facts import confirmations
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import expected_message_id, session_flow
 from persistence.analytics.session_flows import (
@@ -63,9 +64,11 @@ the message waits in the transport or was lost there (``warn``)."""
 REFUSED_OR_LOST = "refused or lost"
 """An initiator end whose opening message the counterparty consumed without holding a flow
 for it, while our flow, live, took one message in from it and no longer waits on the
-session: a refusal the flow caught and went on from, or a responder that confirmed (its one
-message) and lost its rows; the tables alone cannot tell (``warn``). With the initiator's
-key, ``checkpoint_blobs`` can: a confirmed session is its ``responder_lost`` finding."""
+session, and our flow's row does not say the session was confirmed: a refusal the flow
+caught and went on from (its facts say: never confirmed), or, without facts (a row written
+before they were kept), a responder that confirmed (its one message) and lost its rows
+(``warn``). A session our flow's facts say was confirmed is an ``orphan`` instead: its
+responder ran, and is gone."""
 
 
 def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
@@ -221,6 +224,14 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
         (answered.r_node == ends.node) & (answered.r_session == ends.session_id),
         "left",
     ).drop("r_node", "r_session")
+    # what our flow's row says of the session (its facts): whether the responder confirmed it
+    said = confirmations(snapshot)
+    said = said.join(
+        open_keys, (said.f_node == open_keys.w_node) & (said.f_session == open_keys.w), "left_semi"
+    )
+    ends = ends.join(
+        narrow(said), (said.f_node == ends.node) & (said.f_session == ends.session_id), "left"
+    ).drop("f_node", "f_session")
     # what the counterparty's own tables say of it: when its lease was last renewed, and
     # when it last recorded a message from this node (small: one row per node, per pair)
     alive = snapshot.workers.groupBy("node").agg(F.max("renewed_at").alias("a_last"))
@@ -253,16 +264,19 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     answered_once = F.col("initial_consumed").isNotNull() & (
         F.coalesce(F.col("received_top"), F.lit(0)) == 0
     )
+    # our flow's row says the peer's responder confirmed the session: it ran, no refusal
+    confirmed = F.coalesce(F.col("confirmed"), F.lit(False))
     outcome = (
-        F.when(initiator & answered_once & F.col("own_live").isNull(), "ok (refused)")
+        F.when(initiator & answered_once & F.col("own_live").isNull() & ~confirmed, "ok (refused)")
         .when(initiator & F.col("initial_queued").isNotNull(), "in flight")
         .when(since > as_of - grace, "too recent")
-        # a live flow that took one message in and went on: a refusal it caught, or a
-        # responder that answered once and whose rows were lost (only the blob tells)
-        .when(initiator & answered_once & handled, REFUSED_OR_LOST)
+        # a live flow that took one message in and went on: a refusal it caught, or (without
+        # the facts of its row) a responder that answered once and whose rows were lost
+        .when(initiator & answered_once & handled & ~confirmed, REFUSED_OR_LOST)
         # the counterparty had the opening message in hand: a responder end (the initiator
-        # had to run to open it), or an initiator end whose opening message it consumed
-        .when(~initiator | F.col("initial_consumed").isNotNull(), ORPHAN)
+        # had to run to open it), an initiator end whose opening message it consumed, or
+        # one whose responder confirmed the session
+        .when(~initiator | F.col("initial_consumed").isNotNull() | confirmed, ORPHAN)
         # not consumed: it waits in the transport (or was lost there), which the node tables
         # cannot tell apart; a node that runs may still be behind (a backlog after a restart,
         # a partitioned queue, a message held for a retry), so running is no proof of loss.
@@ -282,6 +296,12 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
                 F.lit(" on "),
                 F.col("counterparty"),
                 F.lit(" holds the other end"),
+                F.when(
+                    confirmed,
+                    F.lit(
+                        ", which confirmed the session (our flow's row says so): its rows were lost"
+                    ),
+                ).otherwise(F.lit("")),
             ),
         )
         .when(
@@ -304,6 +324,10 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
                 F.lit("; our flow took one message in from it and went on: a refusal it "),
                 F.lit("caught, or a responder that confirmed and lost its rows (with our "),
                 F.lit("key, checkpoint_blobs tells: responder_lost)"),
+                F.when(
+                    F.col("confirmed").isNotNull(),
+                    F.lit("; our flow's row says the session was never confirmed: a refusal"),
+                ).otherwise(F.lit("")),
             ),
         )
         .when(

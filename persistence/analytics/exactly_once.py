@@ -4,10 +4,13 @@ Each consumed message is recorded (``node_message_ids``) with its deterministic 
 session and its sequence number, in the transaction that consumed it; each sent one waits
 in the outbox until the transport took it. The audit looks for what the primary key cannot
 stop: a message consumed twice (under two ids, or where the key is gone), an id reused or
-not of the grammar, a sequence number never consumed below later ones, and outbox rows left
-behind. An old outbox row alone is a warning: the message waits, durable, for a sender that
-is down, a target it cannot reach yet or shares no key with yet, and nothing is lost or done
-twice (a row left behind after its target consumed it is sent again and dropped by id).
+not of the grammar, a sequence number never consumed below later ones, a record of a message
+its sender's flow says it never sent, a message a flow took in without its dedup id (by the
+facts each flow's row keeps of its sessions: :mod:`persistence.analytics.flow_facts`), and
+outbox rows left behind. An old outbox row alone is a warning: the message waits, durable,
+for a sender that is down, a target it cannot reach yet or shares no key with yet, and
+nothing is lost or done twice (a row left behind after its target consumed it is sent again
+and dropped by id).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from persistence.analytics.check_results import (
     keep,
     keep_in_order,
 )
+from persistence.analytics.flow_facts import consumed_unsent, missing_last
 from persistence.analytics.session_columns import (
     expected_message_id,
     initiator_session,
@@ -67,6 +71,11 @@ def exactly_once_audit(snapshot: Snapshot, settings: CheckSettings | None = None
       session (not judged within ``grace_ms``, nor while the message waits in the sender's
       outbox; at most :data:`GAPS_LISTED` a session);
     * ``bad_sequence``: a record numbered below 0;
+    * ``consumed_unsent``: a record of message ``k`` of a session whose sender's flow (its
+      checkpoint row, or its result or error row once it ended) says it sent ``k`` or fewer
+      on it (not judged within ``grace_ms``);
+    * ``missing_last_dedup_id``: a message a flow says it took in (its row's ``received``)
+      with no dedup id above the last its node has for the session (below it: a gap);
     * ``undelivered``: an outbox message older than ``outbox_after_ms`` (the detail says
       whether the target already consumed it, i.e. only the row was left behind, and when
       the sender was last alive, and when its flow ended if it has);
@@ -130,6 +139,7 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
     )
     gaps = _sequence_gaps(snapshot, by_session, as_of - settings.grace_ms)
     parts = [twice, mismatch, gaps, _bad_sequences(snapshot)]
+    parts += [consumed_unsent(snapshot, settings), missing_last(snapshot)]
     reused = _reused_ids(snapshot, expected)
     if reused is not None:
         parts.append(reused)
@@ -152,8 +162,8 @@ def audit_records(snapshot: Snapshot, settings: CheckSettings) -> CheckResult:
     else:
         verdict = Verdict(
             OK,
-            "no message consumed twice, no malformed id, no sequence gap, no outbox message "
-            f"older than {duration(settings.outbox_after_ms)}",
+            "no message consumed twice or unsent, no malformed id, no sequence gap, no dedup "
+            f"id missing, no outbox message older than {duration(settings.outbox_after_ms)}",
         )
     return CheckResult("exactly_once_audit", "Exactly-once audit", frame, verdict, first=first)
 

@@ -48,6 +48,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from sqlalchemy import Connection, text
 
+from persistence.analytics.flow_facts import (
+    FACT_FRAMES,
+    FACTS,
+    FACTS_TEXT,
+    arrow_facts,
+    arrow_facts_type,
+)
 from persistence.analytics.opening import check_identifier, open_postgresql, qualified_table
 from persistence.analytics.session_flows import (
     FLOW_KEY,
@@ -97,13 +104,15 @@ VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
 """The export's manifest in the export folder."""
-FORMAT = 4
+FORMAT = 5
 """The layout of the exported files; a node exported in another layout is exported again in
 full. 2: the checkpoints carry the parsed ``waits`` and ``until``
 (:mod:`persistence.analytics.waiting`). 3: the flow rows carry their ``flow_key``, the
 consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`).
 4: the checkpoints carry what the stuck check ranks them by
-(:data:`~persistence.analytics.waiting.STUCK_COLUMNS`)."""
+(:data:`~persistence.analytics.waiting.STUCK_COLUMNS`). 5: the checkpoints, results and
+exceptions carry their ``session_facts`` and the parsed ``facts``
+(:mod:`persistence.analytics.flow_facts`)."""
 FLOW_FRAMES = ("checkpoints", "blobs", "results", "exceptions")
 """The tables of flow rows: each row is stored with its ``flow_key``."""
 
@@ -162,6 +171,8 @@ def _schema(frame: str) -> pyarrow.Schema:
         fields += [(WAIT_SINCE, pa.int64()), (WAIT_ROWS, pa.int32()), (IDLE_SINCE, pa.int64())]
     if frame in FLOW_FRAMES:
         fields.append((FLOW_KEY, pa.int64()))
+    if frame in FACT_FRAMES:
+        fields.append((FACTS, arrow_facts_type()))
     if frame == "message_ids":
         fields += [
             (name, pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64())
@@ -348,6 +359,8 @@ def _fetch(
             )
         if frame in FLOW_FRAMES:
             arrays.append(arrow_flow_keys(node, column["flow_id"]))
+        if frame in FACT_FRAMES:  # parsed once here too, with each session's keys
+            arrays.append(arrow_facts(column[FACTS_TEXT]))
         if frame == "message_ids":
             arrays += arrow_record_keys(
                 node,

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from persistence.analytics.export import FORMAT, MANIFEST, iso_time
+from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, with_facts
 from persistence.analytics.session_flows import FLOW_KEY, RECORD_KEYS
 from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource
-from persistence.analytics.tables import TABLES, AnalyticsLoadError
+from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.waiting import (
     STUCK_COLUMNS,
     UNTIL,
@@ -67,13 +68,22 @@ def load_export(
                 )
             schema = from_arrow_schema(footer.schema.to_arrow_schema())
             data = spark.read.schema(schema).parquet(str(path))
-            names = [name for name, _ in columns]
-            # what the export derived and stored beside each row (waiting.py, session_flows.py)
-            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FLOW_KEY, *RECORD_KEYS)
-            names += [name for name in stored if name in data.columns]
+            # a column an export of an earlier format lacks is null (session_facts)
+            names = [
+                F.col(name)
+                if name in data.columns
+                else F.lit(None).cast("bigint" if kind == LONG else "string").alias(name)
+                for name, kind in columns
+            ]
+            # what the export derived and stored beside each row (waiting.py, session_flows.py,
+            # flow_facts.py)
+            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FLOW_KEY, *RECORD_KEYS, FACTS)
+            names += [F.col(name) for name in stored if name in data.columns]
             data = data.select(F.lit(source.name).alias("node"), *names)
             if frame == "checkpoints":  # an export of an earlier format lacks some
                 data = with_stuck_columns(with_waits(data))
+            if frame in FACT_FRAMES:
+                data = with_facts(data)
             parts[frame].append(data)
         loads[source.name] = NodeLoad(
             name=source.name,

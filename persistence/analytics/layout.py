@@ -6,9 +6,10 @@ of rows in Spark means moving each of them through a shuffle and a hash table (m
 screening's time). So the Parquet export also writes, per node, two derived datasets in the
 layout Spark's bucketed tables use:
 
-* :data:`EVIDENCE`: one row per session a flow waits on, per consumed message and per outbox
-  message, with its keys (:mod:`persistence.analytics.session_flows`) and what the screening
-  reads of it (:data:`EVIDENCE_SCHEMA`), in :data:`BUCKETS` files by its conversation;
+* :data:`EVIDENCE`: one row per session a flow waits on, per consumed message, per outbox
+  message and per session in a flow's facts (:mod:`persistence.analytics.flow_facts`), with
+  its keys (:mod:`persistence.analytics.session_flows`), summed up per session end as the
+  screening reads it (:data:`EVIDENCE_SCHEMA`), in :data:`BUCKETS` files by its conversation;
 * :data:`FLOWS`: one row per flow the node knows, its key and which of its tables hold it
   (:data:`LIVE`, :data:`FINISHED`, :data:`FAILED`, :data:`BLOB`), in :data:`BUCKETS` files
   by the flow key.
@@ -59,14 +60,18 @@ if TYPE_CHECKING:
 
 BUCKETS = 16
 """Buckets of each dataset (the tasks that group it: a few per core of a small cluster)."""
-LAYOUT = 3
-"""The layout's version, in the manifest: another one is not read (the tables are)."""
+LAYOUT = 4
+"""The layout's version, in the manifest: another one is not read (the tables are). 4: the
+evidence sums up the session facts of each end (``sent``; an end whose flow says it took in
+more than its records: ``odd``)."""
 EVIDENCE = "evidence"
 """The dataset of session rows, bucketed by :data:`CONVERSATION`."""
 FLOWS = "flows"
 """The dataset of flows, bucketed by ``flow_key``."""
-WAIT, RECORD, OUTBOX = 0, 1, 2
-"""The kinds of evidence row: a session waited on, a consumed message, an outbox message."""
+WAIT, RECORD, OUTBOX, FACT = 0, 1, 2, 3
+"""The kinds of evidence row: a session waited on, a consumed message, an outbox message, a
+session in a flow's facts (which shows no session end by itself: it adds what its flow says
+of the end, and no ``kinds`` bit)."""
 LIVE, FINISHED, FAILED, BLOB = 1, 2, 4, 16
 """Flags of a flow: a checkpoint row, a result, an error, a checkpoint blob."""
 EVIDENCE_SCHEMA = (
@@ -84,19 +89,23 @@ EVIDENCE_SCHEMA = (
     ("records", "bigint"),
     ("top", "bigint"),
     ("telescope", "bigint"),
+    ("sent", "bigint"),
 )
 """The evidence columns and their Spark types: one row per session end of the node (its
 conversation and side), summing up its rows: ``kinds`` (:data:`SEEN_WAIT`,
 :data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`, :data:`SEEN_OWN_KNOWN`),
 any odd row, the oldest outbox message (``outbox_since``), the least and greatest hash of
-each node the rows name, the greatest flow keys, and of the consumed messages: how many, the
-highest sequence number and the XOR of ``h(k) ^ h(k + 1)``
-(:mod:`persistence.analytics.screening`)."""
+each node the rows name, the greatest flow keys, of the consumed messages: how many, the
+highest sequence number and the XOR of ``h(k) ^ h(k + 1)``, and of the facts of the flows
+that hold the end: the fewest messages sent (null: no facts); an end whose flow says it took
+in a message above its highest record is odd (:mod:`persistence.analytics.screening`)."""
 SEEN_WAIT, SEEN_RECORD, SEEN_OUTBOX, SEEN_OWN_WAIT, SEEN_OWN_KNOWN = 1, 2, 4, 8, 16
 """Bits of ``kinds``: a flow waits on the end, a message was consumed in it, one waits in the
 outbox, the flow waiting is the end's own, the end's own flow (by the key its rows give: the
 initiating flow of an initiator end, the responder of a responder end, both flows of this
 node) is in this node's checkpoints, results or exceptions."""
+NODE_BOUNDS = ("initiator_low", "initiator_high", "responder_low", "responder_high")
+"""The least and greatest hash of each node the rows of a session end name."""
 _LOWEST, _HIGHEST = -(1 << 63), (1 << 63) - 1
 FLOWS_SCHEMA = (("flow_key", "bigint"), ("tables", "int"))
 """The flows columns and their Spark types (``tables``: the flags)."""
@@ -245,6 +254,28 @@ def _outbox(outbox: pyarrow.Table, node: str) -> pyarrow.Table:
     return pa.table(rows, schema=_arrow_schema(_RAW_SCHEMA))
 
 
+def _facts(flows: pyarrow.Table) -> pyarrow.Table:
+    """Each session in the flow rows' facts (their stored keys), as evidence of kind FACT."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    items = pc.list_flatten(flows["facts"])
+    size = len(items)
+
+    def field(name: str, kind: pyarrow.DataType) -> pyarrow.Array:
+        return pc.struct_field(items, name) if size else pa.array([], kind)
+
+    return pa.table(
+        {
+            CONVERSATION: field(CONVERSATION, pa.int64()),
+            RESPONDER: field(RESPONDER, pa.bool_()),
+            "kind": pa.array([FACT] * size, pa.int32()),
+            "sent": field("sent", pa.int64()),
+            "received": field("received", pa.int64()),
+        }
+    )
+
+
 def sequence_hash(numbers: numpy.ndarray) -> numpy.ndarray:
     """Spark's ``xxhash64`` of 64-bit integers (XXH64 of their 8 bytes, seed 42), in NumPy."""
     import numpy as np
@@ -296,7 +327,8 @@ def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Ta
     order = np.lexsort((responder, conversation))
     conversation, responder = conversation[order], responder[order]
     kind = column("kind", -1)[order]
-    odd = column(ODD, True).astype(bool)[order]
+    fact = kind == FACT  # a fact's own columns are null: it adds to no other sum
+    odd = column(ODD, True).astype(bool)[order] & ~fact
     own = column(OWN, False).astype(bool)[order]
     record = kind == RECORD
     kinds = (
@@ -324,8 +356,11 @@ def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Ta
     def fold(ufunc: numpy.ufunc, values: numpy.ndarray) -> numpy.ndarray:
         return ufunc.reduceat(values, starts) if len(starts) else values[:0]
 
-    def node(name: str, ufunc: numpy.ufunc) -> numpy.ndarray:
-        return fold(ufunc, column(name, 0).astype(np.int64)[order])
+    def node(name: str, ufunc: numpy.ufunc) -> pyarrow.Array:
+        values = column(name, 0).astype(np.int64)[order]
+        empty = _HIGHEST if ufunc is np.minimum else _LOWEST
+        folded = fold(ufunc, np.where(fact, empty, values))
+        return pa.array(folded, pa.int64(), mask=folded == empty)  # null: facts alone
 
     def key(values: numpy.ndarray) -> pyarrow.Array:
         return pa.array(values, pa.int64(), mask=values == _LOWEST)
@@ -338,13 +373,18 @@ def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Ta
     counted = fold(np.add, (record & known_sequence).astype(np.int64))
     top = fold(np.maximum, np.where(record, sequence, _LOWEST))
     since = fold(np.minimum, np.where(kind == OUTBOX, created, _HIGHEST))
+    sent = fold(np.minimum, np.where(fact, column("sent", _HIGHEST)[order], _HIGHEST))
+    # a flow says it took in a message above the end's highest record: odd (the rules judge)
+    received = fold(np.maximum, np.where(fact, column("received", 0)[order], 0))
+    told = fold(np.logical_or, fact)
+    unrecorded = told & (received - 1 > np.where(top == _LOWEST, -1, top))
     return pa.table(
         {
             CONVERSATION: conversation[starts],
             RESPONDER: responder[starts],
             "kinds": fold(np.bitwise_or, kinds)
             | np.where(known, SEEN_OWN_KNOWN, 0).astype(np.int32),
-            ODD: fold(np.logical_or, odd),
+            ODD: fold(np.logical_or, odd) | unrecorded,
             "outbox_since": since,
             "initiator_low": node(INITIATOR_NODE, np.minimum),
             "initiator_high": node(INITIATOR_NODE, np.maximum),
@@ -355,6 +395,7 @@ def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Ta
             "records": counted,
             "top": pa.array(top, pa.int64(), mask=top == _LOWEST),
             "telescope": fold(np.bitwise_xor, np.where(record & known_sequence, telescope, 0)),
+            "sent": pa.array(sent, pa.int64(), mask=sent == _HIGHEST),
         },
         schema=_arrow_schema(EVIDENCE_SCHEMA),
     )
@@ -443,13 +484,16 @@ def write_layout(node_folder: Path, node: str) -> dict[str, Any]:
 
     flow_tables = ("checkpoints", "results", "exceptions", "blobs")
     flows = _flows({frame: read(frame, ["flow_key"]) for frame in flow_tables})
+    facts = [_facts(read(frame, ["facts"])) for frame in ("checkpoints", "results", "exceptions")]
     evidence = _session_ends(
         pa.concat_tables(
             [
                 _waits(read("checkpoints", ["suspended_on", "waits"])),
                 _records(read("message_ids", [*RECORD_KEYS, "sequence"])),
                 _outbox(read("outbox", ["message_id", "target", "created_at"]), node),
-            ]
+                *facts,
+            ],
+            promote_options="default",  # a column one kind lacks is null there
         ),
         _known_flows(flows),
     )

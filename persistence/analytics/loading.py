@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from persistence.analytics.flow_facts import FACT_FRAMES, with_facts
 from persistence.analytics.naming import apply_names, infer_node_names
 from persistence.analytics.opening import (
     OpenedDatabase,
@@ -197,6 +198,8 @@ def _load_source(
         frames[frame] = data.select(F.lit(source.name).alias("node"), *typed)
         if frame == "checkpoints":  # parsed once, before the cache (see waiting.py)
             frames[frame] = with_stuck_columns(with_waits(frames[frame]))
+        if frame in FACT_FRAMES:  # the same (see flow_facts.py)
+            frames[frame] = with_facts(frames[frame])
     if jar is not None:
         detail += f", up to {most} partition{'s' if most > 1 else ''} per table"
     load = NodeLoad(

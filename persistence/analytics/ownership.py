@@ -14,10 +14,12 @@ The one legitimate exception is a refused session: a node with no responder regi
 the initiating flow (or a draining node) records the initial message (sequence 0) of ``S.r``
 and answers with a rejection, starting no flow (``reject_initial_session`` in
 ``statemachine/transitions/starting.py``). So a responder end in which only sequence 0 was
-consumed and no flow is held is counted as ``refused`` and not judged: from the tables
-alone it looks the same as a one-message responder whose records were lost (the blob of the
-initiator would tell them apart). A message that arrives after its flow ended is dropped
-unrecorded, so it leaves no row to judge.
+consumed and no flow is held is counted as ``refused`` and not judged, unless the initiating
+flow's row says the session was confirmed (its session facts:
+:mod:`persistence.analytics.flow_facts`): then a responder ran, confirmed, and is gone
+(``unowned``). Without the facts (rows written before they were kept) it looks the same as
+a one-message responder whose records were lost. A message that arrives after its flow
+ended is dropped unrecorded, so it leaves no row to judge.
 
 A message is also misdirected when solid evidence names another target than the node that
 consumed it: the sender's own tables show its end of the session (it waits on it, consumed
@@ -50,6 +52,7 @@ from persistence.analytics.check_results import (
     small_frame,
 )
 from persistence.analytics.evidence import judged_session_ends, known_flows
+from persistence.analytics.flow_facts import confirmations
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import (
     initiator_session,
@@ -161,6 +164,16 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
     )
     known = known_flows(snapshot).select("node", "flow_id", F.col("status").alias("owner_status"))
     consumed = consumed.join(known, ["node", "flow_id"], "left")
+    # what the initiating flow's row says of a responder end: its responder confirmed it
+    said = confirmations(snapshot)
+    consumed = consumed.join(
+        said,
+        (said.f_node == consumed.sender)
+        & (said.f_session == peer_session(consumed.session_id))
+        & responder,
+        "left",
+    ).drop("f_node", "f_session")
+    confirmed = F.coalesce(F.col("confirmed"), F.lit(False))
     # the sender's own ends of the session with another counterparty than this node (the
     # shared, cached judged ends: the same rows as session_ends): an inner join finds the
     # few ends that name another target, gathered for those ends only
@@ -249,7 +262,9 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
         F.when(F.col("contested"), CONTESTED)
         .when(F.col("target") != "", MISDIRECTED)
         .when(F.col("owner_status").isNotNull(), "owned")
-        .when((F.col("role") == "responder") & (F.col("last_sequence") == 0), "refused")
+        .when(
+            (F.col("role") == "responder") & (F.col("last_sequence") == 0) & ~confirmed, "refused"
+        )
         .otherwise(UNOWNED)
     )
     consumed = consumed.withColumn("outcome", outcome)
@@ -293,6 +308,10 @@ def judge_consumed(snapshot: Snapshot) -> tuple[DataFrame, dict[str, int]]:
                 F.lit(" flow "),
                 F.col("flow_id"),
                 F.lit(" (live or finished)"),
+                F.when(
+                    confirmed & (F.col("role") == "responder"),
+                    F.lit(", though the initiating flow's row says it confirmed the session"),
+                ).otherwise(F.lit("")),
             )
         )
     )

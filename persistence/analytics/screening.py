@@ -24,7 +24,12 @@ one aggregation (:func:`_conversations`). Per conversation it tells:
   collision), and every id is the one its session and sequence number give;
 * its **flows**: the keys ``xxhash64(A, F)`` and ``xxhash64(B, R)`` of the initiating flow
   and the responder (the rows carry both, :mod:`~persistence.analytics.session_flows`), and
-  whether a flow waiting on the end with that very id already shows it live.
+  whether a flow waiting on the end with that very id already shows it live;
+* its **facts**: what the flows holding its ends say of it in their rows
+  (:mod:`~persistence.analytics.flow_facts`): no end consumed a message numbered at or past
+  what the other end's flow sent, and each end consumed every message its flow took in
+  (``received - 1 <= top``). The facts show no session end by themselves: a conversation
+  only they show is a candidate when a flow says it took in a message.
 
 Then one more aggregation (:mod:`~persistence.analytics.flow_index`) brings together every
 flow the nodes know with the flow keys the healthy conversations still need: a needed key
@@ -48,6 +53,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from persistence.analytics.check_results import CheckSettings, as_of_ms
+from persistence.analytics.flow_facts import FACT_SUMS, fact_evidence
 from persistence.analytics.flow_index import (
     few_wanted,
     flow_index,
@@ -56,6 +62,7 @@ from persistence.analytics.flow_index import (
 from persistence.analytics.layout import (
     EVIDENCE,
     FLOWS,
+    NODE_BOUNDS,
     OUTBOX,
     RECORD,
     SEEN_OUTBOX,
@@ -90,8 +97,6 @@ if TYPE_CHECKING:
     from persistence.analytics.snapshot import Snapshot
 
 
-NODE_BOUNDS = ("initiator_low", "initiator_high", "responder_low", "responder_high")
-"""The least and greatest hash of each node the rows of a session end name."""
 MESSAGE_SUMS = ("records", "top", "telescope")
 """What a session end's consumed messages sum up to (count, highest number, XOR)."""
 
@@ -149,6 +154,9 @@ class Screen:
     overlap_count: int
     missing_flows: int = 0
     """Needed flow keys no node table holds (their conversations are candidates)."""
+    facts_only: int = 0
+    """Candidate conversations only flows' facts show (no wait, record or outbox row): the
+    candidates' snapshot looks their flows up by their facts."""
 
 
 def flow_key(node: Column | str, flow_id: Column | str) -> Column:
@@ -192,6 +200,7 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
             INITIATOR_KEY,
             RESPONDER_KEY,
             *MESSAGE_SUMS,
+            "sent",  # (an end whose flow took in more than its records is odd there)
         )
     named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
     node = F.col("node")
@@ -269,7 +278,8 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
         F.when(record & sequence.isNotNull(), 1).otherwise(0).cast("bigint").alias("records"),
         F.when(record, sequence).alias("top"),
         F.when(record, telescope).alias("telescope"),
-    )
+        *[F.lit(None).cast(kind).alias(name) for name, kind in FACT_SUMS.items()],
+    ).unionByName(fact_evidence(snapshot))
 
 
 def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
@@ -277,6 +287,10 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     ends = _evidence(snapshot, old_before)
+    # the facts' sums: both from the tables; from the export's layout only ``sent`` (an end
+    # whose flow took in more than its records is odd there already)
+    received = "received" in ends.columns
+    sums = ("sent", "received") if received else ("sent",)
     responder = F.col(RESPONDER)
     kinds = F.col("kinds")
 
@@ -284,9 +298,10 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         return kinds.bitwiseAND(flag) != 0
 
     analyzed = node_hashes(snapshot.node_names)
+    shown = kinds.bitwiseAND(SEEN_WAIT | SEEN_RECORD | SEEN_OUTBOX) != 0  # not facts alone
     mask = (
-        _bit(~responder, INITIATOR_END)
-        .bitwiseOR(_bit(responder, RESPONDER_END))
+        _bit(~responder & shown, INITIATOR_END)
+        .bitwiseOR(_bit(responder & shown, RESPONDER_END))
         .bitwiseOR(_bit(~responder & seen(SEEN_RECORD), INITIATOR_CONSUMED))
         .bitwiseOR(_bit(responder & seen(SEEN_RECORD), RESPONDER_CONSUMED))
         .bitwiseOR(_bit(~responder & seen(SEEN_OWN_WAIT), INITIATOR_WAITING))
@@ -310,6 +325,11 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         F.when(responder, F.col("records")).alias("r_records"),
         F.when(responder, F.col("top")).alias("r_top"),
         F.when(responder, F.col("telescope")).alias("r_telescope"),
+        *[
+            F.when(side, F.col(name)).alias(f"{prefix}_{name}")
+            for prefix, side in (("i", ~responder), ("r", responder))
+            for name in sums
+        ],
     )
     return keyed.groupBy("conversation").agg(
         F.bit_or("mask").alias("mask"),
@@ -327,6 +347,8 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         F.coalesce(F.sum("r_records"), F.lit(0)).alias("r_records"),
         F.max("r_top").alias("r_top"),
         F.bit_xor("r_telescope").alias("r_telescope"),
+        *[F.min(f"{side}_sent").alias(f"{side}_sent") for side in "ir"],
+        *[F.max(f"{side}_received").alias(f"{side}_received") for side in "ir" if received],
     )
 
 
@@ -353,20 +375,44 @@ def _gapless(records: str, top: str, telescope: str) -> Column:
     return (F.col(records) == 0) | F.coalesce(whole, F.lit(False))
 
 
+def _facts_disagree(conversations: DataFrame) -> Column:
+    """A conversation's records and its flows' facts disagree.
+
+    A message consumed that the other end's flow never sent, or one its own flow took in
+    without a record (judged here when the evidence carries ``received``, else it made the
+    end odd already).
+    """
+    from pyspark.sql import functions as F
+
+    def unsent(sent: str, top: str) -> Column:
+        return F.coalesce(F.col(top) >= F.col(sent), F.lit(False))
+
+    def unrecorded(received: str, top: str) -> Column:
+        recorded = F.coalesce(F.col(top), F.lit(-1).cast("bigint"))
+        return F.coalesce(F.col(received) - 1 > recorded, F.lit(False))
+
+    disagree = unsent("i_sent", "r_top") | unsent("r_sent", "i_top")
+    if "i_received" in conversations.columns:
+        disagree = disagree | unrecorded("i_received", "i_top") | unrecorded("r_received", "r_top")
+    return disagree
+
+
 def _judged(conversations: DataFrame) -> DataFrame:
     """The conversations with what they need: ``lookup_*`` keys to look up, ``unusual``."""
     from pyspark.sql import functions as F
 
     need_initiator = (_has(RESPONDER_END) & _has(INITIATOR_ANALYZED)) | _has(INITIATOR_CONSUMED)
     need_responder = (_has(INITIATOR_END) & _has(RESPONDER_ANALYZED)) | _has(RESPONDER_CONSUMED)
+    # (null bounds: a conversation only facts show; its flows' facts are judged below)
     unusual = (
         _has(UNUSUAL)
-        | (F.col("initiator_low") != F.col("initiator_high"))
-        | (F.col("responder_low") != F.col("responder_high"))
+        | F.coalesce(F.col("initiator_low") != F.col("initiator_high"), F.lit(False))
+        | F.coalesce(F.col("responder_low") != F.col("responder_high"), F.lit(False))
         | ~_gapless("i_records", "i_top", "i_telescope")
         | ~_gapless("r_records", "r_top", "r_telescope")
         | (need_initiator & F.col("initiator_key").isNull())
         | (need_responder & F.col("responder_key").isNull())
+        | _facts_disagree(conversations)
     )
     # a flow its own node's export found (the very key the conversation names) is known
     initiator_known = F.coalesce(F.col("i_known") == F.col("initiator_key"), F.lit(False))
@@ -497,6 +543,9 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
                 (count(initiator_ok) + count(responder_ok)).alias("ok"),
                 (count(initiator_aside) + count(responder_aside)).alias("aside"),
                 (count(_has(INITIATOR_CONSUMED)) + count(_has(RESPONDER_CONSUMED))).alias("owned"),
+                F.count(
+                    F.when(F.col("unusual") & ~_has(INITIATOR_END) & ~_has(RESPONDER_END), True)
+                ).alias("facts_only"),
             ).first()
             candidates = (
                 classified.where("unusual").select("conversation").localCheckpoint(eager=True)
@@ -517,4 +566,5 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
         overlaps=overlaps,
         overlap_count=overlap_count,
         missing_flows=missing_count,
+        facts_only=int(totals["facts_only"]),
     )

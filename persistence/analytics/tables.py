@@ -27,13 +27,19 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             ("error_message", STRING),
             ("created_at", LONG),
             ("updated_at", LONG),
+            ("session_facts", STRING),
         ),
     ),
     "blobs": ("node_checkpoint_blobs", "flow_id", (("flow_id", STRING),)),
     "results": (
         "node_flow_results",
         "flow_id",
-        (("flow_id", STRING), ("flow_class", STRING), ("completed_at", LONG)),
+        (
+            ("flow_id", STRING),
+            ("flow_class", STRING),
+            ("completed_at", LONG),
+            ("session_facts", STRING),
+        ),
     ),
     "exceptions": (
         "node_flow_exceptions",
@@ -45,6 +51,7 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
             ("exception_class", STRING),
             ("message", STRING),
             ("failed_at", LONG),
+            ("session_facts", STRING),
         ),
     ),
     "message_ids": (
@@ -71,7 +78,8 @@ TABLES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
     ),
 }
 """Frame name: (node table, partition key, columns read with their types). Blobs and
-payloads are never read."""
+payloads are never read. ``session_facts`` (schema version 9) is parsed once into ``facts``
+(:mod:`persistence.analytics.flow_facts`)."""
 
 
 class AnalyticsLoadError(RuntimeError):

@@ -6,6 +6,7 @@ from statemachine.actions import Action, RemoveCheckpoint, StoreFlowError, Store
 from statemachine.events import FlowFailed, FlowFinished, KillFlow
 from statemachine.flow_error import ErrorKind, FlowError
 from statemachine.result import Abort, TransitionResult
+from statemachine.session_facts import session_facts
 from statemachine.session_ops import end_all_sessions
 from statemachine.state import FlowState, FlowStatus
 from statemachine.transitions.committing import clean, record_and_send
@@ -22,7 +23,9 @@ def finish(state: FlowState, event: FlowFinished) -> TransitionResult:
     after_commit: list[Action] = []
     actions: list[Action] = [
         RemoveCheckpoint(flow_id),
-        StoreFlowResult(flow_id, flow_class, event.result, event.at),
+        StoreFlowResult(
+            flow_id, flow_class, event.result, event.at, session_facts(state.checkpoint.sessions)
+        ),
     ]
     actions.extend(record_and_send(state, event.at, after_commit))
     return TransitionResult(clean(state), tuple(actions + after_commit), Abort("completed"))
@@ -45,7 +48,14 @@ def fail(state: FlowState, event: FlowFailed) -> TransitionResult:
     after_commit: list[Action] = []
     actions: list[Action] = [
         RemoveCheckpoint(flow_id),
-        StoreFlowError(flow_id, flow_class, event.error, event.at, event.traceback),
+        StoreFlowError(
+            flow_id,
+            flow_class,
+            event.error,
+            event.at,
+            event.traceback,
+            session_facts(state.checkpoint.sessions),
+        ),
     ]
     actions.extend(record_and_send(state, event.at, after_commit))
     return TransitionResult(clean(state), tuple(actions + after_commit), Abort("failed"))

@@ -358,9 +358,10 @@ def test_a_responder_lost_after_it_confirmed_is_found_from_the_initiators_blob(
     """Bob's waiting responder loses its checkpoint row and blob while Alice's flow, which
     took in his confirmation, sleeps without waiting on the session.
 
-    From the tables it looks the same as a refusal Alice caught (session consistency's
-    ``refused or lost``, a warning); Alice's blob says Bob's responder had confirmed the
-    session, so with her key it is a finding, and without it none.
+    Alice's blob says Bob's responder had confirmed the session, so with her key it is a
+    finding, and without it none. Her checkpoint row's session facts say so too, so session
+    consistency calls it an orphan (without them it looked the same as a refusal Alice caught:
+    ``refused or lost``, a warning).
     """
     require_jdbc()
     data, initiator = two_node_network(tmp_path / "napping", NappingFlow, 2)
@@ -381,7 +382,7 @@ def test_a_responder_lost_after_it_confirmed_is_found_from_the_initiators_blob(
     assert f"(its responder {responder} had started)" in found[0]["detail"]
     assert result.verdict.status == "fail"
     assert "1 responder_lost" in result.verdict.summary
-    assert consistency_rows(spark, data) == [(ALICE, session, "refused or lost")]
+    assert consistency_rows(spark, data) == [(ALICE, session, "orphan")]
     _, found = blob_check(spark, data, keyed=(BOB,), names=(ALICE, BOB))
     # without Alice's key her blob is not opened; Bob, keyed, has no live checkpoint left
     # (no blob to open is no finding, and no crash)

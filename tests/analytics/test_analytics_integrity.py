@@ -403,7 +403,9 @@ def test_records_numbered_below_zero_or_near_2_63_are_findings_not_a_crash(
     Message 1 of the echo session rewritten as number -1 (its id to match): a bad number,
     and the gap it leaves is still found. A record numbered 3,000,000,000 and one numbered
     2**63 - 1 on two lingering sessions: gaps, listed up to GAPS_LISTED a session, not an
-    array of billions nor an overflow that stopped the whole analysis.
+    array of billions nor an overflow that stopped the whole analysis. Their senders' rows say
+    they sent one message each: the two records are also of messages nobody sent
+    (``consumed_unsent``, from the session facts).
     """
     require_jdbc()
     data = clean.copy_to(tmp_path / "copy")
@@ -431,9 +433,15 @@ def test_records_numbered_below_zero_or_near_2_63_are_findings_not_a_crash(
         rows = [row.asDict() for row in audit.frame.collect()]
         total = audit.verdict.findings
     assert audit.verdict.status == "fail"
-    assert [
+    assert sorted(
         (r["kind"], r["session_id"], r["sequence"]) for r in rows if r["kind"] != "sequence_gap"
-    ] == [("bad_sequence", f"{echo}.r", -1)]
+    ) == sorted(
+        [
+            ("bad_sequence", f"{echo}.r", -1),
+            ("consumed_unsent", f"{first.session}.r", 3_000_000_000),
+            ("consumed_unsent", f"{second.session}.r", 2**63 - 1),
+        ]
+    )
     gaps = {}
     for row in rows:
         if row["kind"] == "sequence_gap":
@@ -443,7 +451,7 @@ def test_records_numbered_below_zero_or_near_2_63_are_findings_not_a_crash(
         listed = gaps[f"{lingering.session}.r"]
         assert [r["sequence"] for r in listed] == list(range(1, GAPS_LISTED + 1))
         assert " missing in the session; the first 1000 are listed" in listed[0]["detail"]
-    assert total == 1 + 1 + 2 * GAPS_LISTED
+    assert total == 1 + 1 + 2 * GAPS_LISTED + 2
 
 
 # --- a sender that is down: its old outbox rows wait (warn), nothing is broken --------------

@@ -58,12 +58,13 @@ def make_pre_alembic(node: MockNode) -> None:
     schema_name = node.config.database_schema
     try:
         steps = downgrade_database(engine, schema_name, "the node database", 7)
-        assert steps == [MigrationStep(8, 7)]
+        assert steps == [MigrationStep(9, 8), MigrationStep(8, 7)]
         table = "alembic_version" if schema_name is None else f'"{schema_name}".alembic_version'
         with engine.begin() as connection:
             connection.execute(text(f"DROP TABLE {table}"))
             columns = inspect(connection).get_columns("node_flow_exceptions", schema=schema_name)
             assert "traceback" not in {c["name"] for c in columns}
+            assert "session_facts" not in {c["name"] for c in columns}
             version = f"{'' if schema_name is None else schema_name + '.'}node_schema_version"
             assert connection.execute(text(f"SELECT version FROM {version}")).scalars().all() == [7]
     finally:
@@ -83,7 +84,7 @@ def test_the_migrations_give_the_tables_of_the_schema(tmp_path: Path, database: 
         schema_name = alice.config.database_schema
         try:
             steps = upgrade_database(engine, schema_name, "alice")
-            assert steps == [MigrationStep(7, 8)]
+            assert steps == [MigrationStep(7, 8), MigrationStep(8, 9)]
         finally:
             engine.dispose()
         # Reflected as the node sees its tables: on PostgreSQL with its schema the default.
@@ -133,7 +134,7 @@ def test_live_flows_at_schema_7_are_refused_then_upgraded_and_finish(
                 steps = upgrade_database(engine, node.config.database_schema, node.name)
             finally:
                 engine.dispose()
-            assert steps == [MigrationStep(7, 8)]
+            assert steps == [MigrationStep(7, 8), MigrationStep(8, 9)]
             node.restart()
         net.run_network()
         assert [alice.flow_result(h.flow_id) for h in handles] == ["Pong"] * 3
@@ -158,7 +159,7 @@ def alice_config(tmp_path: Path) -> Iterator[Path]:
 
 def test_db_upgrade_through_the_cli(alice_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["db", "current", "--config", str(alice_config)]) == 0
-    assert "schema version 7; this fiberflow needs 8" in capsys.readouterr().out
+    assert "schema version 7; this fiberflow needs 9" in capsys.readouterr().out
     assert main(["flow", "list", "--config", str(alice_config)]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "fiberflow db upgrade --config node.toml" in error
@@ -180,11 +181,12 @@ def test_db_upgrade_through_the_cli(alice_config: Path, capsys: pytest.CaptureFi
     assert "schema version 7;" in capsys.readouterr().out  # nothing was changed
 
     assert main(["db", "upgrade", "--config", str(alice_config)]) == 0
-    assert capsys.readouterr().out.strip().endswith("schema version 7 -> 8")
+    steps = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert steps[0].endswith("schema version 7 -> 8") and steps[1].endswith("schema version 8 -> 9")
     assert main(["db", "upgrade", "--config", str(alice_config)]) == 0
-    assert capsys.readouterr().out.strip().endswith("already at 8")
+    assert capsys.readouterr().out.strip().endswith("already at 9")
     assert main(["db", "current", "--config", str(alice_config)]) == 0
-    assert "schema version 8 (current)" in capsys.readouterr().out
+    assert "schema version 9 (current)" in capsys.readouterr().out
     assert main(["flow", "list", "--config", str(alice_config)]) == 0
 
 
@@ -246,9 +248,9 @@ def test_a_database_newer_than_this_fiberflow_is_refused_naming_both_versions(
     engine = open_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(text("UPDATE alembic_version SET version_num = '0009'"))
+            connection.execute(text("UPDATE alembic_version SET version_num = '0010'"))
     finally:
         engine.dispose()
     for create in (True, False):
-        with pytest.raises(SchemaVersionError, match="version 9, newer than this fiberflow .*8"):
+        with pytest.raises(SchemaVersionError, match="version 10, newer than this fiberflow .*9"):
             NodeDatabase(url, create=create)
