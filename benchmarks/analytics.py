@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from persistence.analytics import CheckSettings
 from persistence.analytics.checks import CHECKS
-from persistence.analytics.exactly_once import GAPS_LISTED
+from persistence.analytics.checks.exactly_once_audit import GAPS_LISTED
 from persistence.sql_transaction import session_facts_text
 from persistence.store import NodeDatabase
 from statemachine.session_facts import SessionFacts

@@ -12,8 +12,9 @@ the databases:
 * a responder's rows deleted while its initiator, which took in its confirmation, sleeps:
   an ``orphan`` in session consistency (the tables alone said ``refused or lost``) and its
   end ``unowned`` in session ownership (the tables alone said ``refused``); the same
-  responder lost once its initiator ended (the tables alone said ``ok (refused)``); where a
-  refusal the initiator caught stays ``refused or lost`` and ``refused``.
+  responder lost once its initiator ended (the tables alone said ``ok (refused)``); and a
+  refusal the initiator caught is ``ok (refused)`` and ``refused`` (the tables alone said
+  ``refused or lost``).
 
 Also: Spark and Python parse the facts alike (on what nodes write, and on damaged text).
 """
@@ -32,12 +33,12 @@ from flows import Party
 from flows.testing import MockNetwork
 from persistence.analytics import CheckSettings, find_jdbc_jars, load_nodes, parse_node_argument
 from persistence.analytics import screening as screening_module
-from persistence.analytics.consistency import judge_ends, session_consistency
-from persistence.analytics.exactly_once import audit_records, exactly_once_audit
+from persistence.analytics.checks.exactly_once_audit import audit_records, exactly_once_audit
+from persistence.analytics.checks.session_consistency import judge_ends, session_consistency
+from persistence.analytics.checks.session_ownership import judge_consumed, session_ownership
 from persistence.analytics.export import export_nodes
 from persistence.analytics.export_reading import load_export
 from persistence.analytics.flow_facts import FACTS_TEXT, python_facts, with_facts
-from persistence.analytics.ownership import judge_consumed, session_ownership
 from persistence.analytics.screening import screen
 from tests.analytics_blob_flows import HelloFlow, NappingFlow
 from tests.analytics_data import (
@@ -341,19 +342,26 @@ def test_a_responder_lost_after_its_initiator_ended_having_its_confirmation_is_a
 
 
 @pytest.mark.spark
-def test_a_refusal_the_initiator_caught_stays_refused_or_lost(
+def test_a_refusal_the_initiator_caught_is_a_refusal_by_its_facts(
     spark: Any, tmp_path: Path, screened: bool
 ) -> None:
     """Bob has no responder: Alice's flow catches the refusal and sleeps. Her facts say the
-    session was never confirmed: still a warning (``refused or lost``), never an orphan."""
+    session was never confirmed: ``ok (refused)``, not listed. Without the facts (a row
+    written before they were kept) the tables cannot tell: ``refused or lost``, a warning."""
     require_jdbc()
     data, initiator = two_node_network(tmp_path / "refusal", RefusalCaughtFlow)
     ((fact,),) = [facts_of(data.databases[ALICE], "node_checkpoints", initiator)]
     assert not fact["confirmed"] and fact["received"] == 1
+    rows, owned, counts = consistency_rows(spark, data, screened)
+    assert rows == []  # ok (refused): not listed
+    assert owned == [] and counts.get("refused") == 1  # Bob's end: a refusal, not judged
+    with sqlite3.connect(data.databases[ALICE]) as alice:
+        alice.execute(f"UPDATE node_checkpoints SET {FACTS_TEXT} = NULL")
+    alice.close()
     (row,), owned, counts = consistency_rows(spark, data, screened)
     assert (row["node"], row["outcome"]) == (ALICE, "refused or lost")
-    assert "never confirmed" in row["problem"]
-    assert owned == [] and counts.get("refused") == 1  # Bob's end: a refusal, not judged
+    assert "a refusal it caught, or a responder that confirmed" in row["problem"]
+    assert owned == [] and counts.get("refused") == 1
 
 
 # --- the export -------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from persistence.analytics import (
     session_consistency,
     session_ownership,
 )
-from persistence.analytics.exactly_once import GAPS_LISTED
+from persistence.analytics.checks.exactly_once_audit import GAPS_LISTED
 from persistence.analytics.sources import NodeSource
 from samples.pingpong import PingFlow
 from statemachine import session_ids
@@ -792,13 +792,14 @@ def test_a_ping_to_a_down_postgresql_node_is_a_warning_until_it_consumes_it(
 
 
 @pytest.mark.spark
-def test_a_refusal_the_initiating_flow_caught_is_a_warning_not_an_orphan(
+def test_a_refusal_the_initiating_flow_caught_is_a_refusal_not_an_orphan(
     spark: Any, tmp_path: Path
 ) -> None:
     """Bob has no responder and refuses; Alice's flow catches the refusal and goes on living.
 
-    From the tables alone it looks the same as a responder that answered once and lost its
-    rows while Alice's flow sleeps between two steps: a warning, never a failure.
+    Her checkpoint row's session facts say the session was never confirmed: a refusal
+    (``ok (refused)``), not a responder that answered once and lost its rows (without the
+    facts, ``refused or lost``: tests/analytics/test_analytics_facts.py).
     """
     require_jdbc()
     with MockNetwork(cordapps=CORDAPPS, directory=tmp_path / "run") as network:
@@ -817,14 +818,12 @@ def test_a_refusal_the_initiating_flow_caught_is_a_warning_not_an_orphan(
     with load_nodes(spark, sources) as snapshot:
         result = session_consistency(snapshot, settings)
         summary = {row[0]: row[1] for row in result.extras["summary"].collect()}
-        (row,) = [r.asDict() for r in result.frame.collect()]
+        rows = result.frame.collect()
         assert session_ownership(snapshot, settings).verdict.status == "ok"
         assert node_integrity(snapshot, settings).verdict.status == "ok"
-    assert result.verdict.status == "warn", result.verdict.summary
-    assert summary == {"refused or lost": 1, "ok": 1}  # Bob's end: her flow is known
-    assert (row["node"], row["outcome"], row["counterparty"]) == (ALICE, "refused or lost", BOB)
-    assert "a refusal it caught, or a responder that confirmed" in row["problem"]
-    assert "checkpoint_blobs tells: responder_lost" in row["problem"]
+    assert result.verdict.status == "ok", result.verdict.summary
+    assert summary == {"ok (refused)": 1, "ok": 1}  # Bob's end: her flow is known
+    assert rows == []
 
 
 # --- one network, nodes on SQLite and on PostgreSQL ------------------------------------------

@@ -31,9 +31,9 @@ from persistence.analytics import (
     screening,
 )
 from persistence.analytics.candidates import candidate_snapshot
-from persistence.analytics.consistency import judge_ends, session_consistency
-from persistence.analytics.exactly_once import audit_records, exactly_once_audit
-from persistence.analytics.ownership import judge_consumed, session_ownership
+from persistence.analytics.checks.exactly_once_audit import audit_records, exactly_once_audit
+from persistence.analytics.checks.session_consistency import judge_ends, session_consistency
+from persistence.analytics.checks.session_ownership import judge_consumed, session_ownership
 from persistence.analytics.screening import _gapless, screen
 from persistence.analytics.session_flows import (
     CONVERSATION,

@@ -18,14 +18,14 @@ import attrs
 from persistence.analytics.check_results import CheckFunction, CheckResult, CheckSettings
 from persistence.analytics.checks.checkpoint_blobs import checkpoint_blobs
 from persistence.analytics.checks.checkpoint_costs import checkpoint_costs
+from persistence.analytics.checks.exactly_once_audit import exactly_once_audit
 from persistence.analytics.checks.failed_flows import failed_flows
 from persistence.analytics.checks.flow_counts import flow_counts
 from persistence.analytics.checks.flows_over_time import flows_over_time
 from persistence.analytics.checks.node_integrity import node_integrity
+from persistence.analytics.checks.session_consistency import session_consistency
+from persistence.analytics.checks.session_ownership import session_ownership
 from persistence.analytics.checks.stuck_flows import stuck_flows
-from persistence.analytics.consistency import session_consistency
-from persistence.analytics.exactly_once import exactly_once_audit
-from persistence.analytics.ownership import session_ownership
 
 if TYPE_CHECKING:
     from persistence.analytics.snapshot import Snapshot

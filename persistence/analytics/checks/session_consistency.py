@@ -63,12 +63,11 @@ the message waits in the transport or was lost there (``warn``)."""
 
 REFUSED_OR_LOST = "refused or lost"
 """An initiator end whose opening message the counterparty consumed without holding a flow
-for it, while our flow, live, took one message in from it and no longer waits on the
-session, and our flow's row does not say the session was confirmed: a refusal the flow
-caught and went on from (its facts say: never confirmed), or, without facts (a row written
-before they were kept), a responder that confirmed (its one message) and lost its rows
-(``warn``). A session our flow's facts say was confirmed is an ``orphan`` instead: its
-responder ran, and is gone."""
+for it, while our flow, live, took one message in from it, no longer waits on the session
+and keeps no session facts (a row written before they were kept): a refusal the flow caught
+and went on from, or a responder that confirmed (its one message) and lost its rows
+(``warn``). With the facts the row tells: never confirmed is ``ok (refused)``, confirmed an
+``orphan`` (its responder ran, and is gone)."""
 
 
 def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = None) -> CheckResult:
@@ -87,9 +86,10 @@ def session_consistency(snapshot: Snapshot, settings: CheckSettings | None = Non
     Ends whose earliest evidence is newer than ``grace_ms`` before ``as_of`` are not judged
     (messages may be in the transport). An end without its counterpart is an orphan when the
     counterparty had the opening message in hand: a responder end, or an initiator end whose
-    opening message the counterparty consumed (unless it refused the session and our flow
-    ended; while our flow lives on, having taken one message in, and no longer waits on the
-    session, ``refused or lost``: a warning). An initiator end
+    opening message the counterparty consumed (unless it refused the session: our flow ended,
+    or its session facts say the session was never confirmed; a live flow without facts that
+    took one message in and no longer waits on the session is ``refused or lost``: a
+    warning), or one our flow's facts say its responder confirmed. An initiator end
     whose counterparty's lease (``node_workers``) was last renewed before it, and which
     recorded nothing from us since, is ``not delivered yet``; otherwise ``unconfirmed`` (it
     may have run since: running is not receiving, a node catching up on a backlog runs).
@@ -264,15 +264,18 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     answered_once = F.col("initial_consumed").isNotNull() & (
         F.coalesce(F.col("received_top"), F.lit(0)) == 0
     )
-    # our flow's row says the peer's responder confirmed the session: it ran, no refusal
+    # our flow's row says whether the peer's responder confirmed the session (its facts;
+    # null in rows written before they were kept): confirmed, it ran; never, it refused
     confirmed = F.coalesce(F.col("confirmed"), F.lit(False))
+    never_confirmed = F.col("confirmed").isNotNull() & ~F.col("confirmed")
+    refused = initiator & answered_once & ~confirmed
     outcome = (
-        F.when(initiator & answered_once & F.col("own_live").isNull() & ~confirmed, "ok (refused)")
+        F.when(refused & (F.col("own_live").isNull() | (handled & never_confirmed)), "ok (refused)")
         .when(initiator & F.col("initial_queued").isNotNull(), "in flight")
         .when(since > as_of - grace, "too recent")
-        # a live flow that took one message in and went on: a refusal it caught, or (without
-        # the facts of its row) a responder that answered once and whose rows were lost
-        .when(initiator & answered_once & handled & ~confirmed, REFUSED_OR_LOST)
+        # a live flow without facts that took one message in and went on: a refusal it
+        # caught, or a responder that answered once and whose rows were lost
+        .when(refused & handled, REFUSED_OR_LOST)
         # the counterparty had the opening message in hand: a responder end (the initiator
         # had to run to open it), an initiator end whose opening message it consumed, or
         # one whose responder confirmed the session
@@ -324,10 +327,6 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
                 F.lit("; our flow took one message in from it and went on: a refusal it "),
                 F.lit("caught, or a responder that confirmed and lost its rows (with our "),
                 F.lit("key, checkpoint_blobs tells: responder_lost)"),
-                F.when(
-                    F.col("confirmed").isNotNull(),
-                    F.lit("; our flow's row says the session was never confirmed: a refusal"),
-                ).otherwise(F.lit("")),
             ),
         )
         .when(
