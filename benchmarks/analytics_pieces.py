@@ -8,9 +8,6 @@ and once with each piece off, in turns (round 1: all variants, round 2: all agai
 shared machine's drift falls on every variant alike. Each run is a child process; a piece is
 switched off in the child before the command runs, without touching the code:
 
-* ``parallel_gc``, ``janino_jit``, ``uncompressed_cache``: the ``local`` master's JVM
-  collector, its JIT option for Janino, and uncompressed cached frames
-  (``persistence.analytics.spark``'s ``LOCAL_GC``, ``LOCAL_JIT``, ``LOCAL_CONF``);
 * ``layout``: the export's bucketed datasets (the snapshot is read without them);
 * ``stored_keys``: the 64-bit keys the export stores beside each row (Spark computes them);
 * ``screening``: the conversation screening (every check judges the whole snapshot).
@@ -42,11 +39,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.analytics import ALICE, AS_OF_MS, BOB  # noqa: E402
 
 SWITCHES = {
-    "parallel_gc": "import persistence.analytics.spark as s; assert s.LOCAL_GC; s.LOCAL_GC = ''",
-    "janino_jit": "import persistence.analytics.spark as s; assert s.LOCAL_JIT; s.LOCAL_JIT = ''",
-    "uncompressed_cache": (
-        "import persistence.analytics.spark as s; assert s.LOCAL_CONF; s.LOCAL_CONF = {}"
-    ),
     "layout": (
         "import persistence.analytics.export_reading as r; r._layouts = lambda *args: ({}, [])"
     ),

@@ -3,10 +3,10 @@
 ``local[*]`` on a laptop, any ``--master`` URL on a cluster. The settings that matter on a
 small machine are made here once: the driver binds to ``127.0.0.1`` (an unresolvable host
 name kills the JVM gateway), the Python workers are this interpreter, the web UI and Spark's
-own console progress bar are off (the report draws its own), Spark's log is cut down to
-errors, and, on a ``local`` master, the driver JVM collects its garbage
-with the throughput collector (:data:`LOCAL_GC`), leaves Janino to C1 longer
-(:data:`LOCAL_JIT`) and caches frames uncompressed (:data:`LOCAL_CONF`).
+own console progress bar are off (the report draws its own), and Spark's log is cut down to
+errors. The JVM keeps Java's own collector and JIT settings, and cached frames Spark's
+compression: switching any of them made no measurable difference on a 10 M-row analysis
+(``benchmarks/analytics_pieces.py``; ``benchmarks/results/analytics_pieces.md``).
 """
 
 from __future__ import annotations
@@ -57,29 +57,6 @@ def spark_problem() -> str | None:
     return java_problem()
 
 
-LOCAL_GC = "-XX:+UseParallelGC"
-"""The garbage collector of a ``local`` master's JVM, which runs the tasks itself: the
-throughput collector. An analysis is a batch job on a few cores; G1 (Java's default) spends
-part of them on concurrent marking and its write barriers for pauses that do not matter
-here. What it is worth: ``benchmarks/analytics_pieces.py parallel_gc``."""
-
-LOCAL_JIT = (
-    "-XX:CompileCommand=quiet "
-    "-XX:CompileCommand=CompileThresholdScaling,org.codehaus.janino.*::*,20.0"
-)
-"""The JIT options of a ``local`` master's JVM: Janino's methods (the compiler Spark compiles
-its generated code with, on the driver) reach each tier of the JIT after 20 times as many
-calls. On a 10 M-row analysis C2 spent over 10 s compiling Janino itself, on two cores the
-tasks need. ``quiet``: the JVM prints nothing about it. What it is worth:
-``benchmarks/analytics_pieces.py janino_jit``."""
-
-LOCAL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
-"""Spark settings of a ``local`` master: cached frames are kept uncompressed. Choosing each
-column's compression costs a hash map update per value (Scala's, with boxed numbers) as the
-screening caches millions of conversations, and memory is not what a single machine runs
-short of here. What it is worth: ``benchmarks/analytics_pieces.py uncompressed_cache``."""
-
-
 def _warehouse() -> Path:
     """Where Spark's catalog would keep managed tables (none are made): a temporary folder."""
     return Path(tempfile.gettempdir()) / "fiberflow-analytics" / "spark-warehouse"
@@ -109,8 +86,7 @@ def spark_session(
     ``jars`` are the JDBC drivers to put on the class path (see ``find_jdbc_jars``): they can
     only be added when the JVM starts, so a session that is already running keeps its own.
     ``shuffle_partitions`` defaults to the number of cores for a ``local`` master (Spark's
-    200 is meant for clusters), which also gets :data:`LOCAL_CONF`. ``conf`` adds any other
-    Spark setting (and overrides those).
+    200 is meant for clusters). ``conf`` adds any other Spark setting (and overrides these).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -120,7 +96,6 @@ def spark_session(
     if shuffle_partitions is None and master.startswith("local"):
         shuffle_partitions = max(2, os.cpu_count() or 2)
     log_option = f"-Dlog4j2.configurationFile=file:{_log_config()}"
-    driver_options = driver_java_options(master, log_option)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -130,7 +105,7 @@ def spark_session(
         # the catalog's tables are the export's bucketed datasets, external: nothing is
         # written here, but Spark makes the folder (not in the current directory, then)
         .config("spark.sql.warehouse.dir", str(_warehouse()))
-        .config("spark.driver.extraJavaOptions", driver_options)
+        .config("spark.driver.extraJavaOptions", log_option)
         .config("spark.executor.extraJavaOptions", log_option)
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     )
@@ -138,33 +113,11 @@ def spark_session(
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    settings = dict(LOCAL_CONF) if master.startswith("local") else {}
-    settings.update(conf or {})
-    for key, value in settings.items():
+    for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def driver_java_options(master: str, log_option: str) -> str:
-    """The driver JVM's options (``spark.driver.extraJavaOptions``).
-
-    The log set-up and, for a ``local`` master, :data:`LOCAL_GC` and :data:`LOCAL_JIT`.
-    """
-    options = [log_option]
-    tuning = local_tuning(master)
-    if tuning:
-        options.append(tuning)
-    return " ".join(options)
-
-
-def local_tuning(master: str) -> str:
-    """The driver JVM's collector and JIT options: none on a cluster's master.
-
-    :data:`LOCAL_GC` and :data:`LOCAL_JIT` for a ``local`` master, which runs the tasks itself.
-    """
-    return f"{LOCAL_GC} {LOCAL_JIT}" if master.startswith("local") else ""
 
 
 def active_spark() -> SparkSession | None:

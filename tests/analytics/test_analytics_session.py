@@ -1,54 +1,25 @@
-"""The driver JVM's options and Spark settings: the log set-up, and what a local master gets
-(the throughput collector, Janino left to C1 longer, uncompressed caches)."""
+"""The Spark session's settings: what a local master gets, and ``conf`` given on top."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
-from persistence.analytics.spark import LOCAL_GC, LOCAL_JIT, driver_java_options
-
-LOG = "-Dlog4j2.configurationFile=file:/tmp/x/log4j2.properties"
+LOG_OPTION = "-Dlog4j2.configurationFile=file:"
 
 
-def test_a_local_master_gets_the_throughput_collector_and_a_cluster_driver_does_not() -> None:
-    local = driver_java_options("local[*]", LOG).split()
-    jit = LOCAL_JIT.split()
-    assert local == [LOG, LOCAL_GC, *jit]
-    assert LOCAL_GC == "-XX:+UseParallelGC"
-    assert jit == [
-        "-XX:CompileCommand=quiet",
-        "-XX:CompileCommand=CompileThresholdScaling,org.codehaus.janino.*::*,20.0",
-    ]
-    assert driver_java_options("local[2]", LOG).split() == [LOG, LOCAL_GC, *jit]
-    assert driver_java_options("spark://host:7077", LOG).split() == [LOG]
-
-
-@pytest.mark.spark
-def test_the_test_sessions_jvm_collects_with_the_parallel_collector(spark: Any) -> None:
-    beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
-    names = {bean.getName() for bean in beans}
-    assert names == {"PS Scavenge", "PS MarkSweep"}, names
-
-
-@pytest.mark.spark
-def test_the_test_sessions_jvm_leaves_janino_to_c1_longer_and_caches_uncompressed(
-    spark: Any,
-) -> None:
-    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    arguments = list(runtime.getInputArguments())
-    assert set(LOCAL_JIT.split()) <= set(arguments), arguments
-    assert spark.conf.get("spark.sql.inMemoryColumnarStorage.compressed") == "false"
-
-
-def test_a_setting_given_overrides_a_local_masters_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``conf`` wins over :data:`LOCAL_CONF` (checked on the builder, no JVM started)."""
+def built_settings(monkeypatch: pytest.MonkeyPatch, master: str, **kwargs: Any) -> dict[str, str]:
+    """The settings ``spark_session`` hands Spark's builder (no JVM started)."""
     from pyspark.sql import SparkSession
 
     from persistence.analytics import spark as session
 
     given: dict[str, str] = {}
+
+    class _Stop(Exception):
+        pass
 
     class Builder:
         def master(self, _: str) -> Builder:
@@ -64,16 +35,40 @@ def test_a_setting_given_overrides_a_local_masters_own(monkeypatch: pytest.Monke
         def getOrCreate(self) -> Any:
             raise _Stop
 
-    class _Stop(Exception):
-        pass
-
     monkeypatch.setattr(SparkSession, "builder", Builder())
     with pytest.raises(_Stop):
-        session.spark_session(
-            "local[2]", conf={"spark.sql.inMemoryColumnarStorage.compressed": "true"}
-        )
-    assert given["spark.sql.inMemoryColumnarStorage.compressed"] == "true"
-    given.clear()
-    with pytest.raises(_Stop):
-        session.spark_session("spark://host:7077")
-    assert "spark.sql.inMemoryColumnarStorage.compressed" not in given
+        session.spark_session(master, **kwargs)
+    return given
+
+
+def test_a_local_master_gets_a_partition_per_core_and_only_the_log_set_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given = built_settings(monkeypatch, "local[2]")
+    assert given["spark.sql.shuffle.partitions"] == str(max(2, os.cpu_count() or 2))
+    assert given["spark.driver.extraJavaOptions"].startswith(LOG_OPTION)
+    assert given["spark.driver.extraJavaOptions"] == given["spark.executor.extraJavaOptions"]
+    assert given["spark.ui.enabled"] == "false"
+    cluster = built_settings(monkeypatch, "spark://host:7077")
+    assert "spark.sql.shuffle.partitions" not in cluster
+    assert cluster["spark.driver.extraJavaOptions"].startswith(LOG_OPTION)
+
+
+def test_a_setting_given_overrides_the_sessions_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = built_settings(
+        monkeypatch,
+        "local[2]",
+        conf={
+            "spark.sql.shuffle.partitions": "7",
+            "spark.sql.inMemoryColumnarStorage.batchSize": "5",
+        },
+    )
+    assert given["spark.sql.shuffle.partitions"] == "7"
+    assert given["spark.sql.inMemoryColumnarStorage.batchSize"] == "5"
+
+
+@pytest.mark.spark
+def test_the_test_sessions_jvm_keeps_javas_own_collector(spark: Any) -> None:
+    runtime = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+    assert not [a for a in arguments if a.startswith(("-XX:+Use", "-XX:CompileCommand"))], arguments
