@@ -9,7 +9,6 @@ shared machine's drift falls on every variant alike. Each run is a child process
 switched off in the child before the command runs, without touching the code:
 
 * ``layout``: the export's bucketed datasets (the snapshot is read without them);
-* ``stored_keys``: the 64-bit keys the export stores beside each row (Spark computes them);
 * ``screening``: the conversation screening (every check judges the whole snapshot).
 
 A variant whose piece the code no longer has is refused by name. Prints, per variant, the
@@ -41,14 +40,6 @@ from benchmarks.analytics import ALICE, AS_OF_MS, BOB  # noqa: E402
 SWITCHES = {
     "layout": (
         "import persistence.analytics.export_reading as r; r._layouts = lambda *args: ({}, [])"
-    ),
-    "stored_keys": (
-        "import attrs, persistence.analytics.export_reading as r; load = r.load_export\n"
-        "def unkeyed(*args, **kwargs):\n"
-        "    snapshot = load(*args, **kwargs)\n"
-        "    snapshot.nodes = [attrs.evolve(n, keys_stored=False) for n in snapshot.nodes]\n"
-        "    return snapshot\n"
-        "r.load_export = unkeyed"
     ),
     "screening": (
         "import persistence.analytics.screening as s; assert s.SCREEN_ABOVE_ROWS; "

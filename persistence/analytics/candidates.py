@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from persistence.analytics.check_results import CheckSettings, as_of_ms
-from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, FACTS_TEXT, fact_keys, keys_stored
+from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, FACTS_TEXT, fact_keys
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import (
     conversation_key,
@@ -36,7 +36,7 @@ from persistence.analytics.session_columns import (
     responder_flow_id,
     session_flow,
 )
-from persistence.analytics.session_flows import CONVERSATION, FLOW_KEY, by_node, flow_keys
+from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 from persistence.analytics.waiting import RECEIVE, STUCK_COLUMNS, WAITS
 
 if TYPE_CHECKING:
@@ -98,30 +98,22 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
     def of_candidates(frame: DataFrame, key: Column) -> DataFrame:
         return frame.join(wanted, key == F.col("c_key"), "left_semi")
 
-    def records(part: DataFrame, stored: bool) -> DataFrame:
-        key = F.col(CONVERSATION) if stored else conversation_key(F.col("session_id"))
-        return of_candidates(part, key).select(*snapshot.message_ids.columns)
-
-    def waiting(part: DataFrame, stored: bool) -> DataFrame:
-        exploded = part.where(F.col("suspended_on") == RECEIVE).select(
-            "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
-        )
-        key = F.col(f"w.{CONVERSATION}") if stored else conversation_key(F.col("w.session"))
-        return of_candidates(exploded, key)
-
-    ids = kept(by_node(snapshot, snapshot.message_ids, records))
+    ids = kept(of_candidates(snapshot.message_ids, conversation_key(F.col("session_id"))))
     outbox_session = message_session(F.col("message_id"))
     outbox = kept(
         of_candidates(
             snapshot.outbox.where(outbox_session != ""), conversation_key(outbox_session)
         ).unionByName(snapshot.outbox.where(outbox_session == ""))
     )
-    waited = kept(by_node(snapshot, snapshot.checkpoints, waiting))
+    exploded = snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
+        "node", "flow_id", F.posexplode(WAITS).alias("pos", "w")
+    )
+    waited = kept(of_candidates(exploded, conversation_key(F.col("w.session"))))
 
     def facts(frame: DataFrame) -> DataFrame:
         """(node, flow_id, pos, f): each session of the rows' facts in a candidate."""
         exploded = frame.select("node", "flow_id", F.posexplode(FACTS).alias("pos", "f"))
-        return of_candidates(exploded, fact_keys(F.col("f"), keys_stored(frame))[0])
+        return of_candidates(exploded, fact_keys(F.col("f"))[0])
 
     looked_up = _flows_looked_up(ids, outbox, waited)
     if found.facts_only:  # conversations only facts show: their flows found by their facts
@@ -139,11 +131,10 @@ def _restricted(snapshot: Snapshot, settings: CheckSettings) -> Snapshot:
     named = {"node": F.col("k_node"), "flow_id": F.col("k_flow")}
 
     def of_flows(frame: DataFrame) -> DataFrame:
-        # by the flow key (stored by the export), the node and flow id taken from the flows
-        # asked for: the scan reads no flow id (a string of every row) but the key; the
-        # same 2**-64 chance of a colliding key as the screening's
+        # by the flow key, the node and flow id taken from the flows asked for (the same
+        # 2**-64 chance of a colliding key as the screening's)
         others = [name for name in frame.columns if name not in (*named, FLOW_KEY)]
-        keyed = flow_keys(snapshot, frame, *others)
+        keyed = flow_keys(frame, *others)
         return keyed.join(few, F.col(FLOW_KEY) == F.col("k_key")).select(
             *[named[name].alias(name) if name in named else F.col(name) for name in frame.columns]
         )

@@ -71,7 +71,7 @@ def _known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame
     checkpoints, results, exceptions = snapshot.checkpoints, snapshot.results, snapshot.exceptions
     if only is not None:
         # the few rows of those flows, read in one job and kept (their plan is short again).
-        # Matched by the 64-bit flow key (stored by the export), their ids taken from the
+        # Matched by the 64-bit flow key, their ids taken from the
         # pairs asked for: the scans read a key, a status and the reason, not every flow's id
         # (the same 2**-64 chance of a colliding key as the screening's)
         wanted = F.broadcast(
@@ -83,7 +83,6 @@ def _known_flows(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame
         def of(frame: DataFrame, rank: int) -> DataFrame:
             live = rank == 0
             keyed = flow_keys(
-                snapshot,
                 frame,
                 (F.col("status") if live else F.lit(None)).cast("string").alias("status"),
                 (F.col("suspended_on") if live else F.lit(None))

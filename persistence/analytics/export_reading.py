@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from persistence.analytics.export import FORMAT, MANIFEST, iso_time
 from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, with_facts
-from persistence.analytics.session_flows import FLOW_KEY, RECORD_KEYS
 from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource
 from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
@@ -75,9 +74,9 @@ def load_export(
                 else F.lit(None).cast("bigint" if kind == LONG else "string").alias(name)
                 for name, kind in columns
             ]
-            # what the export derived and stored beside each row (waiting.py, session_flows.py,
-            # flow_facts.py)
-            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FLOW_KEY, *RECORD_KEYS, FACTS)
+            # what the export derived and stored beside each row (waiting.py, flow_facts.py;
+            # the 64-bit keys stored for the layout are not read: Spark computes its own)
+            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FACTS)
             names += [F.col(name) for name in stored if name in data.columns]
             data = data.select(F.lit(source.name).alias("node"), *names)
             if frame == "checkpoints":  # an export of an earlier format lacks some
@@ -96,8 +95,6 @@ def load_export(
             snapshot=f"exported: {export['snapshot']}",
             taken_at_ms=export["taken_at_ms"],
             rows={frame: table["rows"] for frame, table in export["tables"].items()},
-            # the keys hold the node's name: stored only when it was given (NAME=URL)
-            keys_stored=source.named and entry.get("format") == FORMAT,
         )
     frames = union_frames(parts)  # Parquet: read again by each check, only what it needs
     if not all(source.named for source in sources):

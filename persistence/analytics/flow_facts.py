@@ -147,23 +147,9 @@ def arrow_facts(texts: Sequence[str | None]) -> pyarrow.Array:
     return pa.array(rows, type=arrow_facts_type())
 
 
-def fact_keys(fact: Column, stored: bool) -> tuple[Column, Column]:
-    """(conversation key, responder's end) of a :data:`FACTS` element: stored or computed."""
-    if stored:
-        return fact[CONVERSATION], fact[RESPONDER]
+def fact_keys(fact: Column) -> tuple[Column, Column]:
+    """(conversation key, responder's end) of a :data:`FACTS` element."""
     return conversation_key(fact["session"]), is_responder(fact["session"])
-
-
-def keys_stored(frame: DataFrame) -> bool:
-    """The :data:`FACTS` of ``frame`` carry their keys (the export's)."""
-    from pyspark.sql.types import ArrayType, StructType
-
-    kind = frame.schema[FACTS].dataType
-    return (
-        isinstance(kind, ArrayType)
-        and isinstance(kind.elementType, StructType)
-        and CONVERSATION in kind.elementType.fieldNames()
-    )
 
 
 # --- the facts as rows ------------------------------------------------------------------------
@@ -181,7 +167,7 @@ def fact_evidence(snapshot: Snapshot) -> DataFrame:
     union: DataFrame | None = None
     for name in FACT_FRAMES:
         frame = snapshot.frames[name]
-        conversation, responder = fact_keys(F.col("f"), keys_stored(frame))
+        conversation, responder = fact_keys(F.col("f"))
         rows = frame.select(F.explode(FACTS).alias("f")).select(
             conversation.alias(CONVERSATION),
             F.coalesce(responder, F.lit(False)).alias(RESPONDER),

@@ -37,7 +37,7 @@ def flow_index(snapshot: Snapshot, judged: DataFrame) -> DataFrame:
         return _flow_index_of_layout(snapshot.layouts[FLOWS], judged)
 
     def known(frame: DataFrame, flag: int) -> DataFrame:
-        return flow_keys(snapshot, frame, F.lit(flag).alias("f"))
+        return flow_keys(frame, F.lit(flag).alias("f"))
 
     union = (
         known(snapshot.checkpoints, LIVE)

@@ -83,11 +83,8 @@ from persistence.analytics.session_flows import (
     RESPONDER,
     RESPONDER_KEY,
     RESPONDER_NODE,
-    SESSION_KEYS,
-    by_node,
     node_hashes,
     session_keys,
-    stored_keys,
 )
 from persistence.analytics.waiting import RECEIVE, WAITS
 
@@ -182,7 +179,7 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
     """One row per wait, consumed message and outbox message, with its keys.
 
     Columns: the session keys (:data:`~persistence.analytics.session_flows.SESSION_KEYS`,
-    read where the export stored them, else computed), :data:`OWN` (a wait of the end's own
+    computed by Spark), :data:`OWN` (a wait of the end's own
     flow), ``kind`` and ``sequence``.
     """
     from pyspark.sql import functions as F
@@ -214,44 +211,27 @@ def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
             sequence.alias("sequence"),
         )
 
-    def waits(part: DataFrame, stored: bool) -> DataFrame:
-        exploded = part.where(F.col("suspended_on") == RECEIVE).select(
-            "node", "flow_id", F.explode(WAITS).alias("w")
-        )
-        keys = (
-            stored_keys([*SESSION_KEYS, OWN], "w.")
-            if stored
-            else session_keys(
-                node,
-                F.col("w.session"),
-                F.col("w.counterparty"),
-                named=named,
-                flow_id=F.col("flow_id"),
-            )
-        )
-        return shaped(exploded, keys, WAIT, F.lit(None).cast("bigint"))
-
-    def records(part: DataFrame, stored: bool) -> DataFrame:
-        keys = (
-            stored_keys(SESSION_KEYS)
-            if stored
-            else session_keys(
-                node,
-                F.col("session_id"),
-                F.col("sender"),
-                named=named,
-                record=(F.col("message_id"), F.col("sequence")),
-            )
-        )
-        return shaped(part, keys, RECORD, F.col("sequence"))
+    exploded = snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
+        "node", "flow_id", F.explode(WAITS).alias("w")
+    )
+    waits = session_keys(
+        node, F.col("w.session"), F.col("w.counterparty"), named=named, flow_id=F.col("flow_id")
+    )
+    records = session_keys(
+        node,
+        F.col("session_id"),
+        F.col("sender"),
+        named=named,
+        record=(F.col("message_id"), F.col("sequence")),
+    )
 
     session = message_session(F.col("message_id"))
     outbox = snapshot.outbox.where(session != "")
     keys = session_keys(node, session, F.col("target"), named=named)
     keys[ODD] = keys[ODD] | F.coalesce(F.col("created_at") <= old_before, F.lit(True))
     rows = (
-        by_node(snapshot, snapshot.checkpoints, waits)
-        .unionByName(by_node(snapshot, snapshot.message_ids, records))
+        shaped(exploded, waits, WAIT, F.lit(None).cast("bigint"))
+        .unionByName(shaped(snapshot.message_ids, records, RECORD, F.col("sequence")))
         .unionByName(shaped(outbox, keys, OUTBOX, F.lit(None).cast("bigint")))
     )
     # each row as a session end of its own (what the export's layout sums up per end)

@@ -1,16 +1,15 @@
-"""The 64-bit keys of each session row and each flow row: stored by the export, or from Spark.
+"""The 64-bit keys of each session row and each flow row, in Python and in Spark.
 
-The conversation screening (:mod:`persistence.analytics.screening`) reads, of every row that
-shows a session end (a consumed message, a session a flow waits on, an outbox message), and of
-every flow row, a few 64-bit keys. Computing them in Spark costs microseconds a row (a regular
-expression, a SHA-1 and the UUID's formatting, string slicing): more than all the rest of the
-screening. So the Parquet export computes them in Python when it reads a row and stores them
-beside it, like the parsed waits (``waiting.py``); where a stored value is null or its column
-absent (a JDBC or Arrow read, an older export, a node the export could not name), Spark
-computes it with the same definition. ``xxhash64`` is Spark's (``XXH64`` with seed 42, each
-further column hashed with the previous hash as its seed, nulls skipped), which the Python
-``xxhash`` package computes bit for bit; ``tests/analytics/test_analytics_screening.py`` holds
-the two forms to agree.
+The conversation screening (:mod:`persistence.analytics.screening`) groups every row that
+shows a session end (a consumed message, a session a flow waits on, an outbox message), and
+every flow row, by a few 64-bit keys. Spark computes them for the rows it reads; the Parquet
+export computes the same keys in Python as it reads a row and stores them beside it, because
+its bucketed layout (:mod:`persistence.analytics.layout`) is summed up and bucketed by them
+at every refresh. ``xxhash64`` is Spark's (``XXH64`` with seed 42, each further column hashed
+with the previous hash as its seed, nulls skipped), which the Python ``xxhash`` package
+computes bit for bit; ``tests/analytics/test_analytics_screening.py`` holds the two forms to
+agree. (Spark reading the stored keys instead of computing its own saved 6% of a 10 M-row
+analysis: ``benchmarks/results/analytics_pieces.md``; not worth a second path.)
 
 Of a session row of node ``N`` with session ``s`` and counterparty ``c`` (the sender of a
 consumed message, the counterparty waited on, an outbox message's target): the session is the
@@ -34,7 +33,7 @@ initiator's, the responder's node ``P`` the other one. Then:
 Of a flow row (checkpoint, blob, result, exception): :data:`FLOW_KEY`, ``xxhash64(N, flow)``.
 
 The node's own name is in most of them: the export stores them only for a node named on the
-command line (``NAME=URL``); a node named from the other nodes' tables gets them from Spark.
+command line (``NAME=URL``), the only nodes that get a layout.
 """
 
 from __future__ import annotations
@@ -58,7 +57,6 @@ if TYPE_CHECKING:
     import pyarrow
     from pyspark.sql import Column, DataFrame
 
-    from persistence.analytics.snapshot import Snapshot
 
 CONVERSATION = "conversation"
 """``xxhash64`` of the session's initiator id (both ends share it)."""
@@ -313,7 +311,7 @@ def arrow_flow_keys(node: str | None, flow_ids: Sequence[str | None]) -> pyarrow
     )
 
 
-# --- Spark, where no stored value is --------------------------------------------------------
+# --- Spark --------------------------------------------------------------------------------
 
 
 def session_keys(
@@ -325,7 +323,7 @@ def session_keys(
     flow_id: Column | None = None,
     record: tuple[Column, Column] | None = None,
 ) -> dict[str, Column]:
-    """The keys of session rows as Spark computes them (where none are stored).
+    """The keys of session rows as Spark computes them.
 
     ``named``: the nodes whose names were given (the tag rule applies to them);
     ``flow_id``: the waiting flow (for :data:`OWN`); ``record``: a consumed message's
@@ -387,42 +385,11 @@ def session_keys(
     return keys
 
 
-def stored_keys(names: Sequence[str], prefix: str = "") -> dict[str, Column]:
-    """The stored keys ``names`` (columns, or fields under ``prefix``: ``"w."``)."""
+def flow_keys(frame: DataFrame, *columns: str | Column) -> DataFrame:
+    """``frame``'s flow rows as (:data:`FLOW_KEY`, ``columns``)."""
     from pyspark.sql import functions as F
 
-    return {name: F.col(prefix + name) for name in names}
-
-
-def by_node(
-    snapshot: Snapshot, frame: DataFrame, build: Callable[[DataFrame, bool], DataFrame]
-) -> DataFrame:
-    """``build`` over each node's rows of ``frame``, with whether its keys are stored.
-
-    Each node's rows are a branch of ``frame``'s union, so the filter on its (constant)
-    name costs nothing and each branch reads only its own columns: the stored keys where the
-    export wrote them, the ids where Spark must compute the keys.
-    """
-    from pyspark.sql import functions as F
-
-    parts = [
-        build(frame.where(F.col("node") == load.name), load.keys_stored) for load in snapshot.nodes
-    ]
-    union = parts[0]
-    for part in parts[1:]:
-        union = union.unionByName(part)
-    return union
-
-
-def flow_keys(snapshot: Snapshot, frame: DataFrame, *columns: str | Column) -> DataFrame:
-    """``frame``'s flow rows as (:data:`FLOW_KEY`, ``columns``): stored or computed per node."""
-    from pyspark.sql import functions as F
-
-    def keyed(part: DataFrame, stored: bool) -> DataFrame:
-        key = F.col(FLOW_KEY) if stored else F.xxhash64("node", "flow_id")
-        return part.select(key.alias(FLOW_KEY), *columns)
-
-    return by_node(snapshot, frame, keyed)
+    return frame.select(F.xxhash64("node", "flow_id").alias(FLOW_KEY), *columns)
 
 
 def node_hashes(names: list[str]) -> list[int]:

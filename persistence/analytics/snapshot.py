@@ -43,9 +43,6 @@ class NodeLoad:
     named_by: str = "argument"
     """Where the node's name came from: ``argument`` (``NAME=URL``), ``other nodes`` (found
     in the other nodes' tables) or ``unknown`` (the URL stands in for it)."""
-    keys_stored: bool = False
-    """The node's rows carry their 64-bit keys, stored by the export
-    (:mod:`persistence.analytics.session_flows`): Spark reads them instead of computing."""
 
 
 @attrs.define

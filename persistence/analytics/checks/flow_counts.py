@@ -52,7 +52,7 @@ def flow_counts(snapshot: Snapshot, settings: CheckSettings | None = None) -> Ch
         ]
         if not found.overlap_count:
             return frame.select(*tagged)
-        return flow_keys(snapshot, frame, *tagged)
+        return flow_keys(frame, *tagged)
 
     union = (
         events(snapshot.checkpoints, F.col("status"), "updated_at", "live")

@@ -90,7 +90,7 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
     bucket = key.bitwiseAND(BUCKETS - 1)
 
     def prints(frame: DataFrame, prefix: str) -> DataFrame:
-        keyed = flow_keys(snapshot, frame, "node")
+        keyed = flow_keys(frame, "node")
         return keyed.groupBy("node", bucket.alias("bucket")).agg(
             F.count("*").alias(f"{prefix}_rows"),
             F.sum(F.shiftright(key, 32)).alias(f"{prefix}_high"),
@@ -113,7 +113,7 @@ def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
         return several
 
     def in_buckets(frame: DataFrame) -> DataFrame:
-        keyed = flow_keys(snapshot, frame, "node")
+        keyed = flow_keys(frame, "node")
         return keyed.join(
             F.broadcast(differ),
             (keyed.node == differ.d_node) & (bucket == differ.d_bucket),
@@ -159,7 +159,7 @@ def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
     def of(frame: DataFrame) -> DataFrame:
         if wanted is None:
             return frame
-        keyed = flow_keys(snapshot, frame, *[c for c in frame.columns if c != FLOW_KEY])
+        keyed = flow_keys(frame, *[c for c in frame.columns if c != FLOW_KEY])
         return keyed.join(wanted, F.col(FLOW_KEY) == F.col("o_key"), "left_semi")
 
     union = (

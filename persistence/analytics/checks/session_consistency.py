@@ -34,12 +34,6 @@ from persistence.analytics.evidence import judged_session_ends
 from persistence.analytics.flow_facts import confirmations
 from persistence.analytics.screening import screen
 from persistence.analytics.session_columns import expected_message_id, session_flow
-from persistence.analytics.session_flows import (
-    INITIATOR_NODE,
-    RESPONDER,
-    RESPONDER_NODE,
-    by_node,
-)
 
 BROADCAST_ROWS = 200_000
 """Up to this many session ends without a known counterpart, the other tables are filtered
@@ -237,10 +231,9 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     alive = snapshot.workers.groupBy("node").agg(F.max("renewed_at").alias("a_last"))
     alive = alive.select(F.col("node").alias("a_node"), F.col("a_last").alias("last_alive_ms"))
     # the latest record per node and sender needs every record (none to judge: none read);
-    # by the sender's 64-bit name (stored beside each record by the export: no name read)
     whole = snapshot.whole if open_count else snapshot
     heard = (
-        by_node(whole, whole.message_ids, _senders)
+        whole.message_ids.select("node", F.xxhash64("sender").alias("sender_key"), "inserted_at")
         .groupBy("node", "sender_key")
         .agg(F.max("inserted_at").alias("last_from_us_ms"))
     )
@@ -381,15 +374,3 @@ def judge_ends(snapshot: Snapshot, settings: CheckSettings) -> tuple[DataFrame, 
     judged = ends.groupBy("outcome").agg(F.count("*").alias("sessions"))
     counted = judged.unionByName(resolved).groupBy("outcome").agg(F.sum("sessions").alias("n"))
     return orphans, {row["outcome"]: int(row["n"]) for row in counted.collect()}
-
-
-def _senders(records: DataFrame, stored: bool) -> DataFrame:
-    """(``node``, ``sender_key``, ``inserted_at``): each record's sender as ``xxhash64``."""
-    from pyspark.sql import functions as F
-
-    sender = (
-        F.when(F.col(RESPONDER), F.col(INITIATOR_NODE)).otherwise(F.col(RESPONDER_NODE))
-        if stored
-        else F.xxhash64("sender")
-    )
-    return records.select("node", sender.alias("sender_key"), "inserted_at")
