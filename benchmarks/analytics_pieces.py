@@ -9,7 +9,10 @@ shared machine's drift falls on every variant alike. Each run is a child process
 switched off in the child before the command runs, without touching the code:
 
 * ``layout``: the export's bucketed datasets (the snapshot is read without them);
-* ``screening``: the conversation screening (every check judges the whole snapshot).
+* ``screening``: the conversation screening (every check judges the whole snapshot);
+* ``few_keys``: the screening's lookup of a few needed flow keys in a set (they are joined);
+* ``stored_parsed``: the columns the export parses (waits, until and the session facts:
+  Spark parses them from the exported text).
 
 A variant whose piece the code no longer has is refused by name. Prints, per variant, the
 median wall and CPU seconds of the child and their ratio to everything on, and what each run
@@ -44,6 +47,14 @@ SWITCHES = {
     "screening": (
         "import persistence.analytics.screening as s; assert s.SCREEN_ABOVE_ROWS; "
         "s.SCREEN_ABOVE_ROWS = 10 ** 15"
+    ),
+    "few_keys": (
+        "import persistence.analytics.screening as s; assert s.MISSING_IN_DRIVER; "
+        "s.MISSING_IN_DRIVER = -1"
+    ),
+    "stored_parsed": (
+        "import persistence.analytics.export_reading as r; assert r.WAITS and r.FACTS; "
+        "r.WAITS = r.UNTIL = r.FACTS = '(not stored)'"
     ),
 }
 """What the child runs before the command to switch each piece off."""

@@ -270,6 +270,42 @@ def build_clean_network(directory: Path) -> NetworkData:
     )
 
 
+def two_node_network(
+    directory: Path, flow: Callable[[Party], Any], pause_s: float = 2, lives_on: bool = True
+) -> tuple[NetworkData, str]:
+    """Alice runs ``flow`` against Bob, the clock advanced ``pause_s`` between two runs of
+    the network: the copied databases and the nodes' keys, and Alice's flow id (still live
+    unless ``lives_on`` is False)."""
+    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
+    with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
+        alice, bob = network.create_node(ALICE), network.create_node(BOB)
+        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
+        handle = alice.start_flow(flow(bob.party))
+        network.run_network(advance_clock=False)
+        network.clock.advance(pause_s)
+        network.run_network(advance_clock=False)
+        assert handle.done() is not lives_on
+        now_ms = round(network.clock.now() * 1000)
+        databases = {}
+        for mock in network.nodes:
+            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
+            databases[mock.name] = directory / source.name
+            copy_database(source, databases[mock.name])
+    data = NetworkData(
+        directory=directory,
+        databases=databases,
+        now_ms=now_ms,
+        finished={},
+        live={},
+        lingering=[],
+        echo_session="",
+        hospitalized="",
+        paused=(BOB, ""),
+        keys=keys,
+    )
+    return data, handle.flow_id
+
+
 def write_key_file(mock: MockNode, directory: Path) -> Path:
     """Write ``mock``'s private key as its node would keep it (PKCS#8 PEM, mode 0600)."""
     from cryptography.hazmat.primitives import serialization

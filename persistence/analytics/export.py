@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -56,22 +55,11 @@ from persistence.analytics.flow_facts import (
     arrow_facts_type,
 )
 from persistence.analytics.opening import check_identifier, open_postgresql, qualified_table
-from persistence.analytics.session_flows import (
-    FLOW_KEY,
-    RECORD_KEYS,
-    SESSION_KEY_TYPES,
-    arrow_flow_keys,
-    arrow_record_keys,
-)
 from persistence.analytics.sources import NodeSource, check_unique_names
 from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.waiting import (
-    IDLE_SINCE,
     UNTIL,
-    WAIT_ROWS,
-    WAIT_SINCE,
     WAITS,
-    arrow_stuck_columns,
     arrow_waits,
     arrow_waits_type,
 )
@@ -104,17 +92,11 @@ VERSION_COLUMNS = {"checkpoints": "checkpoint_version"}
 """Columns exported for the fingerprint only (not read by the checks)."""
 MANIFEST = "manifest.json"
 """The export's manifest in the export folder."""
-FORMAT = 5
+FORMAT = 6
 """The layout of the exported files; a node exported in another layout is exported again in
-full. 2: the checkpoints carry the parsed ``waits`` and ``until``
-(:mod:`persistence.analytics.waiting`). 3: the flow rows carry their ``flow_key``, the
-consumed messages and the waits their session keys (:mod:`persistence.analytics.session_flows`).
-4: the checkpoints carry what the stuck check ranks them by
-(:data:`~persistence.analytics.waiting.STUCK_COLUMNS`). 5: the checkpoints, results and
-exceptions carry their ``session_facts`` and the parsed ``facts``
-(:mod:`persistence.analytics.flow_facts`)."""
-FLOW_FRAMES = ("checkpoints", "blobs", "results", "exceptions")
-"""The tables of flow rows: each row is stored with its ``flow_key``."""
+full. The checkpoints carry the parsed ``waits`` and ``until``
+(:mod:`persistence.analytics.waiting`); the checkpoints, results and exceptions their parsed
+``facts`` (:mod:`persistence.analytics.flow_facts`)."""
 
 
 @attrs.frozen
@@ -168,16 +150,8 @@ def _schema(frame: str) -> pyarrow.Schema:
     fields = [(name, pa.int64() if kind == LONG else pa.string()) for name, kind in _columns(frame)]
     if frame == "checkpoints":
         fields += [(WAITS, arrow_waits_type()), (UNTIL, pa.int64())]
-        fields += [(WAIT_SINCE, pa.int64()), (WAIT_ROWS, pa.int32()), (IDLE_SINCE, pa.int64())]
-    if frame in FLOW_FRAMES:
-        fields.append((FLOW_KEY, pa.int64()))
     if frame in FACT_FRAMES:
         fields.append((FACTS, arrow_facts_type()))
-    if frame == "message_ids":
-        fields += [
-            (name, pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64())
-            for name in RECORD_KEYS
-        ]
     return pa.schema(fields)
 
 
@@ -327,18 +301,8 @@ def _export_fingerprints(data: pyarrow.Table, frame: str) -> Fingerprints:
     return result
 
 
-def _fetch(
-    reader: _Reader,
-    frame: str,
-    table: str,
-    where: str,
-    params: Sequence[Any],
-    node: str | None = None,
-) -> Any:
-    """The rows of ``table`` matching ``where``, with what is derived once beside each row.
-
-    ``node``: the node's name when it was given (the keys that hold it are stored), else None.
-    """
+def _fetch(reader: _Reader, frame: str, table: str, where: str, params: Sequence[Any]) -> Any:
+    """The rows of ``table`` matching ``where``, with what is derived once beside each row."""
     import pyarrow as pa
 
     schema = _schema(frame)
@@ -350,25 +314,10 @@ def _fetch(
         column = {name: values[i] for i, name in enumerate(selected_names)}
         arrays = [pa.array(values[i], type=schema.field(i).type) for i in range(len(values))]
         if frame == "checkpoints":  # parsed once here, stored beside the row
-            waits, until = arrow_waits(
-                column["suspended_on"], column["waiting_for"], node, column["flow_id"]
-            )
+            waits, until = arrow_waits(column["suspended_on"], column["waiting_for"])
             arrays += [waits, until]
-            arrays += arrow_stuck_columns(
-                column["status"], column["suspended_on"], column["updated_at"], waits, until
-            )
-        if frame in FLOW_FRAMES:
-            arrays.append(arrow_flow_keys(node, column["flow_id"]))
-        if frame in FACT_FRAMES:  # parsed once here too, with each session's keys
+        if frame in FACT_FRAMES:  # parsed once here too
             arrays.append(arrow_facts(column[FACTS_TEXT]))
-        if frame == "message_ids":
-            arrays += arrow_record_keys(
-                node,
-                column["message_id"],
-                column["sender"],
-                column["session_id"],
-                column["sequence"],
-            )
         batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
 
@@ -393,19 +342,18 @@ def _refresh_table(
     import pyarrow.parquet as pq
 
     table = qualified_table(source, TABLES[frame][0])
-    node = source.name if source.named else None
     if frame not in TIME_COLUMNS:
-        return _replace_table(reader, frame, table, target, node), watermark
+        return _replace_table(reader, frame, table, target), watermark
     key, _, chars = _key_info(frame)
     when = TIME_COLUMNS[frame]
     wanted = _database_fingerprints(reader, frame, table)
     if watermark is None or not target.exists():
-        data = _fetch(reader, frame, table, "1=1", (), node)
+        data = _fetch(reader, frame, table, "1=1", ())
         changed, buckets, reread = len(data), len(wanted), 0
         unchanged = False
     else:
         old = pq.read_table(target, schema=_schema(frame))
-        fresh = _fetch(reader, frame, table, f"{when} > ?", (watermark - LATE_COMMIT_MS,), node)
+        fresh = _fetch(reader, frame, table, f"{when} > ?", (watermark - LATE_COMMIT_MS,))
         replaced = pc.is_in(old[key], value_set=fresh[key].combine_chunks())
         data = pa.concat_tables([old.filter(pc.invert(replaced)), fresh])
         have = _export_fingerprints(data, frame)
@@ -420,7 +368,7 @@ def _refresh_table(
             ranges = [_key_range(bucket, chars) for bucket in differ[index : index + 50]]
             where = " OR ".join(f"({column} >= ? AND {column} < ?)" for _ in ranges)
             bounds = [v for pair in ranges for v in pair]
-            again = _fetch(reader, frame, table, where, bounds, node)
+            again = _fetch(reader, frame, table, where, bounds)
             reread += len(again)
             parts.append(again)
         data = pa.concat_tables(parts)
@@ -441,32 +389,15 @@ def _refresh_table(
     return TableExport(len(data), changed, buckets, reread), mark
 
 
-def _replace_table(
-    reader: _Reader, frame: str, table: str, target: Path, node: str | None
-) -> TableExport:
+def _replace_table(reader: _Reader, frame: str, table: str, target: Path) -> TableExport:
     """Export a table without a time column whole (see :data:`TIME_COLUMNS`)."""
     import pyarrow.parquet as pq
 
-    data = _fetch(reader, frame, table, "1=1", (), node)
+    data = _fetch(reader, frame, table, "1=1", ())
     temporary = target.with_suffix(f".{os.getpid()}.tmp")
     pq.write_table(data, temporary)
     temporary.replace(target)
     return TableExport(len(data), len(data), 0, 0)
-
-
-def _refresh_layout(node_folder: Path, source: NodeSource) -> dict[str, Any] | None:
-    """Rebuild the node's bucketed datasets (:mod:`persistence.analytics.layout`).
-
-    Only for a node named on the command line (its keys hold its name); otherwise any
-    earlier layout is removed, and None returned.
-    """
-    from persistence.analytics.layout import EVIDENCE, FLOWS, write_layout
-
-    if source.named:
-        return write_layout(node_folder, source.name)
-    for name in (EVIDENCE, FLOWS):
-        shutil.rmtree(node_folder / name, ignore_errors=True)
-    return None
 
 
 def _group(sources: Sequence[NodeSource]) -> list[list[NodeSource]]:
@@ -522,7 +453,6 @@ def export_nodes(
                         node_folder / f"{frame}.parquet",
                         entry["watermarks"].get(frame) if not full else None,
                     )
-                layout = _refresh_layout(node_folder, source)
                 export = NodeExport(
                     name=source.name,
                     argument=given[source.name],
@@ -538,7 +468,6 @@ def export_nodes(
                     "format": FORMAT,
                     "watermarks": marks,
                     "export": attrs.asdict(export),
-                    "layout": layout,
                 }
                 temporary = manifest_path.with_suffix(f".{os.getpid()}.tmp")
                 temporary.write_text(json.dumps(manifest, indent=2))

@@ -9,17 +9,17 @@ the layout when every node has them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from persistence.analytics.export import FORMAT, MANIFEST, iso_time
+from persistence.analytics.export import MANIFEST, iso_time
 from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, with_facts
 from persistence.analytics.snapshot import NodeLoad, Snapshot
 from persistence.analytics.sources import NodeSource
 from persistence.analytics.tables import LONG, TABLES, AnalyticsLoadError
 from persistence.analytics.waiting import (
-    STUCK_COLUMNS,
     UNTIL,
     WAITS,
     with_stuck_columns,
@@ -49,6 +49,7 @@ def load_export(
     manifest = json.loads((folder / MANIFEST).read_text())
     loads: dict[str, NodeLoad] = {}
     parts: dict[str, list[DataFrame]] = {frame: [] for frame in TABLES}
+    by_node: dict[str, dict[str, DataFrame]] = {}
     for source in sources:
         entry = manifest["nodes"].get(source.name)
         if entry is None:
@@ -74,16 +75,16 @@ def load_export(
                 else F.lit(None).cast("bigint" if kind == LONG else "string").alias(name)
                 for name, kind in columns
             ]
-            # what the export derived and stored beside each row (waiting.py, flow_facts.py;
-            # the 64-bit keys stored for the layout are not read: Spark computes its own)
-            stored = (WAITS, UNTIL, *STUCK_COLUMNS, FACTS)
+            # what the export derived and stored beside each row (waiting.py, flow_facts.py)
+            stored = (WAITS, UNTIL, FACTS)
             names += [F.col(name) for name in stored if name in data.columns]
             data = data.select(F.lit(source.name).alias("node"), *names)
-            if frame == "checkpoints":  # an export of an earlier format lacks some
+            if frame == "checkpoints":  # the stuck columns, and waits an older export lacks
                 data = with_stuck_columns(with_waits(data))
             if frame in FACT_FRAMES:
                 data = with_facts(data)
             parts[frame].append(data)
+            by_node.setdefault(source.name, {})[frame] = data
         loads[source.name] = NodeLoad(
             name=source.name,
             url=source.display_url(),
@@ -100,7 +101,7 @@ def load_export(
     if not all(source.named for source in sources):
         frames, loads = apply_names(frames, loads, infer_node_names(frames, sources))
     nodes = [loads[source.name] for source in sources]
-    layouts, tables = _layouts(spark, folder, manifest, sources)
+    layouts, tables = _layouts(spark, folder, manifest, sources, by_node)
     snapshot = Snapshot(spark=spark, nodes=nodes, frames=frames, layouts=layouts)
     for table in tables:
         snapshot.on_close(_dropper(spark, table))
@@ -117,9 +118,18 @@ def _dropper(spark: SparkSession, table: str) -> Callable[[], object]:
 
 
 def _layouts(
-    spark: SparkSession, folder: Path, manifest: dict[str, Any], sources: Sequence[NodeSource]
+    spark: SparkSession,
+    folder: Path,
+    manifest: dict[str, Any],
+    sources: Sequence[NodeSource],
+    frames: dict[str, dict[str, DataFrame]],
 ) -> tuple[dict[str, DataFrame], list[str]]:
-    """The bucketed datasets of every node, when each has them in this layout (else none)."""
+    """The bucketed datasets of every node (:mod:`persistence.analytics.layout`), else none.
+
+    Only when every node was named on the command line (the keys hold its name). A node's
+    datasets are written from its exported ``frames`` when they are missing, of another
+    version, or of an earlier refresh, and the manifest then says so.
+    """
     from persistence.analytics.layout import (
         BUCKETS,
         EVIDENCE,
@@ -128,17 +138,24 @@ def _layouts(
         FLOWS_SCHEMA,
         LAYOUT,
         register,
+        write_layout,
     )
 
-    entries = [manifest["nodes"][source.name] for source in sources]
-    if not all(
-        source.named
-        and entry.get("format") == FORMAT
-        and (entry.get("layout") or {}).get("version") == LAYOUT
-        and (entry.get("layout") or {}).get("buckets") == BUCKETS
-        for source, entry in zip(sources, entries, strict=True)
-    ):
+    if not all(source.named for source in sources):
         return {}, []
+    entries = [manifest["nodes"][source.name] for source in sources]
+    written = False
+    for source, entry in zip(sources, entries, strict=True):
+        of = entry["export"]["taken_at_ms"]
+        layout = entry.get("layout") or {}
+        if [layout.get(key) for key in ("version", "buckets", "of")] != [LAYOUT, BUCKETS, of]:
+            layout = write_layout(folder / entry["folder"], frames[source.name], source.name)
+            entry["layout"] = {**layout, "of": of}
+            written = True
+    if written:
+        temporary = folder / f"{MANIFEST}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps(manifest, indent=2))
+        temporary.replace(folder / MANIFEST)
     layouts: dict[str, DataFrame] = {}
     made: list[str] = []
     for name, columns in ((EVIDENCE, EVIDENCE_SCHEMA), (FLOWS, FLOWS_SCHEMA)):

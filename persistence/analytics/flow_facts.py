@@ -14,11 +14,10 @@ checkpoint blob, so the checks can judge a conversation whose two flows have bot
   session, which session consistency tells a lost responder from a refusal by.
 
 The text is parsed once, into :data:`FACTS` (``array<struct<session, sent, received,
-confirmed>>``): by the Parquet export in Python (:func:`arrow_facts`, which also stores each
-session's conversation key for the screening), else by Spark (:func:`with_facts`) before the
-cache. Only text of exactly the form the node writes is parsed (:data:`FACTS_PATTERN`); any
-other (a damaged row) gives null facts, in Python and in Spark alike, and null facts (or rows
-written before version 9) judge nothing.
+confirmed>>``): by the Parquet export in Python (:func:`arrow_facts`), else by Spark
+(:func:`with_facts`) before the cache. Only text of exactly the form the node writes is
+parsed (:data:`FACTS_PATTERN`); any other (a damaged row) gives null facts, in Python and in
+Spark alike, and null facts (or rows written before version 9) judge nothing.
 """
 
 from __future__ import annotations
@@ -29,22 +28,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from persistence.analytics.check_results import CheckSettings, as_of_ms, shared
-from persistence.analytics.layout import NODE_BOUNDS
 from persistence.analytics.session_columns import (
     conversation_key,
     expected_message_id,
     is_responder,
     peer_session,
 )
-from persistence.analytics.session_flows import (
-    CONVERSATION,
-    INITIATOR_KEY,
-    ODD,
-    RESPONDER,
-    RESPONDER_KEY,
-    spark_xxhash64,
-)
-from statemachine.session_ids import RESPONDER_SUFFIX
 
 if TYPE_CHECKING:
     import pyarrow
@@ -55,15 +44,11 @@ if TYPE_CHECKING:
 FACTS_TEXT = "session_facts"
 """The column of the facts as the node writes them (JSON text)."""
 FACTS = "facts"
-"""The parsed facts of a flow row: ``array<struct<session, sent, received, confirmed>>``
-(the export adds each session's ``conversation`` key and ``responder`` flag)."""
+"""The parsed facts of a flow row: ``array<struct<session, sent, received, confirmed>>``."""
 FACTS_DDL = "array<struct<session:string,sent:bigint,received:bigint,confirmed:boolean>>"
 """Spark's type of :data:`FACTS` as Spark parses it."""
 FACT_FRAMES = {"checkpoints": "updated_at", "results": "completed_at", "exceptions": "failed_at"}
 """The frames whose rows keep facts, and the time each row was written."""
-FACT_SUMS = {"sent": "bigint", "received": "bigint"}
-"""What the screening's evidence sums up of the facts of a session end's flows: the fewest
-messages sent (a minimum) and the most taken in (a maximum); null where no flow says."""
 GAPS_LISTED = 1_000
 """At most this many messages of one session are ``missing_last_dedup_id`` findings."""
 
@@ -108,7 +93,7 @@ def python_facts(text: str | None) -> list[dict[str, Any]] | None:
 
 
 def arrow_facts_type() -> pyarrow.DataType:
-    """The Arrow type of :data:`FACTS` in the export (with each session's keys)."""
+    """The Arrow type of :data:`FACTS` in the export."""
     import pyarrow as pa
 
     return pa.list_(
@@ -118,33 +103,16 @@ def arrow_facts_type() -> pyarrow.DataType:
                 ("sent", pa.int64()),
                 ("received", pa.int64()),
                 ("confirmed", pa.bool_()),
-                (CONVERSATION, pa.int64()),
-                (RESPONDER, pa.bool_()),
             ]
         )
     )
 
 
 def arrow_facts(texts: Sequence[str | None]) -> pyarrow.Array:
-    """The :data:`FACTS` array of rows, parsed in Python (the export).
-
-    Each session also carries its conversation key (``xxhash64`` of its initiator's id) and
-    whether it is a responder's end.
-    """
+    """The :data:`FACTS` array of rows, parsed in Python (the export)."""
     import pyarrow as pa
 
-    rows: list[list[dict[str, Any]] | None] = []
-    for text in texts:
-        facts = python_facts(text)
-        if facts is not None:
-            for fact in facts:
-                session = fact["session"]
-                responder = session.endswith(RESPONDER_SUFFIX)
-                base = session[: -len(RESPONDER_SUFFIX)] if responder else session
-                fact[CONVERSATION] = spark_xxhash64(base)
-                fact[RESPONDER] = responder
-        rows.append(facts)
-    return pa.array(rows, type=arrow_facts_type())
+    return pa.array([python_facts(text) for text in texts], type=arrow_facts_type())
 
 
 def fact_keys(fact: Column) -> tuple[Column, Column]:
@@ -153,38 +121,6 @@ def fact_keys(fact: Column) -> tuple[Column, Column]:
 
 
 # --- the facts as rows ------------------------------------------------------------------------
-
-
-def fact_evidence(snapshot: Snapshot) -> DataFrame:
-    """Each session in the flows' facts as a row of the screening's evidence.
-
-    In the columns of :func:`persistence.analytics.screening._evidence`: no ``kinds`` bit
-    (facts show no session end), nothing odd, no node or flow keys, no record; only the
-    conversation key, the side, and :data:`FACT_SUMS`.
-    """
-    from pyspark.sql import functions as F
-
-    union: DataFrame | None = None
-    for name in FACT_FRAMES:
-        frame = snapshot.frames[name]
-        conversation, responder = fact_keys(F.col("f"))
-        rows = frame.select(F.explode(FACTS).alias("f")).select(
-            conversation.alias(CONVERSATION),
-            F.coalesce(responder, F.lit(False)).alias(RESPONDER),
-            F.lit(0).alias("kinds"),
-            F.lit(False).alias(ODD),
-            *[
-                F.lit(None).cast("bigint").alias(column)
-                for column in (*NODE_BOUNDS, INITIATOR_KEY, RESPONDER_KEY)
-            ],
-            F.lit(0).cast("bigint").alias("records"),
-            F.lit(None).cast("bigint").alias("top"),
-            F.lit(None).cast("bigint").alias("telescope"),
-            *[F.col(f"f.{column}").alias(column) for column in FACT_SUMS],
-        )
-        union = rows if union is None else union.unionByName(rows)
-    assert union is not None
-    return union
 
 
 def session_facts(snapshot: Snapshot) -> DataFrame:

@@ -1,71 +1,56 @@
-"""The export's analysis layout: each node's session rows and flows, bucketed by their keys.
+"""The session ends and flows of each node, and the export's copy of them, bucketed by key.
 
 The conversation screening (:mod:`persistence.analytics.screening`) groups every row that
-shows a session end by its conversation, and every flow by its key. Grouping tens of millions
-of rows in Spark means moving each of them through a shuffle and a hash table (most of the
-screening's time). So the Parquet export also writes, per node, two derived datasets in the
-layout Spark's bucketed tables use:
+shows a session end by its conversation, and every flow by its key. :func:`evidence_rows`
+gives those rows (a session a flow waits on, a consumed message, an outbox message, a session
+in a flow's facts) with their keys (:mod:`persistence.analytics.session_flows`), and
+:func:`session_ends` sums them up per session end (:data:`EVIDENCE_SCHEMA`).
 
-* :data:`EVIDENCE`: one row per session a flow waits on, per consumed message, per outbox
-  message and per session in a flow's facts (:mod:`persistence.analytics.flow_facts`), with
-  its keys (:mod:`persistence.analytics.session_flows`), summed up per session end as the
-  screening reads it (:data:`EVIDENCE_SCHEMA`), in :data:`BUCKETS` files by its conversation;
-* :data:`FLOWS`: one row per flow the node knows, its key and which of its tables hold it
-  (:data:`LIVE`, :data:`FINISHED`, :data:`FAILED`, :data:`BLOB`), in :data:`BUCKETS` files
-  by the flow key.
-
-A row's bucket is what Spark would give it, ``pmod(murmur3(key), BUCKETS)`` (its
-``HashPartitioning``; :func:`buckets` computes it with NumPy, and a test holds it to Spark's
-``hash``), and each bucket's file is named ``..._<bucket>.parquet`` as Spark's bucketed
-writer names it. :func:`register` declares each node's datasets to Spark as external tables
-``CLUSTERED BY`` their key ``INTO BUCKETS BUCKETS``: every node's rows of a conversation are
-then in the same bucket number, so Spark groups the union of the nodes' tables by
-conversation (or by flow key) with no shuffle at all, and joins a frame of flow keys with the
-flows by shuffling only that frame.
-
-Both are rebuilt from the node's exported tables after every refresh (Arrow and NumPy, no
-Python per row but for the outbox), only for a node named on the command line: the keys hold
-its name. The keys themselves are those the export already stores; a node without the
-layout is screened from its tables, by Spark.
+Grouping tens of millions of rows means moving each of them through a shuffle (most of the
+screening's time), so an analysis of a Parquet export writes, per named node and once per
+refresh, two datasets beside its tables, as Spark's bucketed tables keep them:
+:data:`EVIDENCE` (the node's session ends, bucketed by conversation) and :data:`FLOWS` (one
+row per flow key with the tables that hold it, bucketed by key). :func:`register` declares
+each node's datasets to Spark as external tables ``CLUSTERED BY`` their key ``INTO BUCKETS
+BUCKETS``: every node's rows of a conversation are in the same bucket number, so Spark groups
+the union of the nodes' datasets by conversation (or flow key) with no shuffle at all.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persistence.analytics.flow_facts import FACT_FRAMES, FACTS, fact_keys
+from persistence.analytics.session_columns import message_session
 from persistence.analytics.session_flows import (
     CONVERSATION,
+    FLOW_KEY,
     INITIATOR_KEY,
     INITIATOR_NODE,
+    MAX_SEQUENCE,
     ODD,
     OWN,
-    RECORD_KEYS,
     RESPONDER,
     RESPONDER_KEY,
     RESPONDER_NODE,
-    python_session_keys,
-    spark_xxhash64,
+    flow_keys,
+    session_keys,
 )
-from statemachine.session_ids import MESSAGE_ID_PREFIX
+from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
-    import numpy
-    import pyarrow
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 BUCKETS = 16
 """Buckets of each dataset (the tasks that group it: a few per core of a small cluster)."""
-LAYOUT = 4
-"""The layout's version, in the manifest: another one is not read (the tables are). 4: the
-evidence sums up the session facts of each end (``sent``; an end whose flow says it took in
-more than its records: ``odd``)."""
+LAYOUT = 5
+"""The datasets' version, in the export's manifest: another one is written again."""
 EVIDENCE = "evidence"
-"""The dataset of session rows, bucketed by :data:`CONVERSATION`."""
+"""The dataset of session ends, bucketed by :data:`CONVERSATION`."""
 FLOWS = "flows"
 """The dataset of flows, bucketed by ``flow_key``."""
 WAIT, RECORD, OUTBOX, FACT = 0, 1, 2, 3
@@ -91,419 +76,189 @@ EVIDENCE_SCHEMA = (
     ("telescope", "bigint"),
     ("sent", "bigint"),
 )
-"""The evidence columns and their Spark types: one row per session end of the node (its
-conversation and side), summing up its rows: ``kinds`` (:data:`SEEN_WAIT`,
-:data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`, :data:`SEEN_OWN_KNOWN`),
-any odd row, the oldest outbox message (``outbox_since``), the least and greatest hash of
-each node the rows name, the greatest flow keys, of the consumed messages: how many, the
-highest sequence number and the XOR of ``h(k) ^ h(k + 1)``, and of the facts of the flows
-that hold the end: the fewest messages sent (null: no facts); an end whose flow says it took
-in a message above its highest record is odd (:mod:`persistence.analytics.screening`)."""
+"""One row per session end (its conversation and side), summing up its rows: ``kinds``
+(:data:`SEEN_WAIT`, :data:`SEEN_RECORD`, :data:`SEEN_OUTBOX`, :data:`SEEN_OWN_WAIT`,
+:data:`SEEN_OWN_KNOWN`), any odd row, the oldest outbox message (``outbox_since``), the least
+and greatest hash of each node the rows name, the greatest flow keys, of the consumed
+messages: how many, the highest sequence number and the XOR of ``h(k) ^ h(k + 1)``, and of
+the facts of the flows that hold the end: the fewest messages sent (null: no facts). An end
+whose flow says it took in a message above its highest record is odd."""
 SEEN_WAIT, SEEN_RECORD, SEEN_OUTBOX, SEEN_OWN_WAIT, SEEN_OWN_KNOWN = 1, 2, 4, 8, 16
 """Bits of ``kinds``: a flow waits on the end, a message was consumed in it, one waits in the
-outbox, the flow waiting is the end's own, the end's own flow (by the key its rows give: the
-initiating flow of an initiator end, the responder of a responder end, both flows of this
-node) is in this node's checkpoints, results or exceptions."""
+outbox, the flow waiting is the end's own, the end's own flow (the initiating flow of an
+initiator end, the responder of a responder end) is in its node's checkpoints, results or
+exceptions (known only to the export's datasets)."""
 NODE_BOUNDS = ("initiator_low", "initiator_high", "responder_low", "responder_high")
 """The least and greatest hash of each node the rows of a session end name."""
-_LOWEST, _HIGHEST = -(1 << 63), (1 << 63) - 1
 FLOWS_SCHEMA = (("flow_key", "bigint"), ("tables", "int"))
 """The flows columns and their Spark types (``tables``: the flags)."""
-
-# Java's ``.`` and ``$`` (no MULTILINE): any character but a line terminator; the end, or
-# before a final line terminator. So Python reads an outbox id exactly as Spark's
-# ``message_session`` (``^N-(.+)-([0-9]+)$``, group 1) does.
-_JAVA_ANY = "[^\n\r\u0085\u2028\u2029]"
-_JAVA_END = "(?=(?:\r\n|[\n\r\u0085\u2028\u2029])?\\Z)"
-_MESSAGE_SESSION = re.compile(f"^{re.escape(MESSAGE_ID_PREFIX)}({_JAVA_ANY}+)-([0-9]+){_JAVA_END}")
+_LOWEST = -(1 << 63)
 
 
-# --- writing (the export) ---------------------------------------------------------------------
+def evidence_rows(frames: dict[str, DataFrame], named: list[str]) -> DataFrame:
+    """One row per wait, consumed message, outbox message and session in a flow's facts.
 
-
-def buckets(keys: numpy.ndarray, count: int = BUCKETS) -> numpy.ndarray:
-    """Spark's bucket of each 64-bit key: ``pmod(murmur3_x86_32(key, seed 42), count)``."""
-    import numpy as np
-
-    values = keys.astype(np.int64).view(np.uint64)
-    low = (values & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    high = (values >> np.uint64(32)).astype(np.uint32)
-
-    def rotate(x: numpy.ndarray, by: int) -> numpy.ndarray:
-        return (x << np.uint32(by)) | (x >> np.uint32(32 - by))
-
-    def mix_key(k: numpy.ndarray) -> numpy.ndarray:
-        return rotate(k * np.uint32(0xCC9E2D51), 15) * np.uint32(0x1B873593)
-
-    def mix_hash(h: numpy.ndarray, k: numpy.ndarray) -> numpy.ndarray:
-        return rotate(h ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
-
-    with np.errstate(over="ignore"):
-        h = np.full(values.shape, 42, dtype=np.uint32)
-        h = mix_hash(mix_hash(h, mix_key(low)), mix_key(high)) ^ np.uint32(8)
-        h = (h ^ (h >> np.uint32(16))) * np.uint32(0x85EBCA6B)
-        h = (h ^ (h >> np.uint32(13))) * np.uint32(0xC2B2AE35)
-        h = h ^ (h >> np.uint32(16))
-    return np.mod(h.view(np.int32).astype(np.int64), count).astype(np.int32)
-
-
-def _arrow_schema(columns: tuple[tuple[str, str], ...]) -> pyarrow.Schema:
-    import pyarrow as pa
-
-    kinds = {"bigint": pa.int64(), "boolean": pa.bool_(), "int": pa.int32()}
-    return pa.schema([(name, kinds[kind]) for name, kind in columns])
-
-
-_RAW_SCHEMA = (
-    (CONVERSATION, "bigint"),
-    (RESPONDER, "boolean"),
-    ("kind", "int"),
-    (ODD, "boolean"),
-    (OWN, "boolean"),
-    (INITIATOR_NODE, "bigint"),
-    (RESPONDER_NODE, "bigint"),
-    (INITIATOR_KEY, "bigint"),
-    (RESPONDER_KEY, "bigint"),
-    ("sequence", "bigint"),
-    ("created_at", "bigint"),
-)
-
-
-def _waits(checkpoints: pyarrow.Table) -> pyarrow.Table:
-    """One row per session a checkpoint waits on (its stored keys)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    receiving = checkpoints.filter(pc.equal(checkpoints["suspended_on"], "Receive"))
-    items = pc.list_flatten(receiving["waits"])
-    size = len(items)
-
-    def field(name: str, default: Any, kind: pyarrow.DataType) -> pyarrow.Array:
-        values = pc.struct_field(items, name) if size else pa.array([], kind)
-        # an element that was not an object has no keys: Spark gives it these
-        return pc.fill_null(values, default) if default is not None else values
-
-    return pa.table(
-        {
-            CONVERSATION: field(CONVERSATION, spark_xxhash64(None), pa.int64()),
-            RESPONDER: field(RESPONDER, False, pa.bool_()),
-            "kind": pa.array([WAIT] * size, pa.int32()),
-            ODD: field(ODD, True, pa.bool_()),
-            OWN: field(OWN, False, pa.bool_()),
-            INITIATOR_NODE: field(INITIATOR_NODE, None, pa.int64()),
-            RESPONDER_NODE: field(RESPONDER_NODE, None, pa.int64()),
-            INITIATOR_KEY: field(INITIATOR_KEY, None, pa.int64()),
-            RESPONDER_KEY: field(RESPONDER_KEY, None, pa.int64()),
-            "sequence": pa.nulls(size, pa.int64()),
-            "created_at": pa.nulls(size, pa.int64()),
-        },
-        schema=_arrow_schema(_RAW_SCHEMA),
-    )
-
-
-def _records(message_ids: pyarrow.Table) -> pyarrow.Table:
-    """Each consumed message (its stored keys)."""
-    import pyarrow as pa
-
-    size = len(message_ids)
-    columns = {name: message_ids[name] for name in RECORD_KEYS}
-    return pa.table(
-        {
-            **{name: columns[name] for name in (CONVERSATION, RESPONDER)},
-            "kind": pa.array([RECORD] * size, pa.int32()),
-            ODD: columns[ODD],
-            OWN: pa.array([False] * size, pa.bool_()),
-            **{
-                name: columns[name]
-                for name in (INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY)
-            },
-            "sequence": message_ids["sequence"],
-            "created_at": pa.nulls(size, pa.int64()),
-        },
-        schema=_arrow_schema(_RAW_SCHEMA),
-    )
-
-
-def outbox_session(message_id: str | None) -> str:
-    """The sender's session of an outbox message id, as Spark reads it ("" when none)."""
-    if message_id is None:
-        return ""
-    match = _MESSAGE_SESSION.match(message_id)
-    return match.group(1) if match else ""
-
-
-def _outbox(outbox: pyarrow.Table, node: str) -> pyarrow.Table:
-    """Each outbox message of a session (the keys computed here: the outbox is small)."""
-    import pyarrow as pa
-
-    rows: dict[str, list[Any]] = {name: [] for name, _ in _RAW_SCHEMA}
-    for message_id, target, created_at in zip(
-        outbox["message_id"].to_pylist(),
-        outbox["target"].to_pylist(),
-        outbox["created_at"].to_pylist(),
-        strict=True,
-    ):
-        session = outbox_session(message_id)
-        if session == "":
-            continue
-        keys = python_session_keys(node, session, target)
-        assert keys is not None
-        values = {**keys, "kind": OUTBOX, OWN: False, "sequence": None, "created_at": created_at}
-        for name, _ in _RAW_SCHEMA:
-            rows[name].append(values[name])
-    return pa.table(rows, schema=_arrow_schema(_RAW_SCHEMA))
-
-
-def _facts(flows: pyarrow.Table) -> pyarrow.Table:
-    """Each session in the flow rows' facts (their stored keys), as evidence of kind FACT."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    items = pc.list_flatten(flows["facts"])
-    size = len(items)
-
-    def field(name: str, kind: pyarrow.DataType) -> pyarrow.Array:
-        return pc.struct_field(items, name) if size else pa.array([], kind)
-
-    return pa.table(
-        {
-            CONVERSATION: field(CONVERSATION, pa.int64()),
-            RESPONDER: field(RESPONDER, pa.bool_()),
-            "kind": pa.array([FACT] * size, pa.int32()),
-            "sent": field("sent", pa.int64()),
-            "received": field("received", pa.int64()),
-        }
-    )
-
-
-def sequence_hash(numbers: numpy.ndarray) -> numpy.ndarray:
-    """Spark's ``xxhash64`` of 64-bit integers (XXH64 of their 8 bytes, seed 42), in NumPy."""
-    import numpy as np
-
-    primes = [
-        np.uint64(p)
-        for p in (
-            0x9E3779B185EBCA87,
-            0xC2B2AE3D27D4EB4F,
-            0x165667B19E3779F9,
-            0x85EBCA77C2B2AE63,
-            0x27D4EB2F165667C5,
-        )
-    ]
-    one, two, three, four, five = primes
-
-    def rotate(x: numpy.ndarray, by: int) -> numpy.ndarray:
-        return (x << np.uint64(by)) | (x >> np.uint64(64 - by))
-
-    values = numbers.astype(np.int64).view(np.uint64)
-    with np.errstate(over="ignore"):
-        h = np.full(values.shape, np.uint64(42) + five + np.uint64(8), dtype=np.uint64)
-        h = rotate(h ^ (rotate(values * two, 31) * one), 27) * one + four
-        h = (h ^ (h >> np.uint64(33))) * two
-        h = (h ^ (h >> np.uint64(29))) * three
-        h = h ^ (h >> np.uint64(32))
-    return h.view(np.int64)
-
-
-def _session_ends(rows: pyarrow.Table, known_flows: numpy.ndarray) -> pyarrow.Table:
-    """The node's rows summed up per session end (conversation and side), as evidence.
-
-    What the screening reads of a conversation is a bit-or, a minimum or maximum, a count
-    or an XOR of its rows, so each side's rows on this node can be summed up here (NumPy,
-    sorted by end) and Spark groups half as many rows. ``known_flows``: the sorted keys of
-    the flows in this node's checkpoints, results or exceptions; an end whose own flow is
-    one of them gets :data:`SEEN_OWN_KNOWN` (the screening then need not look it up).
+    Columns: the session keys, :data:`OWN`, ``kind``, ``sequence`` (of a consumed message),
+    ``created_at`` (of an outbox message), ``sent`` and ``received`` (of a fact). ``named``:
+    the nodes whose names were given (see
+    :func:`~persistence.analytics.session_flows.session_keys`).
     """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
 
-    def column(name: str, empty: int) -> numpy.ndarray:
-        values: numpy.ndarray = pc.fill_null(rows[name], empty).to_numpy(zero_copy_only=False)
-        return values
+    node, none = F.col("node"), F.lit(None).cast("bigint")
 
-    conversation = column(CONVERSATION, 0).astype(np.int64)
-    responder = column(RESPONDER, False).astype(bool)
-    order = np.lexsort((responder, conversation))
-    conversation, responder = conversation[order], responder[order]
-    kind = column("kind", -1)[order]
-    fact = kind == FACT  # a fact's own columns are null: it adds to no other sum
-    odd = column(ODD, True).astype(bool)[order] & ~fact
-    own = column(OWN, False).astype(bool)[order]
-    record = kind == RECORD
-    kinds = (
-        np.where(kind == WAIT, SEEN_WAIT, 0)
-        | np.where(record, SEEN_RECORD, 0)
-        | np.where(kind == OUTBOX, SEEN_OUTBOX, 0)
-        | np.where((kind == WAIT) & own, SEEN_OWN_WAIT, 0)
-    ).astype(np.int32)
-    created = column("created_at", _LOWEST)[order]
-    sequence = column("sequence", _LOWEST)[order]
-    known_sequence = pc.is_valid(rows["sequence"]).to_numpy(zero_copy_only=False)[order]
-    telescope = sequence_hash(sequence) ^ sequence_hash(sequence + 1)
-    if len(conversation):
-        starts = np.flatnonzero(
-            np.concatenate(
-                (
-                    [True],
-                    (conversation[1:] != conversation[:-1]) | (responder[1:] != responder[:-1]),
-                )
-            )
+    def shaped(frame: DataFrame, keys: dict[str, Column], kind: int, **values: Column) -> DataFrame:
+        own = keys.pop(OWN, F.lit(False))
+        named_values = {name: values.get(name, none) for name in _ROW_VALUES}
+        return frame.select(
+            *[column.alias(name) for name, column in keys.items()],
+            own.alias(OWN),
+            F.lit(kind).alias("kind"),
+            *[column.alias(name) for name, column in named_values.items()],
         )
-    else:
-        starts = np.zeros(0, dtype=np.int64)
 
-    def fold(ufunc: numpy.ufunc, values: numpy.ndarray) -> numpy.ndarray:
-        return ufunc.reduceat(values, starts) if len(starts) else values[:0]
-
-    def node(name: str, ufunc: numpy.ufunc) -> pyarrow.Array:
-        values = column(name, 0).astype(np.int64)[order]
-        empty = _HIGHEST if ufunc is np.minimum else _LOWEST
-        folded = fold(ufunc, np.where(fact, empty, values))
-        return pa.array(folded, pa.int64(), mask=folded == empty)  # null: facts alone
-
-    def key(values: numpy.ndarray) -> pyarrow.Array:
-        return pa.array(values, pa.int64(), mask=values == _LOWEST)
-
-    initiator_keys = fold(np.maximum, column(INITIATOR_KEY, _LOWEST).astype(np.int64)[order])
-    responder_keys = fold(np.maximum, column(RESPONDER_KEY, _LOWEST).astype(np.int64)[order])
-    sides = responder[starts] if len(starts) else responder[:0]
-    own_keys = np.where(sides, responder_keys, initiator_keys)
-    known = (own_keys != _LOWEST) & _contains(known_flows, own_keys)
-    counted = fold(np.add, (record & known_sequence).astype(np.int64))
-    top = fold(np.maximum, np.where(record, sequence, _LOWEST))
-    since = fold(np.minimum, np.where(kind == OUTBOX, created, _HIGHEST))
-    sent = fold(np.minimum, np.where(fact, column("sent", _HIGHEST)[order], _HIGHEST))
-    # a flow says it took in a message above the end's highest record: odd (the rules judge)
-    received = fold(np.maximum, np.where(fact, column("received", 0)[order], 0))
-    told = fold(np.logical_or, fact)
-    unrecorded = told & (received - 1 > np.where(top == _LOWEST, -1, top))
-    return pa.table(
-        {
-            CONVERSATION: conversation[starts],
-            RESPONDER: responder[starts],
-            "kinds": fold(np.bitwise_or, kinds)
-            | np.where(known, SEEN_OWN_KNOWN, 0).astype(np.int32),
-            ODD: fold(np.logical_or, odd) | unrecorded,
-            "outbox_since": since,
-            "initiator_low": node(INITIATOR_NODE, np.minimum),
-            "initiator_high": node(INITIATOR_NODE, np.maximum),
-            "responder_low": node(RESPONDER_NODE, np.minimum),
-            "responder_high": node(RESPONDER_NODE, np.maximum),
-            INITIATOR_KEY: key(initiator_keys),
-            RESPONDER_KEY: key(responder_keys),
-            "records": counted,
-            "top": pa.array(top, pa.int64(), mask=top == _LOWEST),
-            "telescope": fold(np.bitwise_xor, np.where(record & known_sequence, telescope, 0)),
-            "sent": pa.array(sent, pa.int64(), mask=sent == _HIGHEST),
-        },
-        schema=_arrow_schema(EVIDENCE_SCHEMA),
+    waiting = frames["checkpoints"].where(F.col("suspended_on") == RECEIVE)
+    exploded = waiting.select("node", "flow_id", F.explode(WAITS).alias("w"))
+    waits = session_keys(
+        node, F.col("w.session"), F.col("w.counterparty"), named=named, flow_id=F.col("flow_id")
     )
+    record = (F.col("message_id"), F.col("sequence"))
+    records = session_keys(node, F.col("session_id"), F.col("sender"), named=named, record=record)
+    session = message_session(F.col("message_id"))
+    outbox = frames["outbox"].where(session != "")
+    queued = session_keys(node, session, F.col("target"), named=named)
+    rows = (
+        shaped(exploded, waits, WAIT)
+        .unionByName(shaped(frames["message_ids"], records, RECORD, sequence=F.col("sequence")))
+        .unionByName(
+            shaped(outbox, queued, OUTBOX, created_at=F.coalesce("created_at", F.lit(_LOWEST)))
+        )
+    )
+    for name in FACT_FRAMES:
+        facts = frames[name].select(F.explode(FACTS).alias("f"))
+        conversation, responder = fact_keys(F.col("f"))
+        keys = {
+            CONVERSATION: conversation,
+            RESPONDER: F.coalesce(responder, F.lit(False)),
+            ODD: F.lit(False),
+            **{key: none for key in (INITIATOR_NODE, RESPONDER_NODE, INITIATOR_KEY, RESPONDER_KEY)},
+        }
+        fact = shaped(facts, keys, FACT, sent=F.col("f.sent"), received=F.col("f.received"))
+        rows = rows.unionByName(fact)
+    return rows
 
 
-def _contains(sorted_keys: numpy.ndarray, keys: numpy.ndarray) -> numpy.ndarray:
-    """Whether each of ``keys`` is in ``sorted_keys`` (ascending)."""
-    import numpy as np
-
-    if not len(sorted_keys):
-        return np.zeros(keys.shape, dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    found: numpy.ndarray = sorted_keys[at] == keys
-    return found
+_ROW_VALUES = ("sequence", "created_at", "sent", "received")
 
 
-def _known_flows(flows: pyarrow.Table) -> numpy.ndarray:
-    """The sorted keys of the flows in a checkpoint row, a result or an exception."""
-    import numpy as np
-    import pyarrow.compute as pc
+def session_ends(rows: DataFrame, known: DataFrame | None = None) -> DataFrame:
+    """:func:`evidence_rows` summed up per session end, in :data:`EVIDENCE_SCHEMA`.
 
-    tables = flows["tables"].to_numpy(zero_copy_only=False)
-    keys = pc.fill_null(flows["flow_key"], _LOWEST).to_numpy(zero_copy_only=False)
-    held = ((tables & (LIVE | FINISHED | FAILED)) != 0) & (keys != _LOWEST)
-    return np.sort(keys[held].astype(np.int64))
+    ``known``: the keys (``flow_key``) of the flows the ends' node holds, for
+    :data:`SEEN_OWN_KNOWN` (without them the bit is never set).
+    """
+    from pyspark.sql import functions as F
+
+    kind, sequence = F.col("kind"), F.col("sequence")
+    record, fact = kind == RECORD, kind == FACT
+    numbered = record & sequence.isNotNull()
+
+    def bit(condition: Column, flag: int) -> Column:
+        return F.when(condition, F.lit(flag)).otherwise(F.lit(0))
+
+    kinds = (
+        bit(kind == WAIT, SEEN_WAIT)
+        .bitwiseOR(bit(record, SEEN_RECORD))
+        .bitwiseOR(bit(kind == OUTBOX, SEEN_OUTBOX))
+        .bitwiseOR(bit((kind == WAIT) & F.col(OWN), SEEN_OWN_WAIT))
+    )
+    after = F.when(sequence < MAX_SEQUENCE, sequence + 1)
+    telescope = F.xxhash64(sequence).bitwiseXOR(F.xxhash64(after))
+    bounds = []
+    for column, prefix in ((INITIATOR_NODE, "initiator"), (RESPONDER_NODE, "responder")):
+        shown = F.when(~fact, F.col(column))  # a fact names no node
+        bounds += [F.min(shown).alias(f"{prefix}_low"), F.max(shown).alias(f"{prefix}_high")]
+    ends = rows.groupBy(CONVERSATION, RESPONDER).agg(
+        F.bit_or(kinds).alias("kinds"),
+        F.bool_or(F.col(ODD) & ~fact).alias(ODD),
+        F.min(F.when(kind == OUTBOX, F.col("created_at"))).alias("outbox_since"),
+        *bounds,
+        F.max(INITIATOR_KEY).alias(INITIATOR_KEY),
+        F.max(RESPONDER_KEY).alias(RESPONDER_KEY),
+        F.count(F.when(numbered, True)).alias("records"),
+        F.max(F.when(record, sequence)).alias("top"),
+        F.bit_xor(F.when(numbered, telescope)).alias("telescope"),
+        F.min(F.when(fact, F.col("sent"))).alias("sent"),
+        F.max(F.when(fact, F.col("received"))).alias("received"),
+    )
+    # a flow says it took in a message above the end's highest record: odd (the rules judge)
+    top = F.coalesce(F.col("top"), F.lit(-1).cast("bigint"))
+    unrecorded = F.coalesce(F.col("received") - 1 > top, F.lit(False))
+    kinds_of = F.col("kinds")
+    if known is not None:
+        own = F.when(F.col(RESPONDER), F.col(RESPONDER_KEY)).otherwise(F.col(INITIATOR_KEY))
+        held = known.select(F.col(FLOW_KEY).alias("k_key"), F.lit(True).alias("k_held"))
+        ends = ends.join(held, own == F.col("k_key"), "left")
+        kinds_of = kinds_of.bitwiseOR(
+            bit(F.coalesce(F.col("k_held"), F.lit(False)), SEEN_OWN_KNOWN)
+        )
+    columns = {
+        name: F.col(name).cast(kind) for name, kind in EVIDENCE_SCHEMA if name not in ("kinds", ODD)
+    }
+    columns["kinds"] = kinds_of.cast("int")
+    columns[ODD] = F.coalesce(F.col(ODD), F.lit(False)) | unrecorded
+    return ends.select(*[columns[name].alias(name) for name, _ in EVIDENCE_SCHEMA])
 
 
-def _flows(tables: dict[str, pyarrow.Table]) -> pyarrow.Table:
-    """One row per flow key of the node, with the flags of the tables that hold it."""
-    import pyarrow as pa
+def node_flows(frames: dict[str, DataFrame]) -> DataFrame:
+    """One row per flow key, with the flags of the tables that hold it (:data:`FLOWS_SCHEMA`)."""
+    from pyspark.sql import functions as F
 
     flags = {"checkpoints": LIVE, "results": FINISHED, "exceptions": FAILED, "blobs": BLOB}
-    parts = [
-        pa.table(
-            {
-                "flow_key": tables[name]["flow_key"],
-                "tables": pa.array([flag] * len(tables[name]), pa.int32()),
-            }
-        )
-        for name, flag in flags.items()
-    ]
-    each = pa.concat_tables(parts).group_by(["flow_key", "tables"]).aggregate([])
-    summed = each.group_by("flow_key").aggregate([("tables", "sum")])
-    return pa.table(
-        {"flow_key": summed["flow_key"], "tables": summed["tables_sum"].cast(pa.int32())},
-        schema=_arrow_schema(FLOWS_SCHEMA),
-    )
+    union: DataFrame | None = None
+    for name, flag in flags.items():
+        keyed = flow_keys(frames[name], F.lit(flag).alias("flag"))
+        union = keyed if union is None else union.unionByName(keyed)
+    assert union is not None
+    return union.groupBy(FLOW_KEY).agg(F.bit_or("flag").cast("int").alias("tables"))
 
 
-def _write_bucketed(data: pyarrow.Table, key: str, target: Path, prefix: str) -> None:
-    """``data`` as :data:`BUCKETS` files by ``key``, each sorted by it; replaces ``target``."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+def write_layout(node_folder: Path, frames: dict[str, DataFrame], node: str) -> dict[str, Any]:
+    """Write the node's :data:`EVIDENCE` and :data:`FLOWS` from its ``frames`` (one node's).
 
-    keys = pc.fill_null(data[key], spark_xxhash64(None)).to_numpy(zero_copy_only=False)
-    numbers = buckets(keys) if len(keys) else np.zeros(0, np.int32)
-    data = data.append_column("_bucket", pa.array(numbers, pa.int32()))
-    data = data.sort_by([("_bucket", "ascending"), (key, "ascending")])
-    ordered = data["_bucket"].to_numpy()
-    data = data.drop_columns(["_bucket"])
+    Returns what the manifest keeps of them (version and buckets).
+    """
+    from pyspark.sql import functions as F
+
+    flows = node_flows(frames).cache()
+    try:
+        held = flows.where(F.col("tables").bitwiseAND(LIVE | FINISHED | FAILED) != 0)
+        ends = session_ends(evidence_rows(frames, [node]), held.select(FLOW_KEY))
+        _write_bucketed(ends, CONVERSATION, node_folder / EVIDENCE)
+        _write_bucketed(flows, FLOW_KEY, node_folder / FLOWS)
+    finally:
+        flows.unpersist()
+    return {"version": LAYOUT, "buckets": BUCKETS}
+
+
+def _write_bucketed(data: DataFrame, key: str, target: Path) -> None:
+    """``data`` as Spark's bucketed files (:data:`BUCKETS`, by ``key``); replaces ``target``."""
     staging = target.with_name(f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    staging.mkdir(parents=True)
-    edges = np.searchsorted(ordered, np.arange(BUCKETS + 1))
-    for bucket in range(BUCKETS):
-        part = data.slice(int(edges[bucket]), int(edges[bucket + 1] - edges[bucket]))
-        pq.write_table(part, staging / f"{prefix}_{bucket:05d}.parquet")
+    table = f"fiberflow_write_{uuid.uuid4().hex[:12]}"
+    # one task per bucket, so one file each
+    (
+        data.repartition(BUCKETS, key)
+        .write.format("parquet")
+        .bucketBy(BUCKETS, key)
+        .option("path", str(staging.resolve()))
+        .saveAsTable(table)
+    )
+    data.sparkSession.sql(f"DROP TABLE IF EXISTS {table}")  # external: its files stay
     old = target.with_name(f"{target.name}.{os.getpid()}.old")
     if target.exists():
         target.rename(old)
     staging.rename(target)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def write_layout(node_folder: Path, node: str) -> dict[str, Any]:
-    """Rebuild the node's :data:`EVIDENCE` and :data:`FLOWS` from its exported tables.
-
-    Returns what the manifest keeps of it (version, buckets, rows).
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    def read(frame: str, columns: list[str]) -> pyarrow.Table:
-        return pq.read_table(node_folder / f"{frame}.parquet", columns=columns)
-
-    flow_tables = ("checkpoints", "results", "exceptions", "blobs")
-    flows = _flows({frame: read(frame, ["flow_key"]) for frame in flow_tables})
-    facts = [_facts(read(frame, ["facts"])) for frame in ("checkpoints", "results", "exceptions")]
-    evidence = _session_ends(
-        pa.concat_tables(
-            [
-                _waits(read("checkpoints", ["suspended_on", "waits"])),
-                _records(read("message_ids", [*RECORD_KEYS, "sequence"])),
-                _outbox(read("outbox", ["message_id", "target", "created_at"]), node),
-                *facts,
-            ],
-            promote_options="default",  # a column one kind lacks is null there
-        ),
-        _known_flows(flows),
-    )
-    prefix = node_folder.name
-    _write_bucketed(evidence, CONVERSATION, node_folder / EVIDENCE, prefix)
-    _write_bucketed(flows, "flow_key", node_folder / FLOWS, prefix)
-    return {"version": LAYOUT, "buckets": BUCKETS, EVIDENCE: len(evidence), FLOWS: len(flows)}
-
-
-# --- reading (the analysis) -------------------------------------------------------------------
 
 
 def register(

@@ -140,7 +140,8 @@ def analyze(
 
         with (
             progress.step(
-                f"load the export of {len(sources)} node{plural}", "reading the Parquet export"
+                f"load the export of {len(sources)} node{plural}",
+                "reading the Parquet export (after a refresh: writing its bucketed layout)",
             ),
             spark_step(spark, "load"),
         ):

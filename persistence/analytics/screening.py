@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING
 import attrs
 
 from persistence.analytics.check_results import CheckSettings, as_of_ms
-from persistence.analytics.flow_facts import FACT_SUMS, fact_evidence
 from persistence.analytics.flow_index import (
     few_wanted,
     flow_index,
@@ -63,30 +62,22 @@ from persistence.analytics.layout import (
     EVIDENCE,
     FLOWS,
     NODE_BOUNDS,
-    OUTBOX,
-    RECORD,
     SEEN_OUTBOX,
     SEEN_OWN_KNOWN,
     SEEN_OWN_WAIT,
     SEEN_RECORD,
     SEEN_WAIT,
-    WAIT,
+    evidence_rows,
+    session_ends,
 )
-from persistence.analytics.session_columns import message_session
 from persistence.analytics.session_flows import (
     CONVERSATION,
     INITIATOR_KEY,
-    INITIATOR_NODE,
     MAX_SEQUENCE,
     ODD,
-    OWN,
     RESPONDER,
     RESPONDER_KEY,
-    RESPONDER_NODE,
-    node_hashes,
-    session_keys,
 )
-from persistence.analytics.waiting import RECEIVE, WAITS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -156,13 +147,6 @@ class Screen:
     candidates' snapshot looks their flows up by their facts."""
 
 
-def flow_key(node: Column | str, flow_id: Column | str) -> Column:
-    """The 64-bit key of a (node, flow id): ``xxhash64(node, flow_id)``."""
-    from pyspark.sql import functions as F
-
-    return F.xxhash64(node, flow_id)
-
-
 def screen(snapshot: Snapshot, settings: CheckSettings) -> Screen:
     """The screening of ``snapshot`` (computed once per snapshot and outbox threshold)."""
     old_before = as_of_ms(snapshot, settings) - settings.outbox_after_ms
@@ -175,109 +159,50 @@ def _bit(condition: Column, flag: int) -> Column:
     return F.when(condition, F.lit(flag)).otherwise(F.lit(0))
 
 
-def _evidence(snapshot: Snapshot, old_before: int) -> DataFrame:
-    """One row per wait, consumed message and outbox message, with its keys.
+def _ends(snapshot: Snapshot, old_before: int) -> DataFrame:
+    """Every session end of the snapshot (:data:`~persistence.analytics.layout.EVIDENCE_SCHEMA`).
 
-    Columns: the session keys (:data:`~persistence.analytics.session_flows.SESSION_KEYS`,
-    computed by Spark), :data:`OWN` (a wait of the end's own
-    flow), ``kind`` and ``sequence``.
+    The export's, bucketed by conversation, when the snapshot has them; else summed up here
+    from the tables' rows (grouped by conversation first: the ends and then the
+    conversations are grouped in one shuffle). An outbox message older than ``old_before``
+    makes its end odd.
     """
     from pyspark.sql import functions as F
 
-    if EVIDENCE in snapshot.layouts:  # the export's session ends, bucketed by conversation
-        layout = snapshot.layouts[EVIDENCE]
-        return layout.select(
-            # named anew: Spark then sees the union keep its bucketing through the projection
-            # (a bare column here made it plan a shuffle by conversation after all)
-            F.col(CONVERSATION).alias(CONVERSATION),
-            RESPONDER,
-            "kinds",
-            (F.col(ODD) | (F.col("outbox_since") <= old_before)).alias(ODD),
-            *NODE_BOUNDS,
-            INITIATOR_KEY,
-            RESPONDER_KEY,
-            *MESSAGE_SUMS,
-            "sent",  # (an end whose flow took in more than its records is odd there)
-        )
-    named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
-    node = F.col("node")
-
-    def shaped(frame: DataFrame, keys: dict[str, Column], kind: int, sequence: Column) -> DataFrame:
-        own = keys.pop(OWN, F.lit(False))
-        return frame.select(
-            *[column.alias(name) for name, column in keys.items()],
-            own.alias(OWN),
-            F.lit(kind).alias("kind"),
-            sequence.alias("sequence"),
-        )
-
-    exploded = snapshot.checkpoints.where(F.col("suspended_on") == RECEIVE).select(
-        "node", "flow_id", F.explode(WAITS).alias("w")
-    )
-    waits = session_keys(
-        node, F.col("w.session"), F.col("w.counterparty"), named=named, flow_id=F.col("flow_id")
-    )
-    records = session_keys(
-        node,
-        F.col("session_id"),
-        F.col("sender"),
-        named=named,
-        record=(F.col("message_id"), F.col("sequence")),
-    )
-
-    session = message_session(F.col("message_id"))
-    outbox = snapshot.outbox.where(session != "")
-    keys = session_keys(node, session, F.col("target"), named=named)
-    keys[ODD] = keys[ODD] | F.coalesce(F.col("created_at") <= old_before, F.lit(True))
-    rows = (
-        shaped(exploded, waits, WAIT, F.lit(None).cast("bigint"))
-        .unionByName(shaped(snapshot.message_ids, records, RECORD, F.col("sequence")))
-        .unionByName(shaped(outbox, keys, OUTBOX, F.lit(None).cast("bigint")))
-    )
-    # each row as a session end of its own (what the export's layout sums up per end)
-    kind, sequence = F.col("kind"), F.col("sequence")
-    record = kind == RECORD
-    kinds = (
-        _bit(kind == WAIT, SEEN_WAIT)
-        .bitwiseOR(_bit(record, SEEN_RECORD))
-        .bitwiseOR(_bit(kind == OUTBOX, SEEN_OUTBOX))
-        .bitwiseOR(_bit((kind == WAIT) & F.col(OWN), SEEN_OWN_WAIT))
-    )
-    telescope = F.xxhash64(sequence).bitwiseXOR(F.xxhash64(_next(sequence)))
-    return rows.select(
-        CONVERSATION,
+    if EVIDENCE in snapshot.layouts:
+        ends = snapshot.layouts[EVIDENCE]
+    else:
+        named = [load.name for load in snapshot.nodes if load.named_by != "unknown"]
+        rows = evidence_rows(snapshot.frames, named).repartition(CONVERSATION)
+        ends = session_ends(rows)
+    old = F.coalesce(F.col("outbox_since") <= old_before, F.lit(False))
+    return ends.select(
+        # named anew: Spark then sees the union keep its bucketing through the projection
+        # (a bare column here made it plan a shuffle by conversation after all)
+        F.col(CONVERSATION).alias(CONVERSATION),
         RESPONDER,
-        kinds.alias("kinds"),
-        ODD,
-        F.col(INITIATOR_NODE).alias("initiator_low"),
-        F.col(INITIATOR_NODE).alias("initiator_high"),
-        F.col(RESPONDER_NODE).alias("responder_low"),
-        F.col(RESPONDER_NODE).alias("responder_high"),
+        "kinds",
+        (F.col(ODD) | old).alias(ODD),
+        *NODE_BOUNDS,
         INITIATOR_KEY,
         RESPONDER_KEY,
-        F.when(record & sequence.isNotNull(), 1).otherwise(0).cast("bigint").alias("records"),
-        F.when(record, sequence).alias("top"),
-        F.when(record, telescope).alias("telescope"),
-        *[F.lit(None).cast(kind).alias(name) for name, kind in FACT_SUMS.items()],
-    ).unionByName(fact_evidence(snapshot))
+        *MESSAGE_SUMS,
+        "sent",  # (an end whose flow took in more than its records is odd already)
+    )
 
 
 def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
     """One row per conversation: its key, flags (a bit mask), flow keys and message checks."""
     from pyspark.sql import functions as F
 
-    ends = _evidence(snapshot, old_before)
-    # the facts' sums: both from the tables; from the export's layout only ``sent`` (an end
-    # whose flow took in more than its records is odd there already)
-    received = "received" in ends.columns
-    sums = ("sent", "received") if received else ("sent",)
+    ends = _ends(snapshot, old_before)
     responder = F.col(RESPONDER)
     kinds = F.col("kinds")
 
     def seen(flag: int) -> Column:
         return kinds.bitwiseAND(flag) != 0
 
-    analyzed = node_hashes(snapshot.node_names)
+    analyzed = [F.xxhash64(F.lit(name)) for name in snapshot.node_names]
     shown = kinds.bitwiseAND(SEEN_WAIT | SEEN_RECORD | SEEN_OUTBOX) != 0  # not facts alone
     mask = (
         _bit(~responder & shown, INITIATOR_END)
@@ -305,11 +230,8 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         F.when(responder, F.col("records")).alias("r_records"),
         F.when(responder, F.col("top")).alias("r_top"),
         F.when(responder, F.col("telescope")).alias("r_telescope"),
-        *[
-            F.when(side, F.col(name)).alias(f"{prefix}_{name}")
-            for prefix, side in (("i", ~responder), ("r", responder))
-            for name in sums
-        ],
+        F.when(~responder, F.col("sent")).alias("i_sent"),
+        F.when(responder, F.col("sent")).alias("r_sent"),
     )
     return keyed.groupBy("conversation").agg(
         F.bit_or("mask").alias("mask"),
@@ -328,7 +250,6 @@ def _conversations(snapshot: Snapshot, old_before: int) -> DataFrame:
         F.max("r_top").alias("r_top"),
         F.bit_xor("r_telescope").alias("r_telescope"),
         *[F.min(f"{side}_sent").alias(f"{side}_sent") for side in "ir"],
-        *[F.max(f"{side}_received").alias(f"{side}_received") for side in "ir" if received],
     )
 
 
@@ -355,26 +276,17 @@ def _gapless(records: str, top: str, telescope: str) -> Column:
     return (F.col(records) == 0) | F.coalesce(whole, F.lit(False))
 
 
-def _facts_disagree(conversations: DataFrame) -> Column:
-    """A conversation's records and its flows' facts disagree.
+def _unsent(conversations: DataFrame) -> Column:
+    """A message consumed at or past what the other end's flow says it sent.
 
-    A message consumed that the other end's flow never sent, or one its own flow took in
-    without a record (judged here when the evidence carries ``received``, else it made the
-    end odd already).
+    (A message an end's own flow took in without a record made the end odd already.)
     """
     from pyspark.sql import functions as F
 
     def unsent(sent: str, top: str) -> Column:
         return F.coalesce(F.col(top) >= F.col(sent), F.lit(False))
 
-    def unrecorded(received: str, top: str) -> Column:
-        recorded = F.coalesce(F.col(top), F.lit(-1).cast("bigint"))
-        return F.coalesce(F.col(received) - 1 > recorded, F.lit(False))
-
-    disagree = unsent("i_sent", "r_top") | unsent("r_sent", "i_top")
-    if "i_received" in conversations.columns:
-        disagree = disagree | unrecorded("i_received", "i_top") | unrecorded("r_received", "r_top")
-    return disagree
+    return unsent("i_sent", "r_top") | unsent("r_sent", "i_top")
 
 
 def _judged(conversations: DataFrame) -> DataFrame:
@@ -392,7 +304,7 @@ def _judged(conversations: DataFrame) -> DataFrame:
         | ~_gapless("r_records", "r_top", "r_telescope")
         | (need_initiator & F.col("initiator_key").isNull())
         | (need_responder & F.col("responder_key").isNull())
-        | _facts_disagree(conversations)
+        | _unsent(conversations)
     )
     # a flow its own node's export found (the very key the conversation names) is known
     initiator_known = F.coalesce(F.col("i_known") == F.col("initiator_key"), F.lit(False))

@@ -1,15 +1,9 @@
-"""The 64-bit keys of each session row and each flow row, in Python and in Spark.
+"""The 64-bit keys of each session row and each flow row, as Spark computes them.
 
 The conversation screening (:mod:`persistence.analytics.screening`) groups every row that
 shows a session end (a consumed message, a session a flow waits on, an outbox message), and
-every flow row, by a few 64-bit keys. Spark computes them for the rows it reads; the Parquet
-export computes the same keys in Python as it reads a row and stores them beside it, because
-its bucketed layout (:mod:`persistence.analytics.layout`) is summed up and bucketed by them
-at every refresh. ``xxhash64`` is Spark's (``XXH64`` with seed 42, each further column hashed
-with the previous hash as its seed, nulls skipped), which the Python ``xxhash`` package
-computes bit for bit; ``tests/analytics/test_analytics_screening.py`` holds the two forms to
-agree. (Spark reading the stored keys instead of computing its own saved 6% of a 10 M-row
-analysis: ``benchmarks/results/analytics_pieces.md``; not worth a second path.)
+every flow row, by a few 64-bit keys: Spark's ``xxhash64`` (``XXH64`` with seed 42, each
+further column hashed with the previous hash as its seed, nulls skipped).
 
 Of a session row of node ``N`` with session ``s`` and counterparty ``c`` (the sender of a
 consumed message, the counterparty waited on, an outbox message's target): the session is the
@@ -31,30 +25,18 @@ initiator's, the responder's node ``P`` the other one. Then:
   side, ``R`` on the responder's).
 
 Of a flow row (checkpoint, blob, result, exception): :data:`FLOW_KEY`, ``xxhash64(N, flow)``.
-
-The node's own name is in most of them: the export stores them only for a node named on the
-command line (``NAME=URL``), the only nodes that get a layout.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import re
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from statemachine.session_ids import (
-    MESSAGE_ID_PREFIX,
-    RESPONDER_NAMESPACE,
-    RESPONDER_SUFFIX,
-    SESSION_SEPARATOR,
     TAG_LENGTH,
     identity_tag,
 )
 
 if TYPE_CHECKING:
-    import pyarrow
     from pyspark.sql import Column, DataFrame
 
 
@@ -76,242 +58,8 @@ OWN = "own"
 """A wait's flow is the end's own flow (the initiating flow, or the responder)."""
 FLOW_KEY = "flow_key"
 """``xxhash64(node, flow_id)`` of a flow row."""
-SESSION_KEYS = (
-    CONVERSATION,
-    RESPONDER,
-    INITIATOR_NODE,
-    RESPONDER_NODE,
-    INITIATOR_KEY,
-    RESPONDER_KEY,
-    ODD,
-)
-"""The keys of every session row (a wait has :data:`OWN` too)."""
-SESSION_KEY_TYPES = {
-    CONVERSATION: "bigint",
-    RESPONDER: "boolean",
-    INITIATOR_NODE: "bigint",
-    RESPONDER_NODE: "bigint",
-    INITIATOR_KEY: "bigint",
-    RESPONDER_KEY: "bigint",
-    ODD: "boolean",
-    OWN: "boolean",
-}
-"""Spark's type of each key."""
 MAX_SEQUENCE = (1 << 63) - 1
 """The largest sequence number (the screening adds one to it: ``odd`` beyond)."""
-
-_JAVA_LINE_BREAKS = re.compile("[\n\r\u0085\u2028\u2029]")
-_HEX = frozenset("0123456789abcdef")
-
-
-# --- Python, for the export ------------------------------------------------------------------
-
-
-@functools.cache
-def _xxh64() -> Callable[[bytes, int], int]:
-    """The ``xxhash`` package's XXH64 (imported on first use: the ``spark`` extra's)."""
-    from xxhash import xxh64_intdigest
-
-    return xxh64_intdigest
-
-
-def spark_xxhash64(*values: str | int | None) -> int:
-    """Spark's ``xxhash64`` of strings (UTF-8) and 64-bit integers, nulls skipped (signed)."""
-    xxh64_intdigest = _xxh64()
-    seed = 42
-    for value in values:
-        if value is None:
-            continue
-        data = (
-            value.encode()
-            if isinstance(value, str)
-            else (value & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
-        )
-        seed = xxh64_intdigest(data, seed)
-    return _signed(seed)
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-@functools.lru_cache(maxsize=4096)
-def _name_hash(name: str | None) -> int:
-    """``xxhash64(name)`` unsigned (the seed of the next column's hash): names repeat."""
-    return 42 if name is None else _xxh64()(name.encode(), 42)
-
-
-def _then(seed: int, value: str) -> int:
-    """Spark's ``xxhash64(x, value)`` given ``xxhash64(x)`` unsigned (``seed``), signed."""
-    hashed = _xxh64()(value.encode(), seed)
-    return hashed - (1 << 64) if hashed >= 1 << 63 else hashed
-
-
-@functools.lru_cache(maxsize=4096)
-def _own_tag(name: str) -> str:
-    return identity_tag(name) + "-"
-
-
-@functools.lru_cache(maxsize=4096)
-def _responder_prefix(initiator: str) -> bytes:
-    """The bytes hashed before the session: the namespace and ``"<initiator>|"``."""
-    return RESPONDER_NAMESPACE.bytes + f"{initiator}|".encode()
-
-
-def _base(session: str) -> str:
-    return session[: -len(RESPONDER_SUFFIX)] if session.endswith(RESPONDER_SUFFIX) else session
-
-
-def python_session_flow(session: str) -> str | None:
-    """Spark's ``session_flow`` in Python (None where Java's regex could differ: line breaks).
-
-    :data:`SESSION_FLOW_PATTERN` by string operations: the flow is what comes before the
-    last ``.s`` (only the last can be followed by digits to the end), less a leading tag of
-    16 lowercase hex digits and a dash when something is left after it.
-    """
-    if _JAVA_LINE_BREAKS.search(session):
-        return None
-    head, separator, number = _base(session).rpartition(SESSION_SEPARATOR)
-    if not (separator and head and number.isascii() and number.isdigit()):
-        return ""
-    tag, rest = head[:TAG_LENGTH], head[TAG_LENGTH + 1 :]
-    if rest and head[TAG_LENGTH] == "-" and _HEX.issuperset(tag):
-        return rest
-    return head
-
-
-def _responder_flow(initiator: str, base: str) -> str:
-    """``statemachine.session_ids.responder_flow_id`` (UUID5, hex), without the UUID object."""
-    digest = bytearray(hashlib.sha1(_responder_prefix(initiator) + base.encode()).digest())
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    return digest[:16].hex()
-
-
-def _foreign_tag(session: str, node: str) -> bool:
-    """An initiator session id carrying a tag (any 16 characters and a dash) not ``node``'s."""
-    return (
-        len(session) > TAG_LENGTH
-        and session[TAG_LENGTH] == "-"
-        and not session.startswith(_own_tag(node))
-    )
-
-
-def python_session_keys(
-    node: str | None,
-    session: str | None,
-    counterparty: str | None,
-    flow_id: str | None = None,
-) -> dict[str, Any] | None:
-    """The keys of one session row of ``node``: every key, or None when ``node`` is None.
-
-    ``node`` is the node's name, or None when the export does not know it (then Spark
-    computes the keys). ``flow_id``: the waiting flow of a wait (gives :data:`OWN`). Where
-    Python cannot be sure to give what Spark would (a null session or counterparty, a line
-    break in the session), the flow keys are null and the row :data:`ODD`: the screening
-    leaves its conversation to the rules, which read the ids themselves.
-    """
-    if node is None:
-        return None
-    values = _session_key_values(node, session, counterparty, flow_id)
-    keys = dict(zip(SESSION_KEYS, values[:-1], strict=True))
-    if flow_id is not None:
-        keys[OWN] = values[-1]
-    return keys
-
-
-def _session_key_values(
-    node: str, session: str | None, counterparty: str | None, flow_id: str | None
-) -> tuple[Any, ...]:
-    """:func:`python_session_keys` as a tuple: the :data:`SESSION_KEYS`, then :data:`OWN`."""
-    responder = session is not None and session.endswith(RESPONDER_SUFFIX)
-    base = None if session is None else _base(session)
-    initiator, other = (counterparty, node) if responder else (node, counterparty)
-    initiator_seed, other_seed = _name_hash(initiator), _name_hash(other)
-    conversation = 42 if base is None else _then(42, base)
-    first = None if session is None else python_session_flow(session)
-    if first is None or base is None or initiator is None or other is None:
-        return (
-            conversation,
-            responder,
-            _signed(initiator_seed),
-            _signed(other_seed),
-            None,
-            None,
-            True,
-            False,
-        )
-    second = _responder_flow(initiator, base)
-    return (
-        conversation,
-        responder,
-        _signed(initiator_seed),
-        _signed(other_seed),
-        _then(initiator_seed, first),
-        _then(other_seed, second),
-        first == "" or (not responder and _foreign_tag(base, node)),
-        flow_id == (second if responder else first),
-    )
-
-
-def python_record_odd(message_id: str | None, session: str, sequence: int | None) -> bool:
-    """A consumed message's id is not the one its session and sequence number give."""
-    if message_id is None or sequence is None or sequence < 0 or sequence >= MAX_SEQUENCE:
-        return True
-    peer = _base(session) if session.endswith(RESPONDER_SUFFIX) else session + RESPONDER_SUFFIX
-    return message_id != f"{MESSAGE_ID_PREFIX}{peer}-{sequence}"
-
-
-RECORD_KEYS = SESSION_KEYS
-"""The keys the export stores beside each ``node_message_ids`` row, in this order."""
-
-
-def arrow_record_keys(
-    node: str | None,
-    message_ids: Sequence[str | None],
-    senders: Sequence[str | None],
-    sessions: Sequence[str | None],
-    sequences: Sequence[int | None],
-) -> list[pyarrow.Array]:
-    """The :data:`RECORD_KEYS` arrays of ``node_message_ids`` rows (nulls: left to Spark)."""
-    import pyarrow as pa
-
-    if node is None:
-        return [
-            pa.nulls(
-                len(message_ids), pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64()
-            )
-            for name in RECORD_KEYS
-        ]
-    odd = RECORD_KEYS.index(ODD)
-    rows = []
-    for message_id, sender, session, sequence in zip(
-        message_ids, senders, sessions, sequences, strict=True
-    ):
-        values = list(_session_key_values(node, session, sender, None)[: len(RECORD_KEYS)])
-        values[odd] = (
-            values[odd] or session is None or python_record_odd(message_id, session, sequence)
-        )
-        rows.append(values)
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in RECORD_KEYS]
-    return [
-        pa.array(values, pa.bool_() if SESSION_KEY_TYPES[name] == "boolean" else pa.int64())
-        for name, values in zip(RECORD_KEYS, columns, strict=True)
-    ]
-
-
-def arrow_flow_keys(node: str | None, flow_ids: Sequence[str | None]) -> pyarrow.Array:
-    """The :data:`FLOW_KEY` array of flow rows (nulls when the node's name is not known)."""
-    import pyarrow as pa
-
-    if node is None:
-        return pa.nulls(len(flow_ids), pa.int64())
-    return pa.array(
-        [None if flow is None else spark_xxhash64(node, flow) for flow in flow_ids], pa.int64()
-    )
-
-
-# --- Spark --------------------------------------------------------------------------------
 
 
 def session_keys(
@@ -390,8 +138,3 @@ def flow_keys(frame: DataFrame, *columns: str | Column) -> DataFrame:
     from pyspark.sql import functions as F
 
     return frame.select(F.xxhash64("node", "flow_id").alias(FLOW_KEY), *columns)
-
-
-def node_hashes(names: list[str]) -> list[int]:
-    """``xxhash64`` of each node name, as Spark gives it."""
-    return [spark_xxhash64(name) for name in names]

@@ -45,9 +45,8 @@ IDLE_SINCE = "idle_since"
 """Since when an ``UNSTARTED`` or ``RUNNABLE`` flow has had no checkpoint (its
 ``updated_at``); null for any other status."""
 STUCK_COLUMNS = (WAIT_SINCE, WAIT_ROWS, IDLE_SINCE)
-"""What the stuck check ranks a checkpoint by: two times and a count, derived once per row
-(:func:`with_stuck_columns`, :func:`arrow_stuck_columns`), so that its scan of every
-checkpoint reads three numbers instead of the status strings and the ``waits`` arrays."""
+"""What the stuck check ranks a checkpoint by: two times and a count
+(:func:`with_stuck_columns`)."""
 IDLE_STATES = ("UNSTARTED", "RUNNABLE")
 """Statuses of a flow that should be running: stuck when it has no checkpoint for long."""
 
@@ -71,14 +70,9 @@ def with_waits(checkpoints: DataFrame) -> DataFrame:
 
 
 def with_stuck_columns(checkpoints: DataFrame) -> DataFrame:
-    """``checkpoints`` (with :data:`WAITS` and :data:`UNTIL`) and :data:`STUCK_COLUMNS`.
-
-    A frame that already has them (a Parquet export made by this version) is returned as is.
-    """
+    """``checkpoints`` (with :data:`WAITS` and :data:`UNTIL`) and :data:`STUCK_COLUMNS`."""
     from pyspark.sql import functions as F
 
-    if all(name in checkpoints.columns for name in STUCK_COLUMNS):
-        return checkpoints
     status, on, updated, until = (
         F.col("status"),
         F.col("suspended_on"),
@@ -100,112 +94,30 @@ def with_stuck_columns(checkpoints: DataFrame) -> DataFrame:
     )
 
 
-def stuck_values(
-    status: str | None,
-    suspended_on: str | None,
-    updated_at: int | None,
-    sessions: int,
-    until: int | None,
-) -> tuple[int | None, int, int | None]:
-    """A checkpoint row's :data:`STUCK_COLUMNS`, in Python (as :func:`with_stuck_columns`).
-
-    ``sessions``: how many sessions its :data:`WAITS` holds (0 when null).
-    """
-    rows = sessions if suspended_on == RECEIVE else 1
-    if status is None or status == "HOSPITALIZED":
-        return None, rows, None
-    since: int | None = None
-    if suspended_on == RECEIVE and sessions > 0:
-        since = updated_at
-    elif suspended_on == "Sleep":
-        since = until
-    elif suspended_on == "Operation":
-        since = until if until is not None else updated_at
-    return since, rows, updated_at if status in IDLE_STATES else None
-
-
-def arrow_stuck_columns(
-    status: Sequence[str | None],
-    suspended_on: Sequence[str | None],
-    updated_at: Sequence[int | None],
-    waits: pyarrow.Array,
-    until: pyarrow.Array,
-) -> list[pyarrow.Array]:
-    """The :data:`STUCK_COLUMNS` arrays of rows whose :func:`arrow_waits` gave ``waits``, ``until``.
-
-    As :func:`with_stuck_columns` derives them in Spark (:func:`stuck_values` a row).
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    sessions = pc.fill_null(pc.list_value_length(waits), 0).to_pylist()
-    values = [
-        stuck_values(*row)
-        for row in zip(status, suspended_on, updated_at, sessions, until.to_pylist(), strict=True)
-    ]
-    since, rows, idle = zip(*values, strict=True) if values else ((), (), ())
-    return [
-        pa.array(since, type=pa.int64()),
-        pa.array(rows, type=pa.int32()),
-        pa.array(idle, type=pa.int64()),
-    ]
-
-
 def arrow_waits(
-    suspended_on: Sequence[str | None],
-    waiting_for: Sequence[str | None],
-    node: str | None = None,
-    flow_ids: Sequence[str | None] | None = None,
+    suspended_on: Sequence[str | None], waiting_for: Sequence[str | None]
 ) -> tuple[pyarrow.Array, pyarrow.Array]:
     """The :data:`WAITS` and :data:`UNTIL` arrays of rows, parsed in Python (the export).
 
     Parses as :func:`with_waits` does: text that is not the JSON expected gives nulls (a
-    ``Receive`` list element without a field gives a null field), never an error. Each wait
-    also carries its session keys (:mod:`persistence.analytics.session_flows`) when the
-    node's name and the rows' ``flow_ids`` are given, else nulls (Spark computes them).
+    ``Receive`` list element without a field gives a null field), never an error.
     """
     import pyarrow as pa
 
-    from persistence.analytics.session_flows import python_session_keys
-
     waits: list[list[dict[str, Any] | None] | None] = []
     until: list[int | None] = []
-    flows = flow_ids if flow_ids is not None else [None] * len(suspended_on)
-    for kind, text, flow in zip(suspended_on, waiting_for, flows, strict=True):
+    for kind, text in zip(suspended_on, waiting_for, strict=True):
         value = _parsed(text)
-        if kind == RECEIVE:
-            sessions = _sessions(value)
-            if sessions is not None and node is not None and flow is not None:
-                for item in sessions:
-                    if item is not None:
-                        keys = python_session_keys(
-                            node, item["session"], item["counterparty"], flow
-                        )
-                        if keys is not None:
-                            item.update(keys)
-            waits.append(sessions)
-            until.append(None)
-        else:
-            waits.append(None)
-            until.append(_until(value))
+        waits.append(_sessions(value) if kind == RECEIVE else None)
+        until.append(None if kind == RECEIVE else _until(value))
     return pa.array(waits, type=arrow_waits_type()), pa.array(until, type=pa.int64())
 
 
 def arrow_waits_type() -> pyarrow.DataType:
-    """The Arrow type of :data:`WAITS` in the export.
-
-    The session, the counterparty and the session keys
-    (:data:`~persistence.analytics.session_flows.SESSION_KEY_TYPES`).
-    """
+    """The Arrow type of :data:`WAITS` in the export."""
     import pyarrow as pa
 
-    from persistence.analytics.session_flows import SESSION_KEY_TYPES
-
-    keys = [
-        (name, pa.bool_() if kind == "boolean" else pa.int64())
-        for name, kind in SESSION_KEY_TYPES.items()
-    ]
-    return pa.list_(pa.struct([("session", pa.string()), ("counterparty", pa.string()), *keys]))
+    return pa.list_(pa.struct([("session", pa.string()), ("counterparty", pa.string())]))
 
 
 def _parsed(text: str | None) -> Any:

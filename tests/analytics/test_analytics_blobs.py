@@ -26,7 +26,6 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from flows import Party
 from flows.cli.analyze import add_analyze_arguments, run_analyze
 from flows.cli.analyze_keys import NodeKey, load_keys, node_config_argument, parse_key_argument
 from flows.cli.main import main as cli_main
@@ -60,7 +59,7 @@ from tests.analytics_data import (
     NetworkData,
     RefusalCaughtFlow,
     build_clean_network,
-    copy_database,
+    two_node_network,
     write_key_file,
 )
 from tests.conftest import POSTGRES_URL, database_for
@@ -83,41 +82,6 @@ class Closing:
     """Alice's first session (sent "one", "two" and its end: 3 messages)."""
     responder: str
     """Bob's finished responder of that session."""
-
-
-def two_node_network(
-    directory: Path, flow: Callable[[Party], Any], pause_s: float
-) -> tuple[NetworkData, str]:
-    """Alice runs ``flow`` against Bob, the clock advanced ``pause_s`` between two runs of
-    the network: the copied databases and the nodes' keys, and Alice's flow id (still live)."""
-    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
-    with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
-        alice, bob = network.create_node(ALICE), network.create_node(BOB)
-        keys = {m.name: write_key_file(m, directory / "keys") for m in network.nodes}
-        handle = alice.start_flow(flow(bob.party))
-        network.run_network(advance_clock=False)
-        network.clock.advance(pause_s)
-        network.run_network(advance_clock=False)
-        assert not handle.done()
-        now_ms = round(network.clock.now() * 1000)
-        databases = {}
-        for mock in network.nodes:
-            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
-            databases[mock.name] = directory / source.name
-            copy_database(source, databases[mock.name])
-    data = NetworkData(
-        directory=directory,
-        databases=databases,
-        now_ms=now_ms,
-        finished={},
-        live={},
-        lingering=[],
-        echo_session="",
-        hospitalized="",
-        paused=(BOB, ""),
-        keys=keys,
-    )
-    return data, handle.flow_id
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flows import Party
-from flows.testing import MockNetwork
 from persistence.analytics import CheckSettings, find_jdbc_jars, load_nodes, parse_node_argument
 from persistence.analytics import screening as screening_module
 from persistence.analytics.checks.exactly_once_audit import audit_records, exactly_once_audit
@@ -44,12 +41,11 @@ from tests.analytics_blob_flows import HelloFlow, NappingFlow
 from tests.analytics_data import (
     ALICE,
     BOB,
-    CORDAPPS,
     NAMES,
     NetworkData,
     RefusalCaughtFlow,
     build_clean_network,
-    copy_database,
+    two_node_network,
 )
 from tests.conftest import require_service
 
@@ -225,39 +221,6 @@ def test_a_finished_conversation_whose_every_dedup_id_was_lost_is_found_from_its
 
 
 # --- a responder lost after it confirmed ------------------------------------------------------
-
-
-def two_node_network(
-    directory: Path, flow: Callable[[Party], Any], lives_on: bool = True
-) -> tuple[NetworkData, str]:
-    """Alice runs ``flow`` against Bob, who naps a second and sleeps (her flow lives on), or
-    naps and ends (``lives_on`` False)."""
-    cordapps = [*CORDAPPS, "tests.analytics_blob_flows"]
-    with MockNetwork(cordapps=cordapps, directory=directory / "run") as network:
-        alice, bob = network.create_node(ALICE), network.create_node(BOB)
-        handle = alice.start_flow(flow(bob.party))
-        network.run_network(advance_clock=False)
-        network.clock.advance(2)
-        network.run_network(advance_clock=False)
-        assert handle.done() is not lives_on
-        now_ms = round(network.clock.now() * 1000)
-        databases = {}
-        for mock in network.nodes:
-            source = Path(mock.config.database_url.removeprefix("sqlite:///"))
-            databases[mock.name] = directory / source.name
-            copy_database(source, databases[mock.name])
-    data = NetworkData(
-        directory=directory,
-        databases=databases,
-        now_ms=now_ms,
-        finished={},
-        live={},
-        lingering=[],
-        echo_session="",
-        hospitalized="",
-        paused=(BOB, ""),
-    )
-    return data, handle.flow_id
 
 
 def consistency_rows(

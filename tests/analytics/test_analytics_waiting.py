@@ -98,13 +98,9 @@ STUCK_ROWS = [  # status, suspended_on, updated_at, waiting_for
 
 
 @pytest.mark.spark
-def test_the_export_derives_the_stuck_columns_as_spark_does(spark) -> None:
-    """Each row gets the same stuck times and rows from Python (the export) and Spark."""
-    from persistence.analytics.waiting import (
-        STUCK_COLUMNS,
-        arrow_stuck_columns,
-        with_stuck_columns,
-    )
+def test_spark_derives_the_stuck_columns(spark) -> None:
+    """Each row's stuck times and rows, as the stuck check ranks them."""
+    from persistence.analytics.waiting import STUCK_COLUMNS, with_stuck_columns
 
     frame = spark.createDataFrame(  # type: ignore[attr-defined]
         [(i, *row) for i, row in enumerate(STUCK_ROWS)],
@@ -112,33 +108,12 @@ def test_the_export_derives_the_stuck_columns_as_spark_does(spark) -> None:
     )
     derived = with_stuck_columns(with_waits(frame)).orderBy("i").collect()
     from_spark = [tuple(row[name] for name in STUCK_COLUMNS) for row in derived]
-    waits, until = arrow_waits([r[1] for r in STUCK_ROWS], [r[3] for r in STUCK_ROWS])
-    arrays = arrow_stuck_columns(
-        [r[0] for r in STUCK_ROWS],
-        [r[1] for r in STUCK_ROWS],
-        [r[2] for r in STUCK_ROWS],
-        waits,
-        until,
-    )
-    from_python = list(zip(*(array.to_pylist() for array in arrays), strict=True))
-    assert from_python == from_spark
-    assert from_python[:4] == [(100, 2, None), (None, 0, None), (None, 0, None), (None, 1, None)]
-    assert from_python[4:9] == [
+    assert from_spark[:4] == [(100, 2, None), (None, 0, None), (None, 0, None), (None, 1, None)]
+    assert from_spark[4:9] == [
         (None, 1, None),
         (6, 1, None),
         (None, 1, None),
         (107, 1, None),
         (9, 1, None),
     ]
-    assert from_python[9:] == [(109, 1, 109), (None, 1, 110), (None, 1, None), (None, 1, None)]
-
-
-@pytest.mark.spark
-def test_a_frame_that_carries_the_stuck_columns_is_left_alone(spark) -> None:
-    """A frame read from an export already has them: nothing is derived again."""
-    from persistence.analytics.waiting import with_stuck_columns
-
-    frame = spark.createDataFrame(  # type: ignore[attr-defined]
-        [(1, 1, 1)], "wait_since bigint, wait_rows int, idle_since bigint"
-    )
-    assert with_stuck_columns(frame) is frame
+    assert from_spark[9:] == [(109, 1, 109), (None, 1, 110), (None, 1, None), (None, 1, None)]
