@@ -57,6 +57,8 @@ from persistence.analytics.flow_index import (
     few_wanted,
     flow_index,
     flow_index_of_few,
+    overlaps_of,
+    unpaired_of,
 )
 from persistence.analytics.layout import (
     EVIDENCE,
@@ -140,6 +142,8 @@ class Screen:
     """``flow_key``, ``live``, ``finished``, ``failed``: the flows in more than one of a
     node's checkpoints, results and exceptions."""
     overlap_count: int
+    unpaired: DataFrame
+    """``flow_key``: the flows with a checkpoint row and no blob, or a blob and no row."""
     missing_flows: int = 0
     """Needed flow keys no node table holds (their conversations are candidates)."""
     facts_only: int = 0
@@ -355,7 +359,8 @@ def _whole(snapshot: Snapshot) -> Screen:
         F.lit(False).alias("lookup_responder"),
         F.lit(True).alias("unusual"),
     )
-    overlaps = flow_index(snapshot, empty).drop("missing").localCheckpoint(eager=True)
+    index = flow_index(snapshot, empty).localCheckpoint(eager=True)
+    overlaps = overlaps_of(index)
     return Screen(
         conversations=0,
         candidates=None,
@@ -365,6 +370,7 @@ def _whole(snapshot: Snapshot) -> Screen:
         consumed_owned=0,
         overlaps=overlaps,
         overlap_count=overlaps.count(),
+        unpaired=unpaired_of(index),
     )
 
 
@@ -386,14 +392,14 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
         missing: DataFrame | None = None
         missing_keys: list[int] | None = None
         if few is not None:  # the export's flows read once, the needed keys as a set
-            overlaps, missing_keys = flow_index_of_few(snapshot.layouts[FLOWS], few)
+            index, missing_keys = flow_index_of_few(snapshot.layouts[FLOWS], few)
             missing_count = len(missing_keys)
         else:
             with _without_partial_aggregation(snapshot):
                 index = flow_index(snapshot, judged).localCheckpoint(eager=True)
             missing = index.where("missing").select(F.col("flow_key").alias("m_key"))
-            overlaps = index.where(~F.col("missing")).drop("missing")
             missing_count = missing.count()
+        overlaps = overlaps_of(index)
         overlap_count = overlaps.count()
         classified = judged
         if 0 < missing_count <= MISSING_IN_DRIVER:
@@ -457,6 +463,7 @@ def _screen(snapshot: Snapshot, old_before: int) -> Screen:
         consumed_owned=int(totals["owned"]),
         overlaps=overlaps,
         overlap_count=overlap_count,
+        unpaired=unpaired_of(index),
         missing_flows=missing_count,
         facts_only=int(totals["facts_only"]),
     )

@@ -13,16 +13,11 @@ ever having had a checkpoint. So in a consistent snapshot:
 * no flow is both finished (a row in ``node_flow_results`` or ``node_flow_exceptions``) and
   live (a checkpoint row), and none both completed and failed.
 
-The blob itself is never read. Most flows are fine, so the check first finds the few flows
-that may not be (:func:`suspect_flows`), without moving every row: the checkpoint rows and
-the blobs are compared by **fingerprints** of each key bucket (:data:`BUCKETS` buckets by
-the low bits of the flow key, ``xxhash64(node, flow_id)``: rows, and the sums of the key's
-high and low 32 bits), and the flows in more than one of the checkpoints, results and
-exceptions are the conversation screening's overlaps
-(:mod:`persistence.analytics.screening`). Then one aggregation over the four tables' rows of
-those flows only (:func:`flow_facts`) says what is wrong with each. A bucket whose rows and
-blobs differ has fingerprints that differ unless both sums of the differing keys cancel out
-(about one chance in 2**62).
+The blob itself is never read. Most flows are fine, so the check takes the few flows that
+may not be from the conversation screening's flow index
+(:mod:`persistence.analytics.flow_index`: the overlaps and the unpaired flows, by their
+64-bit keys), then one aggregation over the four tables' rows of those flows only
+(:func:`flow_facts`) says what is wrong with each.
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ from persistence.analytics.check_results import (
     keep,
     keep_in_order,
 )
-from persistence.analytics.layout import BLOB, FAILED, FINISHED, FLOWS, LIVE
 from persistence.analytics.screening import screen
 from persistence.analytics.session_flows import FLOW_KEY, flow_keys
 
@@ -60,68 +54,20 @@ TAGS = ("live", "blob", "completed", "failed")
 """What :func:`flow_facts` says of each flow: a checkpoint row, a blob, a result, an error."""
 KINDS = (ROW_WITHOUT_BLOB, BLOB_WITHOUT_ROW, FINISHED_AND_LIVE, COMPLETED_AND_FAILED)
 """The kinds of findings, in report order."""
-BUCKETS = 4096
-"""Fingerprint buckets per node: the low 12 bits of the flow key."""
 BROADCAST_ROWS = 200_000
 """Up to this many suspect flows, the four tables are filtered by them through a broadcast
 (a scan, no shuffle); more use a plain join."""
 
 
 def suspect_flows(snapshot: Snapshot, settings: CheckSettings) -> DataFrame:
-    """The keys (``flow_key``) of the flows that may be findings: a superset, cached.
+    """The keys (``flow_key``) of the flows that may be findings, cached.
 
-    Every flow of a bucket whose checkpoint rows and blobs differ, and every flow the node
-    has in more than one of its checkpoints, results and exceptions (the screening's
-    overlaps, :mod:`persistence.analytics.screening`). From the export's flows
-    (:mod:`persistence.analytics.layout`), where each flow is a row with its tables: exactly
-    the flows with a row and no blob or the reverse, and those in more than one table.
+    The screening's overlaps (a flow in more than one of a node's checkpoints, results and
+    exceptions) and unpaired flows (a checkpoint row without its blob, or the reverse).
     """
-    from pyspark.sql import functions as F
-
-    if FLOWS in snapshot.layouts:  # the export's: each flow once, with its tables
-        tables = F.col("tables")
-        live, blob = tables.bitwiseAND(LIVE) != 0, tables.bitwiseAND(BLOB) != 0
-        outcomes = sum(
-            (tables.bitwiseAND(flag) != 0).cast("int") for flag in (LIVE, FINISHED, FAILED)
-        )
-        flows = snapshot.layouts[FLOWS]
-        return keep(snapshot, flows.where((live != blob) | (outcomes > 1)).select(FLOW_KEY))
-    key = F.col(FLOW_KEY)
-    bucket = key.bitwiseAND(BUCKETS - 1)
-
-    def prints(frame: DataFrame, prefix: str) -> DataFrame:
-        keyed = flow_keys(frame, "node")
-        return keyed.groupBy("node", bucket.alias("bucket")).agg(
-            F.count("*").alias(f"{prefix}_rows"),
-            F.sum(F.shiftright(key, 32)).alias(f"{prefix}_high"),
-            F.sum(key.bitwiseAND(0xFFFFFFFF)).alias(f"{prefix}_low"),
-        )
-
-    rows, blobs = prints(snapshot.checkpoints, "c"), prints(snapshot.blobs, "b")
-    differ = keep(
-        snapshot,
-        rows.join(blobs, ["node", "bucket"], "full_outer")
-        .where(
-            ~F.col("c_rows").eqNullSafe(F.col("b_rows"))
-            | ~F.col("c_high").eqNullSafe(F.col("b_high"))
-            | ~F.col("c_low").eqNullSafe(F.col("b_low"))
-        )
-        .select(F.col("node").alias("d_node"), F.col("bucket").alias("d_bucket")),
-    )
-    several = screen(snapshot, settings).overlaps.select("flow_key")
-    if not differ.count():
-        return several
-
-    def in_buckets(frame: DataFrame) -> DataFrame:
-        keyed = flow_keys(frame, "node")
-        return keyed.join(
-            F.broadcast(differ),
-            (keyed.node == differ.d_node) & (bucket == differ.d_bucket),
-            "left_semi",
-        ).select(FLOW_KEY)
-
-    suspects = in_buckets(snapshot.checkpoints).unionByName(in_buckets(snapshot.blobs))
-    return keep(snapshot, suspects.unionByName(several).distinct())
+    found = screen(snapshot, settings)
+    suspects = found.overlaps.select(FLOW_KEY).unionByName(found.unpaired.select(FLOW_KEY))
+    return keep(snapshot, suspects.distinct())
 
 
 def flow_facts(snapshot: Snapshot, only: DataFrame | None = None) -> DataFrame:
